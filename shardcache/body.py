@@ -1,0 +1,163 @@
+"""Putting response bodies on the socket: zero-copy from files, tailing fills, passthrough.
+
+Hits and fills are sent with `os.sendfile` straight from the cache file to the client socket.
+uvloop implements no `loop.sendfile` (aiohttp's FileResponse then silently copies through
+Python), so this module calls `os.sendfile` on the transport's socket itself and, when the
+socket buffer is full, waits for writability on a *dup* of the fd (uvloop refuses `add_writer`
+on an fd a transport owns; a dup is a separate registration of the same socket).
+
+Every function raises on failure; the caller must then abort the connection, because the
+response headers promised a Content-Length that will not be met.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+
+from shardcache.checksums import Verifier
+from shardcache.errors import IntegrityError, OriginTimeout
+from shardcache.fill import Fill
+from shardcache.origins.base import OriginStream
+
+FALLBACK_CHUNK_BYTES = 1 << 20
+Write = Callable[[bytes], Awaitable[None]]
+
+
+class ClientGone(ConnectionError):
+    """The client closed the connection; nothing to report to it."""
+
+
+class FileSender:
+    """Sends byte ranges of open files to one connection; `close()` when the response ends."""
+
+    def __init__(self, transport: asyncio.Transport, write: Write) -> None:
+        self._transport = transport
+        self._write = write
+        self._loop = asyncio.get_running_loop()
+        self.sent_bytes = 0
+        sock = transport.get_extra_info("socket")
+        is_plain = sock is not None and transport.get_extra_info("sslcontext") is None
+        self._socket_fd = sock.fileno() if is_plain else -1
+        self._poll_fd = -1
+        self.is_zero_copy = is_plain
+
+    async def send(self, fd: int, offset: int, count: int) -> None:
+        """Send `count` bytes of `fd` from `offset`."""
+        if self.is_zero_copy:
+            await self._sendfile(fd, offset, count)
+        else:
+            await self._copy(fd, offset, count)
+
+    async def _sendfile(self, fd: int, offset: int, count: int) -> None:
+        await self._flush_transport()
+        while count:
+            if self._transport.is_closing():
+                raise ClientGone("client closed the connection")
+            try:
+                sent = os.sendfile(self._socket_fd, fd, offset, count)
+            except BlockingIOError:
+                await self._writable()
+                continue
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise ClientGone(str(exc)) from exc
+            if sent == 0:
+                raise EOFError(f"file ended {count} bytes early")  # truncated under us
+            offset += sent
+            count -= sent
+            self.sent_bytes += sent
+
+    async def _flush_transport(self) -> None:
+        # Headers (and any earlier body bytes) sit in the transport's buffer until the socket
+        # takes them; sendfile must not overtake them.
+        while self._transport.get_write_buffer_size():
+            if self._transport.is_closing():
+                raise ClientGone("client closed the connection")
+            await asyncio.sleep(0.001)
+
+    async def _writable(self) -> None:
+        if self._poll_fd < 0:
+            self._poll_fd = os.dup(self._socket_fd)
+        waiter = self._loop.create_future()
+        self._loop.add_writer(self._poll_fd, waiter.set_result, None)
+        try:
+            await waiter
+        finally:
+            self._loop.remove_writer(self._poll_fd)
+
+    async def _copy(self, fd: int, offset: int, count: int) -> None:
+        """The fallback for TLS transports: pread in a worker thread, write through aiohttp."""
+        while count:
+            data = await asyncio.to_thread(os.pread, fd, min(count, FALLBACK_CHUNK_BYTES), offset)
+            if not data:
+                raise EOFError(f"file ended {count} bytes early")
+            await self._write(data)
+            offset += len(data)
+            count -= len(data)
+            self.sent_bytes += len(data)
+
+    def close(self) -> None:
+        if self._poll_fd >= 0:
+            os.close(self._poll_fd)
+            self._poll_fd = -1
+
+
+async def send_fill(
+    sender: FileSender, fill: Fill, fd: int, start: int, end: int,
+    on_wait: Callable[[float], None],
+) -> None:
+    """Send bytes [start, end) of a fill in flight as they land on disk.
+
+    `on_wait(seconds)` is told how long the client waited for bytes not yet on disk.
+    Raises the fill's error if it fails before the range is complete.
+    """
+    loop = asyncio.get_running_loop()
+    position = start
+    while position < end:
+        began = loop.time()
+        limit = await fill.wait_readable(position, end)
+        on_wait(loop.time() - began)
+        await sender.send(fd, position, limit - position)
+        position = limit
+
+
+async def send_stream(
+    stream: OriginStream, write: Write, start: int, end: int, read_timeout_s: float,
+    on_wait: Callable[[float], None],
+) -> int:
+    """Relay bytes [start, end) of an uncached origin stream; return the bytes sent.
+
+    The last chunk is held back until the stream has ended with the right length (and, for a
+    whole-object read, the published checksums), so a failure never yields a complete body.
+    """
+    info = stream.info
+    verifier = Verifier(info.checksums if (start, end) == (0, info.size_bytes) else ())
+    loop = asyncio.get_running_loop()
+    position = 0  # offset in the object of the next byte the stream yields
+    sent = 0
+    pending = b""
+    chunks = aiter(stream)
+    while True:
+        began = loop.time()
+        try:
+            async with asyncio.timeout(read_timeout_s):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise OriginTimeout(f"no byte from the origin for {read_timeout_s:g}s") from None
+        on_wait(loop.time() - began)
+        verifier.update(chunk)
+        piece = chunk[max(0, start - position): max(0, end - position)]
+        position += len(chunk)
+        if piece:
+            if pending:
+                await write(pending)
+                sent += len(pending)
+            pending = piece
+    if position != info.size_bytes:
+        raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
+    verifier.verify()
+    await write(pending)
+    return sent + len(pending)

@@ -1,0 +1,153 @@
+"""`ShardCache`: lookup → hit, join a fill in flight, or start one. Composes store, flights,
+origins and an observer; knows nothing of HTTP. Every fill runs as a task this object owns, so a
+client that disconnects never cancels a download other clients (or the cache) still want.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from shardcache.errors import NotCached, UnknownOrigin
+from shardcache.fill import Fill, FillState, RetryPolicy
+from shardcache.flights import Flights
+from shardcache.keys import validate_key
+from shardcache.observer import Observer
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.store import Entry, Store
+
+
+class Result(enum.Enum):
+    HIT = "hit"
+    MISS = "miss"
+    COALESCED = "coalesced"
+
+
+@dataclass(slots=True)
+class Lease:
+    """The answer to a read: exactly one of `entry` (hit), `fill` (tail a fill in flight) or
+    `stream` (an uncacheable object streamed through). The caller must `await aclose()`."""
+
+    result: Result
+    origin: str
+    size_bytes: int
+    etag: str | None
+    content_type: str | None
+    entry: Entry | None = None
+    fill: Fill | None = None
+    fill_fd: int = -1
+    stream: OriginStream | None = None
+    is_cached: bool = True
+
+    async def aclose(self) -> None:
+        if self.entry is not None:
+            self.entry.close()
+            self.entry = None
+        if self.fill is not None:
+            self.fill.release_reader()
+            self.fill = None
+        if self.stream is not None:
+            await self.stream.aclose()
+            self.stream = None
+
+
+class ShardCache:
+    def __init__(
+        self,
+        store: Store,
+        origins: Mapping[str, Origin],
+        policy: RetryPolicy,
+        observer: Observer,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.origins = dict(origins)
+        self.flights = Flights()
+        self._policy = policy
+        self._observer = observer
+        self._clock = clock
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def origin(self, name: str) -> Origin:
+        try:
+            return self.origins[name]
+        except KeyError:
+            raise UnknownOrigin(f"no origin named {name!r}") from None
+
+    def cache_key(self, origin_name: str, key: str) -> tuple[Origin, str]:
+        """Return the origin and the cache key (full origin URL); raise UnknownOrigin/InvalidKey."""
+        origin = self.origin(origin_name)
+        return origin, origin.url_for(validate_key(key))
+
+    async def open(self, origin_name: str, key: str) -> Lease:
+        """Return a Lease to read `key` from origin `origin_name`.
+
+        Raises UnknownOrigin, InvalidKey, or the OriginError of a fetch that failed before its
+        first byte (OriginNotFound, OriginTimeout, …).
+        """
+        origin, url = self.cache_key(origin_name, key)
+        if self.flights.get(url) is None:
+            entry = await asyncio.to_thread(self.store.lookup, url)
+            if entry is not None:
+                meta = entry.meta
+                return Lease(Result.HIT, origin.name, meta.size_bytes, meta.etag,
+                             meta.content_type, entry=entry)
+        fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
+        if not joined:
+            self._spawn(fill)
+        state = await fill.wait_started()
+        result = Result.COALESCED if joined else Result.MISS
+        if state is FillState.PASSTHROUGH:
+            stream = await origin.open(key) if joined else fill.take_passthrough()
+            return self._lease_for_stream(result, origin, stream)
+        assert fill.info is not None
+        info = fill.info
+        fd = fill.acquire_reader()
+        return Lease(result, origin.name, info.size_bytes, info.etag, info.content_type,
+                     fill=fill, fill_fd=fd)
+
+    @staticmethod
+    def _lease_for_stream(result: Result, origin: Origin, stream: OriginStream) -> Lease:
+        info = stream.info
+        return Lease(result, origin.name, info.size_bytes, info.etag, info.content_type,
+                     stream=stream, is_cached=False)
+
+    async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
+        """Return what a GET would answer, without fetching the body or touching LRU order."""
+        origin, url = self.cache_key(origin_name, key)
+        fill = self.flights.get(url)
+        if fill is not None and fill.info is not None:
+            return Result.COALESCED, fill.info
+        meta = await asyncio.to_thread(self.store.peek, url)
+        if meta is not None:
+            return Result.HIT, ObjectInfo(meta.size_bytes, meta.etag, (), meta.content_type)
+        return Result.MISS, await origin.head(key)
+
+    async def purge(self, origin_name: str, key: str) -> None:
+        """Delete the cached entry for `key`; raise NotCached if there is none."""
+        _, url = self.cache_key(origin_name, key)
+        if not await asyncio.to_thread(self.store.delete, url):
+            raise NotCached(f"{origin_name}/{key} is not cached")
+
+    def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
+        return Fill(url, origin, key, self.store, self._policy, self._observer, self._clock)
+
+    def _spawn(self, fill: Fill) -> None:
+        task = asyncio.create_task(self._run(fill), name=f"fill {fill.cache_key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, fill: Fill) -> None:
+        try:
+            await fill.run()
+        finally:
+            self.flights.finish(fill)
+
+    async def aclose(self) -> None:
+        """Cancel every fill in flight (their partial files are removed) and wait for them."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,121 @@
+"""Incremental verifiers for the checksums an origin publishes (pure).
+
+Sources: an S3 single-part ETag (the hex MD5 of the body, unless the object is SSE-KMS/SSE-C
+encrypted or multipart, whose ETags are not an MD5), `Content-MD5`, and the full-object
+`x-amz-checksum-{sha256,sha1,crc32}` headers. Composite (per-part) checksums and algorithms this
+module cannot compute (CRC32C, CRC64NVME) are skipped: length is still checked by `fill`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from shardcache.errors import IntegrityError
+
+Algorithm = Literal["md5", "sha1", "sha256", "crc32"]
+_HEX_MD5 = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
+_AMZ_ALGORITHMS: dict[str, Algorithm] = {"sha256": "sha256", "sha1": "sha1", "crc32": "crc32"}
+
+
+@dataclass(frozen=True, slots=True)
+class Checksum:
+    """An expected digest of the whole object and where the origin published it."""
+
+    algorithm: Algorithm
+    digest: bytes
+    source: str
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+    def digest(self) -> bytes: ...
+
+
+class _Crc32:
+    """zlib.crc32 behind the hashlib interface; S3 publishes it as 4 big-endian bytes."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(4, "big")
+
+
+def _new_hasher(algorithm: Algorithm) -> _Hasher:
+    if algorithm == "crc32":
+        return _Crc32()
+    return hashlib.new(algorithm)
+
+
+class Verifier:
+    """Feeds every body byte, in order, to one hasher per expected checksum.
+
+    `update()` releases the GIL for large buffers (hashlib does), so callers run it in the same
+    worker thread as the disk write.
+    """
+
+    def __init__(self, checksums: tuple[Checksum, ...]) -> None:
+        self.checksums = checksums
+        self._hashers = [_new_hasher(c.algorithm) for c in checksums]
+
+    def update(self, data: bytes | memoryview) -> None:
+        for hasher in self._hashers:
+            hasher.update(data)
+
+    def verify(self) -> None:
+        """Raise IntegrityError naming the first checksum that does not match."""
+        for checksum, hasher in zip(self.checksums, self._hashers, strict=True):
+            actual = hasher.digest()
+            if actual != checksum.digest:
+                raise IntegrityError(
+                    f"{checksum.algorithm} from {checksum.source} does not match: expected "
+                    f"{checksum.digest.hex()}, received {actual.hex()}"
+                )
+
+
+def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) -> Checksum | None:
+    """Return the MD5 an S3 ETag stands for, or None when it is not an MD5 of the body."""
+    if not etag or server_side_encryption not in (None, "", "AES256"):
+        return None
+    match = _HEX_MD5.match(etag.strip())
+    if match is None:  # multipart ETags look like "<hex>-<parts>"
+        return None
+    return Checksum("md5", bytes.fromhex(match.group(1)), "etag")
+
+
+def _b64(value: str) -> bytes | None:
+    try:
+        return base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
+    """Return the full-object checksums in `headers` (`Content-MD5`, `x-amz-checksum-*`).
+
+    `headers` must be case-insensitive or lower-case. A composite checksum (S3 marks it with a
+    `-N` suffix or `x-amz-checksum-type: COMPOSITE`) is skipped: it is not a digest of the body.
+    """
+    found: list[Checksum] = []
+    content_md5 = headers.get("content-md5")
+    if content_md5 and (digest := _b64(content_md5)) is not None and len(digest) == 16:
+        found.append(Checksum("md5", digest, "Content-MD5"))
+    if str(headers.get("x-amz-checksum-type", "")).upper() == "COMPOSITE":
+        return found
+    for name, algorithm in _AMZ_ALGORITHMS.items():
+        value = headers.get(f"x-amz-checksum-{name}")
+        if not value or "-" in value:
+            continue
+        if (digest := _b64(value)) is not None:
+            found.append(Checksum(algorithm, digest, f"x-amz-checksum-{name}"))
+    return found

@@ -1,0 +1,294 @@
+"""Settings: one frozen, typed object, validated once at load time.
+
+Every setting has a flag (`--cache-size`), an environment variable (`SHARDCACHE_CACHE_SIZE`) and a
+TOML key (`cache_size`) of the same name, all generated from `OPTIONS`, where every default lives.
+Precedence: flag > environment > file > default. Origins merge by name with the same precedence.
+This is the only module that reads `os.environ` for the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from shardcache.errors import ConfigError, InvalidKey
+from shardcache.keys import validate_origin_name
+from shardcache.units import parse_size
+
+ENV_PREFIX = "SHARDCACHE_"
+ORIGIN_SCHEMES = ("s3", "http", "https", "file")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginSpec:
+    """One configured origin. Header values may hold secrets, so `repr` never shows them."""
+
+    name: str
+    url: str
+    endpoint_url: str | None = None
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.url).scheme
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    listen_host: str
+    listen_port: int
+    cache_dir: Path
+    cache_size: int
+    origins: tuple[OriginSpec, ...]
+    log_level: str
+    log_format: Literal["text", "json"]
+    origin_connect_timeout: float
+    origin_read_timeout: float
+    origin_retries: int
+    config: Path | None = None
+
+    @property
+    def listen(self) -> str:
+        host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
+        return f"{host}:{self.listen_port}"
+
+    def origin(self, name: str) -> OriginSpec | None:
+        return next((o for o in self.origins if o.name == name), None)
+
+
+# -- parsers: each takes the raw value (str from flags/env, any TOML type) -------------------
+
+
+def _parse_listen(value: Any) -> tuple[str, int]:
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def _parse_seconds(value: Any) -> float:
+    try:
+        seconds = float(str(value).strip().removesuffix("s"))
+    except ValueError:
+        raise ValueError(f"expected seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"must be positive, got {value!r}")
+    return seconds
+
+
+def _parse_count(value: Any) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"must not be negative, got {value!r}")
+    return number
+
+
+def _parse_choice(choices: Sequence[str]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return text
+
+    return parse
+
+
+def _parse_path(value: Any) -> Path:
+    return Path(os.path.expanduser(str(value)))
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    metavar: str = ""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("listen", _parse_listen, "127.0.0.1:8470", "address to serve on", "HOST:PORT"),
+    Option("cache_dir", _parse_path, "~/.cache/shardcache", "where cached shards live", "PATH"),
+    Option("cache_size", parse_size, "20GiB", "disk bound: 500MiB, 20GiB, 1TiB or bytes", "SIZE"),
+    Option("log_level", _parse_choice(LOG_LEVELS), "info", "debug, info, warning or error", "LVL"),
+    Option("log_format", _parse_choice(("text", "json")), "text", "text or json", "FMT"),
+    Option("origin_connect_timeout", _parse_seconds, 10.0, "seconds to connect", "S"),
+    Option("origin_read_timeout", _parse_seconds, 30.0, "seconds without a byte = stalled", "S"),
+    Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config`, `--origin` and one flag per option; unset flags stay None."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file (env SHARDCACHE_CONFIG)")
+    parser.add_argument(
+        "--origin",
+        action="append",
+        metavar="NAME=URL",
+        help="origin to serve at /NAME/ (repeatable): s3://BUCKET[/PREFIX], http(s)://HOST[/PREFIX]"
+        ", file:///PATH (env SHARDCACHE_ORIGIN, comma-separated)",
+    )
+    for option in OPTIONS:
+        parser.add_argument(
+            option.flag,
+            dest=option.name,
+            metavar=option.metavar or None,
+            help=f"{option.help} (default {option.default}; env {option.env})",
+        )
+
+
+def _expand_env(value: str, environ: Mapping[str, str], where: str) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            raise ConfigError(f"{where}: environment variable {name} is not set")
+        return environ[name]
+
+    return _ENV_REFERENCE.sub(substitute, value)
+
+
+def parse_origin_url(name: str, url: str, where: str) -> str:
+    """Return `url` if its scheme and shape can back an origin; raise ConfigError otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ORIGIN_SCHEMES:
+        raise ConfigError(
+            f"{where}: origin {name!r} has unknown scheme in {url!r} "
+            f"(use {', '.join(s + '://' for s in ORIGIN_SCHEMES)})"
+        )
+    if parts.scheme in ("s3", "http", "https") and not parts.netloc:
+        raise ConfigError(f"{where}: origin {name!r}: {url!r} has no bucket or host")
+    if parts.scheme == "file" and (parts.netloc or not parts.path.startswith("/")):
+        raise ConfigError(f"{where}: origin {name!r}: use file:///ABSOLUTE/PATH, got {url!r}")
+    return url
+
+
+def _origin_from_pair(pair: str, where: str) -> OriginSpec:
+    name, sep, url = pair.strip().partition("=")
+    if not sep or not name or not url:
+        raise ConfigError(f"{where}: expected NAME=URL, got {pair!r}")
+    return OriginSpec(_checked_name(name, where), parse_origin_url(name, url, where))
+
+
+def _checked_name(name: str, where: str) -> str:
+    try:
+        return validate_origin_name(name)
+    except InvalidKey as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _origins_from_file(
+    table: Any, environ: Mapping[str, str], where: str
+) -> dict[str, OriginSpec]:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [origins] must be tables like [origins.NAME]")
+    origins: dict[str, OriginSpec] = {}
+    for name, body in table.items():
+        at = f"{where} [origins.{name}]"
+        if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+            raise ConfigError(f"{at}: needs url = \"s3://…\", \"http(s)://…\" or \"file:///…\"")
+        unknown = set(body) - {"url", "endpoint_url", "headers"}
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+        headers = body.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ConfigError(f"{at}: headers must be a table of strings")
+        endpoint = body.get("endpoint_url")
+        if endpoint is not None and not isinstance(endpoint, str):
+            raise ConfigError(f"{at}: endpoint_url must be a string")
+        origins[name] = OriginSpec(
+            name=_checked_name(name, at),
+            url=parse_origin_url(name, body["url"], at),
+            endpoint_url=endpoint,
+            headers=tuple(
+                (str(k), _expand_env(v, environ, f"{at} headers.{k}")) for k, v in headers.items()
+            ),
+        )
+    return origins
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Return the parsed TOML at `path`; raise ConfigError with the file and problem."""
+    try:
+        with path.open("rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigError(f"--config: {path} does not exist") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc}") from None
+
+
+def load_settings(
+    flags: Mapping[str, Any], environ: Mapping[str, str], config_path: str | None = None
+) -> Settings:
+    """Return validated Settings from flags (None = unset), the environment and a TOML file.
+
+    Raises ConfigError whose message names the offending setting and where it came from.
+    """
+    path_text = config_path or flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
+    path = Path(path_text) if path_text else None
+    file_values = read_config_file(path) if path else {}
+    known = {o.name for o in OPTIONS} | {"origins"}
+    unknown = set(file_values) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
+
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        candidates = (
+            (flags.get(option.name), option.flag),
+            (environ.get(option.env), option.env),
+            (file_values.get(option.name), f"{option.name} in {path}"),
+            (option.default, f"default {option.name}"),
+        )
+        raw, where = next((v, w) for v, w in candidates if v is not None)
+        try:
+            values[option.name] = option.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    origins = _origins_from_file(file_values.get("origins", {}), environ, str(path))
+    env_origins = environ.get(ENV_PREFIX + "ORIGIN", "")
+    for pair in re.split(r"[,\s]+", env_origins.strip()) if env_origins.strip() else []:
+        spec = _origin_from_pair(pair, ENV_PREFIX + "ORIGIN")
+        origins[spec.name] = _merge(origins.get(spec.name), spec)
+    for pair in flags.get("origin") or []:
+        spec = _origin_from_pair(pair, "--origin")
+        origins[spec.name] = _merge(origins.get(spec.name), spec)
+
+    host, port = values.pop("listen")
+    return Settings(
+        listen_host=host,
+        listen_port=port,
+        origins=tuple(origins.values()),
+        config=path,
+        **values,
+    )
+
+
+def _merge(from_file: OriginSpec | None, override: OriginSpec) -> OriginSpec:
+    """A flag or env origin replaces the URL; a file's endpoint and headers stay if the URL does."""
+    if from_file is None or from_file.url != override.url:
+        return override
+    return from_file

@@ -1,0 +1,111 @@
+"""The whole shardcache exception tree, each class carrying its HTTP status and metric label.
+
+    ShardcacheError                     status  kind
+    ├── ConfigError                     -       config       a bad setting; the CLI prints one line
+    ├── InvalidKey                      400     invalid_key  a malformed key or origin name
+    ├── UnknownOrigin                   404     unknown_origin
+    ├── NotCached                       404     not_cached   a purge of a key the cache does not hold
+    ├── RangeNotSatisfiable             416     range
+    ├── ShuttingDown                    503     shutdown
+    ├── CacheError                      500     cache        the local store failed (disk full, I/O)
+    └── OriginError                     502     origin
+        ├── OriginNotFound              404     not_found
+        ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
+        ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
+        ├── OriginChanged               502     changed      the ETag moved under a resumed fill
+        └── IntegrityError              502     integrity    length or checksum did not verify
+
+Adapters translate vendor exceptions at their edge (`raise OriginTimeout(...) from exc`); nothing
+from botocore or aiohttp.client leaks past `origins/`. `server.py` turns these into JSON errors.
+"""
+
+from __future__ import annotations
+
+
+class ShardcacheError(Exception):
+    """Base of every error shardcache raises on purpose."""
+
+    status: int = 500
+    kind: str = "internal"
+
+
+class ConfigError(ShardcacheError):
+    """A setting is invalid; the message names the setting and where it came from."""
+
+    kind = "config"
+
+
+class InvalidKey(ShardcacheError):
+    status = 400
+    kind = "invalid_key"
+
+
+class UnknownOrigin(ShardcacheError):
+    status = 404
+    kind = "unknown_origin"
+
+
+class NotCached(ShardcacheError):
+    status = 404
+    kind = "not_cached"
+
+
+class RangeNotSatisfiable(ShardcacheError):
+    """The Range header asks for bytes past the end; carries the length for Content-Range."""
+
+    status = 416
+    kind = "range"
+
+    def __init__(self, size_bytes: int) -> None:
+        super().__init__(f"range not satisfiable for an object of {size_bytes} bytes")
+        self.size_bytes = size_bytes
+
+
+class ShuttingDown(ShardcacheError):
+    status = 503
+    kind = "shutdown"
+
+
+class CacheError(ShardcacheError):
+    status = 500
+    kind = "cache"
+
+
+class OriginError(ShardcacheError):
+    """The origin failed; `is_retryable` says whether a fill may try again."""
+
+    status = 502
+    kind = "origin"
+    is_retryable = True
+
+
+class OriginNotFound(OriginError):
+    status = 404
+    kind = "not_found"
+    is_retryable = False
+
+
+class OriginTimeout(OriginError):
+    status = 504
+    kind = "timeout"
+
+
+class OriginUnavailable(OriginError):
+    kind = "unavailable"
+
+
+class OriginDenied(OriginUnavailable):
+    """The origin refused our credentials; retrying will not help."""
+
+    kind = "denied"
+    is_retryable = False
+
+
+class OriginChanged(OriginError):
+    kind = "changed"
+    is_retryable = False
+
+
+class IntegrityError(OriginError):
+    kind = "integrity"
+    is_retryable = False

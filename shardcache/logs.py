@@ -1,0 +1,79 @@
+"""Log formatting: human text by default, one JSON object per line for log shippers, and one
+access line per request. Origin headers (tokens) are never passed to a logger; URLs in messages
+have any userinfo and query-string credentials redacted."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from typing import Any
+
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.web import BaseRequest, StreamResponse
+
+_SECRETS = re.compile(
+    r"(?P<pre>://[^/@\s:]+:)[^/@\s]+(?=@)"  # user:PASSWORD@host
+    r"|(?P<query>[?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|token|sig)=)"
+    r"[^&\s]+",
+    re.IGNORECASE,
+)
+
+
+def redact(text: str) -> str:
+    """Replace passwords in URLs and signature/token query values with `***`."""
+    return _SECRETS.sub(lambda m: (m.group("pre") or m.group("query")) + "***", text)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": redact(record.getMessage()),
+        }
+        document.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            document["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(document)
+
+
+def configure(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("aiohttp.access").setLevel(level.upper())
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class AccessLogger(AbstractAccessLogger):
+    """method, path, status, X-Shardcache result, body bytes, duration: one line per request."""
+
+    def log(self, request: BaseRequest, response: StreamResponse, time_s: float) -> None:
+        fields = {
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "result": response.headers.get("X-Shardcache", "-"),
+            "bytes": response.body_length,
+            "duration_s": round(time_s, 6),
+            "remote": request.remote,
+        }
+        self.logger.info(
+            '%s %s %d %s %d %.3fms', fields["method"], redact(str(fields["path"])),
+            fields["status"], fields["result"], fields["bytes"], time_s * 1000,
+            extra={"fields": fields},
+        )

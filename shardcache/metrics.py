@@ -1,0 +1,136 @@
+"""Every Prometheus metric shardcache exports, declared once against an injected registry.
+
+Metric names are API (dashboards and alerts outside this repo use them): `shardcache_` prefix,
+base units, `_total` on counters, labels only from bounded sets (origin names and fixed enums,
+never keys or client addresses). Label sets are touched at start-up so series exist at zero;
+cache and prefetch state gauges are read at scrape time through callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shardcache import __version__
+
+RESULTS = ("hit", "miss", "coalesced", "error")
+SOURCES = ("cache", "origin")
+ORIGIN_ERROR_KINDS = ("not_found", "timeout", "unavailable", "denied", "changed", "integrity")
+# From 100 µs (a hit's first byte) to 5 minutes (a multi-GB miss).
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1, 2.5, 5, 10, 30, 60, 120, 300,
+)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheGauges:
+    size_bytes: int
+    capacity_bytes: int
+    entries: int
+
+
+class _StateCollector(Collector):
+    """Reads cache state at scrape time, so the gauges are never stale."""
+
+    def __init__(self, read: Callable[[], CacheGauges]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        state = self._read()
+        yield GaugeMetricFamily("shardcache_cache_size_bytes", "Bytes the cache holds on disk",
+                                value=state.size_bytes)
+        yield GaugeMetricFamily("shardcache_cache_capacity_bytes", "The configured cache bound",
+                                value=state.capacity_bytes)
+        yield GaugeMetricFamily("shardcache_cache_entries", "Entries in the cache",
+                                value=state.entries)
+
+
+class Metrics:
+    """All metric families; implements `observer.Observer` for the cache core."""
+
+    def __init__(self, registry: CollectorRegistry, origins: Iterable[str]) -> None:
+        self.registry = registry
+        self.requests = Counter("shardcache_requests", "Shard requests by result",
+                                ["origin", "result"], registry=registry)
+        self.response_bytes = Counter("shardcache_response_bytes",
+                                      "Body bytes sent to clients by where they came from",
+                                      ["origin", "source"], registry=registry)
+        self.ttfb = Histogram("shardcache_time_to_first_byte_seconds",
+                              "Request start to first body byte", ["result"],
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.duration = Histogram("shardcache_request_duration_seconds",
+                                  "Request start to last body byte", ["result"],
+                                  buckets=LATENCY_BUCKETS, registry=registry)
+        self.client_wait = Counter("shardcache_client_wait_seconds",
+                                   "Time clients waited for bytes not yet on local disk",
+                                   ["origin"], registry=registry)
+        self.origin_requests = Counter("shardcache_origin_requests",
+                                       "Requests made to origins by outcome",
+                                       ["origin", "status"], registry=registry)
+        self.origin_errors = Counter("shardcache_origin_errors", "Origin failures by kind",
+                                     ["origin", "kind"], registry=registry)
+        self.origin_retries = Counter("shardcache_origin_retries", "Origin retries",
+                                      ["origin"], registry=registry)
+        self.origin_bytes_total = Counter("shardcache_origin_bytes", "Body bytes read from origins",
+                                    ["origin"], registry=registry)
+        self.origin_fetch = Histogram("shardcache_origin_fetch_duration_seconds",
+                                      "Whole-object fetch time from origins", ["origin"],
+                                      buckets=LATENCY_BUCKETS, registry=registry)
+        self.evictions = Counter("shardcache_cache_evictions", "Entries evicted",
+                                 registry=registry)
+        self.evicted_bytes = Counter("shardcache_cache_evicted_bytes", "Bytes evicted",
+                                     registry=registry)
+        self.build_info = Gauge("shardcache_build_info", "Always 1; the version as a label",
+                                ["version"], registry=registry)
+        self.build_info.labels(__version__).set(1)
+        self.touch(origins)
+
+    def touch(self, origins: Iterable[str]) -> None:
+        """Create every labelled series at zero, so rates and ratios exist before traffic."""
+        for origin in origins:
+            for result in RESULTS:
+                self.requests.labels(origin, result)
+            for source in SOURCES:
+                self.response_bytes.labels(origin, source)
+            for kind in ORIGIN_ERROR_KINDS:
+                self.origin_errors.labels(origin, kind)
+            self.origin_requests.labels(origin, "ok")
+            self.client_wait.labels(origin)
+            self.origin_retries.labels(origin)
+            self.origin_bytes_total.labels(origin)
+            self.origin_fetch.labels(origin)
+        for result in RESULTS:
+            self.ttfb.labels(result)
+            self.duration.labels(result)
+
+    def watch_cache(self, read: Callable[[], CacheGauges]) -> None:
+        self.registry.register(_StateCollector(read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # -- observer.Observer -----------------------------------------------------------------
+
+    def origin_request(self, origin: str, status: str) -> None:
+        self.origin_requests.labels(origin, status).inc()
+        if status != "ok":
+            self.origin_errors.labels(origin, status).inc()
+
+    def origin_retry(self, origin: str) -> None:
+        self.origin_retries.labels(origin).inc()
+
+    def origin_bytes(self, origin: str, size_bytes: int) -> None:
+        self.origin_bytes_total.labels(origin).inc(size_bytes)
+
+    def fetch_finished(self, origin: str, duration_s: float) -> None:
+        self.origin_fetch.labels(origin).observe(duration_s)
+
+    def evicted(self, size_bytes: int, was_pinned: bool) -> None:
+        self.evictions.inc()
+        self.evicted_bytes.inc(size_bytes)

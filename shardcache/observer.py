@@ -1,0 +1,38 @@
+"""`Observer`: the events the cache core reports, so `fill`/`cache` never import metrics.
+
+`metrics.Metrics` implements it against Prometheus; `NullObserver` is for tests and tools.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Observer(Protocol):
+    def origin_request(self, origin: str, status: str) -> None:
+        """One request to the origin ended in `status` ("ok" or an error kind)."""
+
+    def origin_retry(self, origin: str) -> None: ...
+
+    def origin_bytes(self, origin: str, size_bytes: int) -> None: ...
+
+    def fetch_finished(self, origin: str, duration_s: float) -> None: ...
+
+    def evicted(self, size_bytes: int, was_pinned: bool) -> None: ...
+
+
+class NullObserver:
+    def origin_request(self, origin: str, status: str) -> None:
+        return None
+
+    def origin_retry(self, origin: str) -> None:
+        return None
+
+    def origin_bytes(self, origin: str, size_bytes: int) -> None:
+        return None
+
+    def fetch_finished(self, origin: str, duration_s: float) -> None:
+        return None
+
+    def evicted(self, size_bytes: int, was_pinned: bool) -> None:
+        return None

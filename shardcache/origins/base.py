@@ -1,0 +1,58 @@
+"""The `Origin` seam: what the cache needs from a backend (S3, HTTP, file, or a test fake).
+
+A backend translates its vendor's exceptions into `shardcache.errors.OriginError` subclasses at
+its edge; callers never see botocore or aiohttp.client exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardcache.checksums import Checksum
+
+CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """What an origin says about a whole object; `size_bytes` is the full length, even for a
+    ranged read."""
+
+    size_bytes: int
+    etag: str | None = None
+    checksums: tuple[Checksum, ...] = ()
+    content_type: str | None = None
+
+
+class OriginStream(Protocol):
+    """An open read of an object from `start`; iterate for body chunks, then `aclose()`."""
+
+    info: ObjectInfo
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Origin(Protocol):
+    name: str
+
+    def url_for(self, key: str) -> str:
+        """Return the full origin URL of `key`: the cache key, unique across origins."""
+        ...
+
+    async def head(self, key: str) -> ObjectInfo:
+        """Return the object's info; raise OriginNotFound or another OriginError."""
+        ...
+
+    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> OriginStream:
+        """Start reading `key` from byte `start`; the caller must `aclose()` the stream.
+
+        With `if_match`, raise OriginChanged if the object's ETag is no longer that value.
+        Errors before the first byte raise here; errors mid-body raise from iteration.
+        """
+        ...
+
+    async def aclose(self) -> None: ...

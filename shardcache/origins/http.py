@@ -1,0 +1,164 @@
+"""An HTTP(S) server as an origin, through one pooled aiohttp client session per origin.
+
+Bodies are taken as raw bytes (no transparent decompression), with optional per-origin headers
+such as an `Authorization` token. Checksums: `Content-MD5` and `x-amz-checksum-*` on full reads,
+and the ETag as an MD5 only when the server is S3 itself (it sends `x-amz-request-id`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import quote
+
+import aiohttp
+from multidict import CIMultiDictProxy
+
+from shardcache import checksums
+from shardcache.config import OriginSpec
+from shardcache.errors import (
+    OriginChanged,
+    OriginDenied,
+    OriginError,
+    OriginNotFound,
+    OriginTimeout,
+    OriginUnavailable,
+)
+from shardcache.keys import join_url
+from shardcache.origins import Timeouts
+from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
+
+_CONTENT_RANGE_TOTAL = re.compile(r"^bytes \d+-\d+/(\d+)$")
+_SAFE_IN_PATH = "/~!$&'()*+,;=:@"
+
+
+@contextlib.contextmanager
+def map_aiohttp_errors(url: str) -> Iterator[None]:
+    """Translate aiohttp client exceptions for `url` into OriginError subclasses."""
+    try:
+        yield
+    except OriginError:
+        raise
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise OriginTimeout(f"{url}: timed out") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise OriginUnavailable(f"{url}: body cut short ({exc})") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise OriginUnavailable(f"{url}: cannot connect ({exc.os_error})") from exc
+    except aiohttp.ClientError as exc:
+        raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+
+
+def _raise_for_status(status: int, url: str) -> None:
+    if status in (404, 410):
+        raise OriginNotFound(f"{url}: origin answered {status}")
+    if status == 412:
+        raise OriginChanged(f"{url}: ETag changed (412)")
+    if status in (401, 403):
+        raise OriginDenied(f"{url}: origin answered {status}")
+    if status not in (200, 206):
+        raise OriginUnavailable(f"{url}: origin answered {status}")
+
+
+def _info(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectInfo:
+    if status == 206:
+        match = _CONTENT_RANGE_TOTAL.match(headers.get("Content-Range", ""))
+        if match is None:
+            raise OriginUnavailable(f"{url}: 206 without a usable Content-Range")
+        size = int(match.group(1))
+        found: list[checksums.Checksum] = []  # a part's checksums are not the object's
+    else:
+        length = headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            raise OriginUnavailable(f"{url}: origin sent no Content-Length")
+        size = int(length)
+        found = checksums.from_headers(headers)
+    etag = headers.get("ETag")
+    if "x-amz-request-id" in headers and status == 200:
+        sse = headers.get("x-amz-server-side-encryption")
+        if (md5 := checksums.from_s3_etag(etag, sse)) is not None:
+            found.append(md5)
+    return ObjectInfo(size, etag, tuple(found), headers.get("Content-Type"))
+
+
+class HttpStream:
+    def __init__(
+        self, info: ObjectInfo, response: aiohttp.ClientResponse, skip: int, url: str
+    ) -> None:
+        self.info = info
+        self._response = response
+        self._skip = skip  # bytes to drop when a server answered a Range request with 200
+        self._url = url
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        with map_aiohttp_errors(self._url):
+            async for chunk in self._response.content.iter_chunked(CHUNK_BYTES):
+                if self._skip:
+                    dropped = min(self._skip, len(chunk))
+                    self._skip -= dropped
+                    chunk = chunk[dropped:]
+                    if not chunk:
+                        continue
+                yield chunk
+
+    async def aclose(self) -> None:
+        self._response.close()
+
+
+class HttpOrigin:
+    def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
+        self.name = spec.name
+        self._base = spec.url.rstrip("/")
+        self._headers = {"Accept-Encoding": "identity", **dict(spec.headers)}
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    def url_for(self, key: str) -> str:
+        return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created lazily: a session needs the running loop
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=self._timeout,
+                auto_decompress=False,
+                read_bufsize=CHUNK_BYTES,
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            )
+        return self._session
+
+    async def head(self, key: str) -> ObjectInfo:
+        url = self.url_for(key)
+        with map_aiohttp_errors(url):
+            async with self._client().head(url, allow_redirects=True) as response:
+                _raise_for_status(response.status, url)
+                return _info(response.headers, response.status, url)
+
+    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> HttpStream:
+        url = self.url_for(key)
+        headers = {}
+        if start:
+            headers["Range"] = f"bytes={start}-"
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        with map_aiohttp_errors(url):
+            response = await self._client().get(url, headers=headers)
+            try:
+                _raise_for_status(response.status, url)
+                info = _info(response.headers, response.status, url)
+                if if_match is not None and info.etag not in (None, if_match):
+                    raise OriginChanged(f"{url}: ETag changed from {if_match} to {info.etag}")
+            except BaseException:
+                response.close()
+                raise
+        skip = start if response.status == 200 else 0
+        return HttpStream(info, response, skip, url)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            await asyncio.sleep(0)  # let the connector close its transports

@@ -1,0 +1,57 @@
+"""Parse one HTTP `Range` header into a `ByteRange` (pure).
+
+RFC 9110 §14.2: a server may ignore a Range it does not support, so multi-range and malformed
+headers give None (serve the whole object); only a syntactically valid single range that starts
+past the end raises RangeNotSatisfiable.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from shardcache.errors import RangeNotSatisfiable
+
+_SINGLE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes `start` .. `end` inclusive, as in Content-Range."""
+
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start + 1
+
+    def content_range(self, size_bytes: int) -> str:
+        return f"bytes {self.start}-{self.end}/{size_bytes}"
+
+
+def parse_range(header: str | None, size_bytes: int) -> ByteRange | None:
+    """Return the range `header` selects from an object of `size_bytes`, or None for all of it.
+
+    Raises RangeNotSatisfiable when the range starts at or past the end, or is a zero suffix.
+    """
+    if not header:
+        return None
+    match = _SINGLE.match(header)
+    if match is None:
+        return None  # multi-range or malformed: ignored, the whole object is served
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # suffix range: the last N bytes
+        suffix = int(last)
+        if suffix == 0 or size_bytes == 0:
+            raise RangeNotSatisfiable(size_bytes)
+        return ByteRange(max(0, size_bytes - suffix), size_bytes - 1)
+    start = int(first)
+    if last and int(last) < start:
+        return None  # RFC 9110 §14.1.1: an invalid range-spec; ignore the header
+    if start >= size_bytes:
+        raise RangeNotSatisfiable(size_bytes)
+    end = int(last) if last else size_bytes - 1
+    return ByteRange(start, min(end, size_bytes - 1))

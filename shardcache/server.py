@@ -1,0 +1,211 @@
+"""The HTTP contract: routes, JSON errors, `X-Shardcache`, Range, and aborting on mid-body failure.
+
+    GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced
+    DELETE   /_/cache/NAME/KEY    purge one entry
+    GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
+
+Before the first body byte every failure is a JSON error with the status its exception class
+carries. After it, the connection is aborted: headers promised a Content-Length, and a client
+such as `curl -f` must see a failed transfer, never a clean but short body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from shardcache.body import ClientGone, FileSender, send_fill, send_stream
+from shardcache.cache import Lease, Result, ShardCache
+from shardcache.errors import RangeNotSatisfiable, ShardcacheError, ShuttingDown
+from shardcache.metrics import CONTENT_TYPE, Metrics
+from shardcache.ranges import ByteRange, parse_range
+
+log = logging.getLogger("shardcache.server")
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CACHE_KEY = web.AppKey("cache", ShardCache)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+STATE_KEY = web.AppKey("state", dict)
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error raised before the response started into `{"error": "..."}`."""
+    try:
+        return await handler(request)
+    except RangeNotSatisfiable as exc:
+        # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
+        return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
+    except ShuttingDown as exc:
+        return json_error(exc.status, str(exc), {"Retry-After": "5"})
+    except ShardcacheError as exc:
+        _count_error(request, exc)
+        return json_error(exc.status, str(exc))
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            return json_error(exc.status, exc.reason, dict(exc.headers))
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unhandled error for %s %s", request.method, request.path)
+        return json_error(500, "internal error; see the daemon's log")
+
+
+def _count_error(request: web.Request, exc: ShardcacheError) -> None:
+    origin = request.match_info.get("origin")
+    cache = request.app[CACHE_KEY]
+    if origin in cache.origins and request.match_info.get("key") is not None:
+        request.app[METRICS_KEY].requests.labels(origin, "error").inc()
+
+
+def _headers(lease_or_info: Lease, result: Result) -> dict[str, str]:
+    headers = {
+        "Accept-Ranges": "bytes",
+        "Content-Type": lease_or_info.content_type or DEFAULT_CONTENT_TYPE,
+        "X-Shardcache": result.value,
+    }
+    if lease_or_info.etag:
+        headers["ETag"] = lease_or_info.etag
+    return headers
+
+
+async def get_object(request: web.Request) -> web.StreamResponse:
+    cache = request.app[CACHE_KEY]
+    metrics = request.app[METRICS_KEY]
+    if request.app[STATE_KEY].get("is_shutting_down"):
+        raise ShuttingDown("the daemon is shutting down")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    lease = await cache.open(request.match_info["origin"], request.match_info["key"])
+    try:
+        byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
+        start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
+        response = _start_response(lease, byte_range)
+        writer = await response.prepare(request)
+        assert writer is not None and request.transport is not None
+        metrics.requests.labels(lease.origin, lease.result.value).inc()
+        metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
+        sender = FileSender(request.transport, response.write)
+        try:
+            await _send_body(lease, sender, response, start, end, request, metrics)
+        except ClientGone:
+            log.debug("client left during %s", request.path)
+            request.transport.abort()
+            return response
+        except (ShardcacheError, OSError) as exc:
+            log.error("aborting %s after %d of %d bytes: %s", request.path,
+                      sender.sent_bytes, end - start, exc)
+            request.transport.abort()  # never a clean but short body
+            return response
+        finally:
+            sender.close()
+            source = "cache" if lease.result is Result.HIT else "origin"
+            metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
+            writer.output_size += sender.sent_bytes  # for the access log
+        await response.write_eof()
+        metrics.duration.labels(lease.result.value).observe(loop.time() - began)
+        return response
+    finally:
+        await lease.aclose()
+
+
+def _start_response(lease: Lease, byte_range: ByteRange | None) -> web.StreamResponse:
+    response = web.StreamResponse(status=206 if byte_range else 200,
+                                  headers=_headers(lease, lease.result))
+    if byte_range is not None:
+        response.headers["Content-Range"] = byte_range.content_range(lease.size_bytes)
+        response.content_length = byte_range.length
+    else:
+        response.content_length = lease.size_bytes
+    return response
+
+
+async def _send_body(
+    lease: Lease, sender: FileSender, response: web.StreamResponse, start: int, end: int,
+    request: web.Request, metrics: Metrics,
+) -> None:
+    def on_wait(seconds: float) -> None:
+        if seconds > 0:
+            metrics.client_wait.labels(lease.origin).inc(seconds)
+
+    if lease.entry is not None:
+        await sender.send(lease.entry.fd, start, end - start)
+    elif lease.fill is not None:
+        await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait)
+    elif lease.stream is not None:
+        read_timeout = request.app[STATE_KEY]["read_timeout_s"]
+        sender.sent_bytes += await send_stream(lease.stream, response.write, start, end,
+                                               read_timeout, on_wait)
+
+
+async def head_object(request: web.Request) -> web.StreamResponse:
+    cache = request.app[CACHE_KEY]
+    result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
+    byte_range = parse_range(request.headers.get("Range"), info.size_bytes)
+    headers = {
+        "Accept-Ranges": "bytes",
+        "Content-Type": info.content_type or DEFAULT_CONTENT_TYPE,
+        "X-Shardcache": result.value,
+    }
+    if info.etag:
+        headers["ETag"] = info.etag
+    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
+    if byte_range is not None:
+        response.headers["Content-Range"] = byte_range.content_range(info.size_bytes)
+    response.content_length = byte_range.length if byte_range else info.size_bytes
+    return response
+
+
+async def delete_object(request: web.Request) -> web.Response:
+    await request.app[CACHE_KEY].purge(request.match_info["origin"], request.match_info["key"])
+    return web.json_response({"deleted": f"{request.match_info['origin']}/"
+                                         f"{request.match_info['key']}"})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    if state.get("is_shutting_down"):
+        return json_error(503, "shutting down")
+    problem = await asyncio.to_thread(state["check_ready"])
+    if problem:
+        return json_error(503, problem)
+    return web.json_response({"status": "ready"})
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    body = request.app[METRICS_KEY].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def not_found(request: web.Request) -> web.Response:
+    return json_error(404, f"no such endpoint: {request.path}")
+
+
+def make_app(cache: ShardCache, metrics: Metrics, state: dict[str, Any]) -> web.Application:
+    """Return the aiohttp application; `state` holds `read_timeout_s`, `check_ready()` and the
+    `is_shutting_down` flag the daemon sets."""
+    app = web.Application(middlewares=[errors_as_json], client_max_size=1 << 20)
+    app[CACHE_KEY] = cache
+    app[METRICS_KEY] = metrics
+    app[STATE_KEY] = state
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_delete("/_/cache/{origin}/{key:.*}", delete_object)
+    app.router.add_route("*", "/_/{rest:.*}", not_found)
+    app.router.add_get("/{origin}/{key:.*}", get_object, allow_head=False)
+    app.router.add_head("/{origin}/{key:.*}", head_object)
+    return app

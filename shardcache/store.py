@@ -1,0 +1,291 @@
+"""The on-disk cache: diskcache's index and LRU order over shard files written once, in place.
+
+Layout under the cache dir: `v1/index/` is a diskcache Cache whose custom `Disk` *adopts* a
+finished partial file by renaming it into its own tree (one write of each byte, no copy), and
+`v1/partial/` holds fills in progress (swept at start-up). An entry is indexed only after its file
+is complete, verified by the caller and fsynced; diskcache deletes a file only after the index
+change commits, so a crash leaves either a whole entry or an orphan file that `open()` removes.
+
+Space: `reserve(n)` evicts least-recently-used, unpinned entries *before* a fill writes, so the
+index plus reservations never exceed `capacity_bytes`. All methods block: callers run them on a
+worker thread, one hop per logical operation. This module knows nothing of HTTP or origins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import diskcache
+from diskcache.core import MODE_BINARY, UNKNOWN
+
+from shardcache.errors import CacheError
+
+LAYOUT_VERSION = "v1"
+_LRU_BATCH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class EntryMeta:
+    """What the server needs to answer for an entry without asking the origin."""
+
+    size_bytes: int
+    etag: str | None = None
+    content_type: str | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    """An open, committed entry. The fd stays valid even if the entry is evicted meanwhile
+    (POSIX unlink semantics); the caller must `close()` it."""
+
+    fd: int
+    meta: EntryMeta
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass(slots=True)
+class Reservation:
+    """Space set aside for one fill, and its partial file (open read-write as `fd`)."""
+
+    size_bytes: int
+    path: Path
+    fd: int
+    is_released: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoreUsage:
+    size_bytes: int
+    entries: int
+    reserved_bytes: int
+    capacity_bytes: int
+
+
+class CacheFull(CacheError):
+    """No room can be made: reservations and pinned entries hold the rest of the capacity."""
+
+
+@dataclass(frozen=True, slots=True)
+class _AdoptFile:
+    path: str
+    size_bytes: int
+
+
+class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
+    """A diskcache Disk that takes ownership of a finished file by renaming it into the index
+    tree, and that hands out raw file descriptors for sendfile instead of file objects."""
+
+    def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple[int, int, str, None]:
+        if not isinstance(value, _AdoptFile):
+            raise TypeError("the shardcache index only adopts finished files")
+        filename, full_path = self.filename(key, value)
+        os.makedirs(os.path.dirname(full_path), exist_ok=True)
+        os.rename(value.path, full_path)
+        return value.size_bytes, MODE_BINARY, filename, None
+
+    def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
+        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss.
+        return os.open(os.path.join(self._directory, filename), os.O_RDONLY | os.O_CLOEXEC)
+
+
+class Store:
+    def __init__(
+        self,
+        directory: Path,
+        capacity_bytes: int,
+        on_evict: Callable[[str, int, bool], None] | None = None,
+    ) -> None:
+        """Open (creating) the store; sweep partials; drop index rows and files that disagree.
+
+        `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits.
+        Raises CacheError if the directory is unusable or another daemon holds it.
+        """
+        self.capacity_bytes = capacity_bytes
+        self._on_evict = on_evict
+        self._lock = threading.Lock()
+        self._reserved_bytes = 0
+        self._pinned: set[str] = set()
+        root = directory / LAYOUT_VERSION
+        self._index_dir = root / "index"
+        self._partial_dir = root / "partial"
+        try:
+            self._partial_dir.mkdir(parents=True, exist_ok=True)
+            self._index_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise CacheError(f"cannot use {directory}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise CacheError(f"{directory} is in use by another shardcache daemon") from None
+        self.swept_partials = self._sweep_partials()
+        self._index = diskcache.Cache(
+            str(self._index_dir),
+            disk=_AdoptingDisk,
+            size_limit=2**62,  # eviction is ours (reserve), so diskcache never culls by itself
+            cull_limit=0,
+            eviction_policy="least-recently-used",
+            statistics=0,
+        )
+        self._index.check(fix=True)  # drop rows without files and files without rows
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def lookup(self, key: str) -> Entry | None:
+        """Return the open entry for `key` and mark it used, or None. Caller must close it."""
+        fd, tag = self._index.get(key, default=None, read=True, tag=True, retry=True)
+        if fd is None:
+            return None
+        return Entry(fd, EntryMeta(**json.loads(tag)))
+
+    def peek(self, key: str) -> EntryMeta | None:
+        """Return `key`'s metadata without opening it or touching its LRU position."""
+        rows = self._index._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
+        return EntryMeta(**json.loads(rows[0][0])) if rows else None
+
+    def usage(self) -> StoreUsage:
+        return StoreUsage(
+            self._used_bytes(), len(self._index), self._reserved_bytes, self.capacity_bytes
+        )
+
+    def _used_bytes(self) -> int:
+        """Entry bytes plus the index database and its write-ahead log, as on disk."""
+        entries = int(self._index.reset("size", update=False))
+        index = 0
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            with contextlib.suppress(FileNotFoundError):  # WAL files come and go
+                index += os.stat(self._index_dir / name).st_size
+        return entries + index
+
+    # -- fills ---------------------------------------------------------------------------
+
+    def reserve(self, size_bytes: int) -> Reservation:
+        """Make room for `size_bytes` by evicting LRU unpinned entries, and open a partial file.
+
+        Raises CacheFull when reservations and pinned entries leave no room; the caller should
+        then stream the object through uncached. The caller must `commit()` or `abort()`.
+        """
+        with self._lock:
+            self._evict_until_free(size_bytes)
+            self._reserved_bytes += size_bytes
+        path = self._partial_dir / uuid.uuid4().hex
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            self._release(size_bytes)
+            raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
+        return Reservation(size_bytes, path, fd)
+
+    def commit(self, reservation: Reservation, key: str, meta: EntryMeta) -> None:
+        """Make a complete, verified partial file the entry for `key`.
+
+        fsyncs the data first, so a power loss cannot leave an indexed entry with missing
+        bytes. The reservation's fd stays open for readers; the caller closes it.
+        """
+        try:
+            os.fsync(reservation.fd)
+            self._index.set(
+                key,
+                _AdoptFile(str(reservation.path), meta.size_bytes),
+                tag=json.dumps(asdict(meta)),
+                retry=True,
+            )
+        except OSError as exc:
+            self.abort(reservation)
+            raise CacheError(f"cannot commit {key}: {exc.strerror or exc}") from exc
+        self._release_reservation(reservation)
+
+    def abort(self, reservation: Reservation) -> None:
+        """Discard a fill's partial file and give its space back. Safe to call twice."""
+        with contextlib.suppress(FileNotFoundError):  # already committed or swept
+            os.unlink(reservation.path)
+        self._release_reservation(reservation)
+
+    def _release_reservation(self, reservation: Reservation) -> None:
+        if not reservation.is_released:
+            reservation.is_released = True
+            self._release(reservation.size_bytes)
+
+    def _release(self, size_bytes: int) -> None:
+        with self._lock:
+            self._reserved_bytes -= size_bytes
+
+    # -- eviction and pins -----------------------------------------------------------------
+
+    def pin(self, key: str) -> None:
+        """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
+        with self._lock:
+            self._pinned.add(key)
+
+    def unpin(self, key: str) -> bool:
+        """Make `key` an ordinary LRU entry again; return whether it was pinned."""
+        with self._lock:
+            was_pinned = key in self._pinned
+            self._pinned.discard(key)
+            return was_pinned
+
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            keys = list(self._pinned)
+        return sum(meta.size_bytes for key in keys if (meta := self.peek(key)) is not None)
+
+    def delete(self, key: str) -> bool:
+        """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
+        with self._lock:
+            self._pinned.discard(key)
+        return bool(self._index.delete(key, retry=True))
+
+    def _evict_until_free(self, size_bytes: int) -> None:
+        # Called with self._lock held, so concurrent reservations cannot count the same room.
+        if size_bytes + self._reserved_bytes > self.capacity_bytes:
+            raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
+        while self._used_bytes() + self._reserved_bytes + size_bytes > self.capacity_bytes:
+            victim = self._least_recently_used()
+            if victim is None:
+                raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
+            key, victim_size = victim
+            if self._index.delete(key, retry=True) and self._on_evict is not None:
+                self._on_evict(key, victim_size, False)
+
+    def _least_recently_used(self) -> tuple[str, int] | None:
+        # diskcache has no public "oldest by access time" query; its Cache table and
+        # access_time column are stable across 5.x (pinned in pyproject).
+        rows = self._index._sql(
+            "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (_LRU_BATCH + len(self._pinned),)
+        ).fetchall()
+        return next(((k, s) for k, s in rows if k not in self._pinned), None)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def _sweep_partials(self) -> int:
+        """Delete every partial file: they are fills a crash or kill interrupted."""
+        count = 0
+        for path in self._partial_dir.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                count += 1
+        return count
+
+    def check(self) -> list[str]:
+        """Return inconsistencies between index and files (empty when sound); for tests and
+        post-mortems. Partial files are reported only when no reservation is open."""
+        problems = [str(w.message) for w in self._index.check()]
+        if self._reserved_bytes == 0:
+            problems += [f"stray partial file {p}" for p in self._partial_dir.iterdir()]
+        return problems
+
+    def close(self) -> None:
+        self._index.close()
+        os.close(self._lock_fd)

@@ -1,0 +1,89 @@
+"""Start the daemon the way a user does (`python -m shardcache serve …`) on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.ports import free_port
+
+
+class Daemon:
+    def __init__(
+        self, cache_dir: Path, origins: dict[str, str], *extra: str,
+        env: dict[str, str] | None = None, cache_size: str = "1GiB",
+        prefix: tuple[str, ...] = (),
+    ) -> None:
+        self.port = free_port()
+        self.cache_dir = cache_dir
+        self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
+        argv = [*prefix, sys.executable, "-m", "shardcache", "serve",
+                "--listen", f"127.0.0.1:{self.port}", "--cache-dir", str(cache_dir),
+                "--cache-size", cache_size, "--log-level", "debug",
+                "--origin-read-timeout", "5", *extra]
+        for name, url in origins.items():
+            argv += ["--origin", f"{name}={url}"]
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        self._wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _wait_ready(self, timeout_s: float = 20) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.05)
+        raise AssertionError(f"daemon not ready in {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Return the current value of one series from /metrics (0 if absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+        wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for line in text.splitlines():
+            match = re.match(r"^([a-zA-Z_:]+)(?:\{(.*)\})? (\S+)$", line)
+            if match and match.group(1) == name:
+                have = ",".join(sorted((match.group(2) or "").split(","))) if match.group(2) else ""
+                if have == wanted:
+                    return float(match.group(3))
+        return 0.0
+
+    def get_json(self, path: str) -> tuple[int, dict[str, object]]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+        return self.process.returncode

@@ -1,0 +1,125 @@
+"""A real HTTP origin for tests: an aiohttp app on a loopback port, in its own thread and loop.
+
+It counts requests per key, and can delay, hold a response until released, cut a body short,
+change an object's ETag, or publish a wrong checksum, so every failure path can be driven.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from tests.ports import free_port
+
+
+@dataclass
+class Behaviour:
+    delay_s: float = 0.0  # before the response headers
+    cut_after: int | None = None  # close the connection after this many body bytes…
+    cuts: int = 0  # …this many times (then serve normally)
+    hold: threading.Event | None = None  # hold after the headers until set
+    stall_after: int | None = None  # stop sending (keep the connection) after N bytes
+    content_md5: bytes | None = None  # publish this Content-MD5 instead of the real one
+    chunk_bytes: int = 256 * 1024
+
+
+@dataclass
+class OriginServer:
+    objects: dict[str, bytes] = field(default_factory=dict)
+    etags: dict[str, str] = field(default_factory=dict)
+    behaviour: dict[str, Behaviour] = field(default_factory=dict)
+    gets: Counter[str] = field(default_factory=Counter)
+    heads: Counter[str] = field(default_factory=Counter)
+    ranges: list[tuple[str, str]] = field(default_factory=list)
+    port: int = 0
+
+    def put(self, key: str, data: bytes, **behaviour: object) -> str:
+        self.objects[key] = data
+        self.etags[key] = '"' + hashlib.md5(data).hexdigest() + '"'
+        self.behaviour[key] = Behaviour(**behaviour)  # type: ignore[arg-type]
+        return key
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        key = request.match_info["key"]
+        if key not in self.objects:
+            return web.Response(status=404, text="no such object")
+        data, etag, how = self.objects[key], self.etags[key], self.behaviour[key]
+        (self.heads if request.method == "HEAD" else self.gets)[key] += 1
+        if how.delay_s:
+            await asyncio.sleep(how.delay_s)
+        if_match = request.headers.get("If-Match")
+        if if_match is not None and if_match != etag:
+            return web.Response(status=412)
+        start = 0
+        status = 200
+        headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
+        if "Range" in request.headers:
+            self.ranges.append((key, request.headers["Range"]))
+            start = int(request.headers["Range"].removeprefix("bytes=").split("-")[0])
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+        else:
+            md5 = how.content_md5 or hashlib.md5(data).digest()
+            headers["Content-MD5"] = base64.b64encode(md5).decode()
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = len(data) - start
+        await response.prepare(request)
+        if request.method == "HEAD":
+            return response
+        if how.hold is not None:
+            await asyncio.to_thread(how.hold.wait)
+        position = start
+        cut = how.cut_after if how.cuts > 0 else None
+        while position < len(data):
+            piece = data[position : position + how.chunk_bytes]
+            if cut is not None and position + len(piece) > cut:
+                await response.write(data[position:cut])
+                how.cuts -= 1
+                assert request.transport is not None
+                request.transport.close()  # a mid-body failure
+                return response
+            if how.stall_after is not None and position >= how.stall_after:
+                await asyncio.sleep(3600)
+            await response.write(piece)
+            position += len(piece)
+        await response.write_eof()
+        return response
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self.port = free_port()
+
+        def run() -> None:
+            self._loop = asyncio.new_event_loop()
+            app = web.Application()
+            app.router.add_route("GET", "/{key:.*}", self._handle)
+            app.router.add_route("HEAD", "/{key:.*}", self._handle)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            self._loop.run_until_complete(site.start())
+            ready.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        assert ready.wait(10), "test origin did not start"
+
+    def stop(self) -> None:
+        for how in self.behaviour.values():
+            if how.hold is not None:
+                how.hold.set()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
