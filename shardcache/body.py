@@ -104,7 +104,11 @@ class FileSender:
 
 
 async def send_fill(
-    sender: FileSender, fill: Fill, fd: int, start: int, end: int,
+    sender: FileSender,
+    fill: Fill,
+    fd: int,
+    start: int,
+    end: int,
     on_wait: Callable[[float], None],
 ) -> None:
     """Send bytes [start, end) of a fill in flight as they land on disk.
@@ -123,7 +127,11 @@ async def send_fill(
 
 
 async def send_stream(
-    stream: OriginStream, write: Write, start: int, end: int, read_timeout_s: float,
+    stream: OriginStream,
+    write: Write,
+    start: int,
+    end: int,
+    read_timeout_s: float,
     on_wait: Callable[[float], None],
 ) -> int:
     """Relay bytes [start, end) of an uncached origin stream; return the bytes sent.
@@ -149,7 +157,7 @@ async def send_stream(
             raise OriginTimeout(f"no byte from the origin for {read_timeout_s:g}s") from None
         on_wait(loop.time() - began)
         verifier.update(chunk)
-        piece = chunk[max(0, start - position): max(0, end - position)]
+        piece = chunk[max(0, start - position) : max(0, end - position)]
         position += len(chunk)
         if piece:
             if pending:

@@ -93,8 +93,14 @@ class ShardCache:
             entry = await asyncio.to_thread(self.store.lookup, url)
             if entry is not None:
                 meta = entry.meta
-                return Lease(Result.HIT, origin.name, meta.size_bytes, meta.etag,
-                             meta.content_type, entry=entry)
+                return Lease(
+                    Result.HIT,
+                    origin.name,
+                    meta.size_bytes,
+                    meta.etag,
+                    meta.content_type,
+                    entry=entry,
+                )
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if not joined:
             self._spawn(fill)
@@ -106,14 +112,28 @@ class ShardCache:
         assert fill.info is not None
         info = fill.info
         fd = fill.acquire_reader()
-        return Lease(result, origin.name, info.size_bytes, info.etag, info.content_type,
-                     fill=fill, fill_fd=fd)
+        return Lease(
+            result,
+            origin.name,
+            info.size_bytes,
+            info.etag,
+            info.content_type,
+            fill=fill,
+            fill_fd=fd,
+        )
 
     @staticmethod
     def _lease_for_stream(result: Result, origin: Origin, stream: OriginStream) -> Lease:
         info = stream.info
-        return Lease(result, origin.name, info.size_bytes, info.etag, info.content_type,
-                     stream=stream, is_cached=False)
+        return Lease(
+            result,
+            origin.name,
+            info.size_bytes,
+            info.etag,
+            info.content_type,
+            stream=stream,
+            is_cached=False,
+        )
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
         """Return what a GET would answer, without fetching the body or touching LRU order."""
@@ -137,6 +157,7 @@ class ShardCache:
 
     def _spawn(self, fill: Fill) -> None:
         task = asyncio.create_task(self._run(fill), name=f"fill {fill.cache_key}")
+        fill.task = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -147,7 +168,9 @@ class ShardCache:
             self.flights.finish(fill)
 
     async def aclose(self) -> None:
-        """Cancel every fill in flight (their partial files are removed) and wait for them."""
-        for task in list(self._tasks):
-            task.cancel()
+        """Cancel every fill still downloading (its partial file is removed), let verified
+        ones finish committing, and wait for all of them."""
+        for fill in self.flights:
+            if not fill.is_body_complete:
+                fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

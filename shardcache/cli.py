@@ -28,9 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="write sample WebDataset shards and serve them as origin 'sample'"
     )
-    demo.add_argument("--sample-dir", default=os.path.join(tempfile.gettempdir(),
-                                                           "shardcache-sample"),
-                      help="where to write the sample shards (default %(default)s)")
+    demo.add_argument(
+        "--sample-dir",
+        default=os.path.join(tempfile.gettempdir(), "shardcache-sample"),
+        help="where to write the sample shards (default %(default)s)",
+    )
     demo.add_argument("--shards", type=int, default=10, help="how many (default 10)")
     config.add_arguments(demo)
     return parser
@@ -54,12 +56,15 @@ def _demo(args: argparse.Namespace) -> int:
     last = args.shards - 1
     host, port = config.load_settings(vars(args), os.environ).listen.rsplit(":", 1)
     base = f"http://{host}:{port}/sample"
-    print(f"wrote {args.shards} sample shards to {directory}\n"
-          f"try, in another shell:\n"
-          f"  curl -sf {base}/shards_000.tar | tar t | head\n"
-          f"  python -c \"import webdataset as wds; "
-          f"print(sum(1 for _ in wds.WebDataset('pipe:curl -s -f {base}/shards_{{000..{last:03d}}}"
-          f".tar', shardshuffle=False)))\"\n", flush=True)
+    print(
+        f"wrote {args.shards} sample shards to {directory}\n"
+        f"try, in another shell:\n"
+        f"  curl -sf {base}/shards_000.tar | tar t | head\n"
+        f'  python -c "import webdataset as wds; '
+        f"print(sum(1 for _ in wds.WebDataset('pipe:curl -s -f {base}/shards_{{000..{last:03d}}}"
+        f".tar', shardshuffle=False)))\"\n",
+        flush=True,
+    )
     return _serve(args, [f"sample=file://{directory}"])
 
 

@@ -198,16 +198,14 @@ def _checked_name(name: str, where: str) -> str:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _origins_from_file(
-    table: Any, environ: Mapping[str, str], where: str
-) -> dict[str, OriginSpec]:
+def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> dict[str, OriginSpec]:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [origins] must be tables like [origins.NAME]")
     origins: dict[str, OriginSpec] = {}
     for name, body in table.items():
         at = f"{where} [origins.{name}]"
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
-            raise ConfigError(f"{at}: needs url = \"s3://…\", \"http(s)://…\" or \"file:///…\"")
+            raise ConfigError(f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…"')
         unknown = set(body) - {"url", "endpoint_url", "headers"}
         if unknown:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")

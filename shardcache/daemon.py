@@ -65,8 +65,9 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
     store = await asyncio.to_thread(open_store, settings, metrics)
     if store.swept_partials:
         log.info("removed %d partial files left by an interrupted run", store.swept_partials)
-    policy = RetryPolicy(retries=settings.origin_retries,
-                         read_timeout_s=settings.origin_read_timeout)
+    policy = RetryPolicy(
+        retries=settings.origin_retries, read_timeout_s=settings.origin_read_timeout
+    )
     cache = ShardCache(store, origins, policy, metrics)
 
     def cache_gauges() -> CacheGauges:
@@ -79,11 +80,15 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         return None
 
     metrics.watch_cache(cache_gauges)
-    state = {"is_shutting_down": False, "read_timeout_s": settings.origin_read_timeout,
-             "check_ready": check_ready}
+    state = {
+        "is_shutting_down": False,
+        "read_timeout_s": settings.origin_read_timeout,
+        "check_ready": check_ready,
+    }
     app = make_app(cache, metrics, state)
-    runner = web.AppRunner(app, access_log_class=AccessLogger, handle_signals=False,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
+    runner = web.AppRunner(
+        app, access_log_class=AccessLogger, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.listen_host, settings.listen_port, reuse_address=True)
     try:
@@ -91,18 +96,25 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
     except OSError as exc:
         await runner.cleanup()
         await _close(cache, origins, store)
-        raise ConfigError(f"--listen: cannot listen on {settings.listen}: "
-                          f"{exc.strerror or exc}") from None
+        raise ConfigError(
+            f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
+        ) from None
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     usage = store.usage()
-    log.info("shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; "
-             "origins: %s", __version__, settings.listen, settings.cache_dir,
-             format_size(usage.size_bytes), format_size(usage.capacity_bytes), usage.entries,
-             ", ".join(f"{o.name}={o.url}" for o in settings.origins) or "none")
+    log.info(
+        "shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; origins: %s",
+        __version__,
+        settings.listen,
+        settings.cache_dir,
+        format_size(usage.size_bytes),
+        format_size(usage.capacity_bytes),
+        usage.entries,
+        ", ".join(f"{o.name}={o.url}" for o in settings.origins) or "none",
+    )
     if on_ready is not None:
         on_ready()
     await stop.wait()

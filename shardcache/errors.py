@@ -4,7 +4,7 @@
     ├── ConfigError                     -       config       a bad setting; the CLI prints one line
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
     ├── UnknownOrigin                   404     unknown_origin
-    ├── NotCached                       404     not_cached   a purge of a key the cache does not hold
+    ├── NotCached                       404     not_cached   purging a key that is not cached
     ├── RangeNotSatisfiable             416     range
     ├── ShuttingDown                    503     shutdown
     ├── CacheError                      500     cache        the local store failed (disk full, I/O)

@@ -109,6 +109,7 @@ class Fill:
         self._reservation: Reservation | None = None
         self._passthrough: OriginStream | None = None
         self._readers = 0
+        self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
         self._started = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -129,6 +130,15 @@ class Fill:
     @property
     def is_finished(self) -> bool:
         return not _TRANSITIONS[self.state]
+
+    @property
+    def is_body_complete(self) -> bool:
+        return self.state in _BODY_COMPLETE
+
+    def cancel(self) -> None:
+        """Stop the download (shutdown); readers get ShuttingDown and abort."""
+        if self.task is not None:
+            self.task.cancel()
 
     # -- readers -------------------------------------------------------------------------
 
@@ -217,8 +227,11 @@ class Fill:
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
-            log.info("%s (%d bytes) is larger than the cache: streaming it through",
-                     self.cache_key, size_bytes)
+            log.info(
+                "%s (%d bytes) is larger than the cache: streaming it through",
+                self.cache_key,
+                size_bytes,
+            )
             return False
         try:
             self._reservation = await asyncio.to_thread(self._store.reserve, size_bytes)
@@ -245,8 +258,15 @@ class Fill:
     async def _back_off(self, attempt: int, exc: OriginError) -> None:
         delay = self._policy.delay_s(attempt)
         self._observer.origin_retry(self.origin.name)
-        log.warning("origin %s: %s; retry %d/%d in %.2fs from byte %d", self.origin.name, exc,
-                    attempt, self._policy.retries, delay, self.written_bytes)
+        log.warning(
+            "origin %s: %s; retry %d/%d in %.2fs from byte %d",
+            self.origin.name,
+            exc,
+            attempt,
+            self._policy.retries,
+            delay,
+            self.written_bytes,
+        )
         await asyncio.sleep(delay)
 
     async def _download(self, stream: OriginStream, info: ObjectInfo, verifier: Verifier) -> None:
@@ -293,11 +313,12 @@ class Fill:
 
     def _fail(self, exc: ShardcacheError) -> None:
         self.error = exc
-        if not self.is_finished:
+        if FillState.FAILED in _TRANSITIONS[self.state]:
             self._move(FillState.FAILED)
         if self.written_bytes:
-            log.warning("fill of %s failed after %d bytes: %s", self.cache_key,
-                        self.written_bytes, exc)
+            log.warning(
+                "fill of %s failed after %d bytes: %s", self.cache_key, self.written_bytes, exc
+            )
 
     async def _release_space(self) -> None:
         reservation = self._reservation

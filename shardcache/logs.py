@@ -73,7 +73,12 @@ class AccessLogger(AbstractAccessLogger):
             "remote": request.remote,
         }
         self.logger.info(
-            '%s %s %d %s %d %.3fms', fields["method"], redact(str(fields["path"])),
-            fields["status"], fields["result"], fields["bytes"], time_s * 1000,
+            "%s %s %d %s %d %.3fms",
+            fields["method"],
+            redact(str(fields["path"])),
+            fields["status"],
+            fields["result"],
+            fields["bytes"],
+            time_s * 1000,
             extra={"fields": fields},
         )

@@ -22,8 +22,26 @@ SOURCES = ("cache", "origin")
 ORIGIN_ERROR_KINDS = ("not_found", "timeout", "unavailable", "denied", "changed", "integrity")
 # From 100 µs (a hit's first byte) to 5 minutes (a multi-GB miss).
 LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1, 2.5, 5, 10, 30, 60, 120, 300,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
 )
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,12 +61,17 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         state = self._read()
-        yield GaugeMetricFamily("shardcache_cache_size_bytes", "Bytes the cache holds on disk",
-                                value=state.size_bytes)
-        yield GaugeMetricFamily("shardcache_cache_capacity_bytes", "The configured cache bound",
-                                value=state.capacity_bytes)
-        yield GaugeMetricFamily("shardcache_cache_entries", "Entries in the cache",
-                                value=state.entries)
+        yield GaugeMetricFamily(
+            "shardcache_cache_size_bytes", "Bytes the cache holds on disk", value=state.size_bytes
+        )
+        yield GaugeMetricFamily(
+            "shardcache_cache_capacity_bytes",
+            "The configured cache bound",
+            value=state.capacity_bytes,
+        )
+        yield GaugeMetricFamily(
+            "shardcache_cache_entries", "Entries in the cache", value=state.entries
+        )
 
 
 class Metrics:
@@ -56,38 +79,73 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry, origins: Iterable[str]) -> None:
         self.registry = registry
-        self.requests = Counter("shardcache_requests", "Shard requests by result",
-                                ["origin", "result"], registry=registry)
-        self.response_bytes = Counter("shardcache_response_bytes",
-                                      "Body bytes sent to clients by where they came from",
-                                      ["origin", "source"], registry=registry)
-        self.ttfb = Histogram("shardcache_time_to_first_byte_seconds",
-                              "Request start to first body byte", ["result"],
-                              buckets=LATENCY_BUCKETS, registry=registry)
-        self.duration = Histogram("shardcache_request_duration_seconds",
-                                  "Request start to last body byte", ["result"],
-                                  buckets=LATENCY_BUCKETS, registry=registry)
-        self.client_wait = Counter("shardcache_client_wait_seconds",
-                                   "Time clients waited for bytes not yet on local disk",
-                                   ["origin"], registry=registry)
-        self.origin_requests = Counter("shardcache_origin_requests",
-                                       "Requests made to origins by outcome",
-                                       ["origin", "status"], registry=registry)
-        self.origin_errors = Counter("shardcache_origin_errors", "Origin failures by kind",
-                                     ["origin", "kind"], registry=registry)
-        self.origin_retries = Counter("shardcache_origin_retries", "Origin retries",
-                                      ["origin"], registry=registry)
-        self.origin_bytes_total = Counter("shardcache_origin_bytes", "Body bytes read from origins",
-                                    ["origin"], registry=registry)
-        self.origin_fetch = Histogram("shardcache_origin_fetch_duration_seconds",
-                                      "Whole-object fetch time from origins", ["origin"],
-                                      buckets=LATENCY_BUCKETS, registry=registry)
-        self.evictions = Counter("shardcache_cache_evictions", "Entries evicted",
-                                 registry=registry)
-        self.evicted_bytes = Counter("shardcache_cache_evicted_bytes", "Bytes evicted",
-                                     registry=registry)
-        self.build_info = Gauge("shardcache_build_info", "Always 1; the version as a label",
-                                ["version"], registry=registry)
+        self.requests = Counter(
+            "shardcache_requests",
+            "Shard requests by result",
+            ["origin", "result"],
+            registry=registry,
+        )
+        self.response_bytes = Counter(
+            "shardcache_response_bytes",
+            "Body bytes sent to clients by where they came from",
+            ["origin", "source"],
+            registry=registry,
+        )
+        self.ttfb = Histogram(
+            "shardcache_time_to_first_byte_seconds",
+            "Request start to first body byte",
+            ["result"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "shardcache_request_duration_seconds",
+            "Request start to last body byte",
+            ["result"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.client_wait = Counter(
+            "shardcache_client_wait_seconds",
+            "Time clients waited for bytes not yet on local disk",
+            ["origin"],
+            registry=registry,
+        )
+        self.origin_requests = Counter(
+            "shardcache_origin_requests",
+            "Requests made to origins by outcome",
+            ["origin", "status"],
+            registry=registry,
+        )
+        self.origin_errors = Counter(
+            "shardcache_origin_errors",
+            "Origin failures by kind",
+            ["origin", "kind"],
+            registry=registry,
+        )
+        self.origin_retries = Counter(
+            "shardcache_origin_retries", "Origin retries", ["origin"], registry=registry
+        )
+        self.origin_bytes_total = Counter(
+            "shardcache_origin_bytes", "Body bytes read from origins", ["origin"], registry=registry
+        )
+        self.origin_fetch = Histogram(
+            "shardcache_origin_fetch_duration_seconds",
+            "Whole-object fetch time from origins",
+            ["origin"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.evictions = Counter("shardcache_cache_evictions", "Entries evicted", registry=registry)
+        self.evicted_bytes = Counter(
+            "shardcache_cache_evicted_bytes", "Bytes evicted", registry=registry
+        )
+        self.build_info = Gauge(
+            "shardcache_build_info",
+            "Always 1; the version as a label",
+            ["version"],
+            registry=registry,
+        )
         self.build_info.labels(__version__).set(1)
         self.touch(origins)
 

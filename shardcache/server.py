@@ -102,8 +102,13 @@ async def get_object(request: web.Request) -> web.StreamResponse:
             request.transport.abort()
             return response
         except (ShardcacheError, OSError) as exc:
-            log.error("aborting %s after %d of %d bytes: %s", request.path,
-                      sender.sent_bytes, end - start, exc)
+            log.error(
+                "aborting %s after %d of %d bytes: %s",
+                request.path,
+                sender.sent_bytes,
+                end - start,
+                exc,
+            )
             request.transport.abort()  # never a clean but short body
             return response
         finally:
@@ -119,8 +124,9 @@ async def get_object(request: web.Request) -> web.StreamResponse:
 
 
 def _start_response(lease: Lease, byte_range: ByteRange | None) -> web.StreamResponse:
-    response = web.StreamResponse(status=206 if byte_range else 200,
-                                  headers=_headers(lease, lease.result))
+    response = web.StreamResponse(
+        status=206 if byte_range else 200, headers=_headers(lease, lease.result)
+    )
     if byte_range is not None:
         response.headers["Content-Range"] = byte_range.content_range(lease.size_bytes)
         response.content_length = byte_range.length
@@ -130,8 +136,13 @@ def _start_response(lease: Lease, byte_range: ByteRange | None) -> web.StreamRes
 
 
 async def _send_body(
-    lease: Lease, sender: FileSender, response: web.StreamResponse, start: int, end: int,
-    request: web.Request, metrics: Metrics,
+    lease: Lease,
+    sender: FileSender,
+    response: web.StreamResponse,
+    start: int,
+    end: int,
+    request: web.Request,
+    metrics: Metrics,
 ) -> None:
     def on_wait(seconds: float) -> None:
         if seconds > 0:
@@ -143,8 +154,9 @@ async def _send_body(
         await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait)
     elif lease.stream is not None:
         read_timeout = request.app[STATE_KEY]["read_timeout_s"]
-        sender.sent_bytes += await send_stream(lease.stream, response.write, start, end,
-                                               read_timeout, on_wait)
+        sender.sent_bytes += await send_stream(
+            lease.stream, response.write, start, end, read_timeout, on_wait
+        )
 
 
 async def head_object(request: web.Request) -> web.StreamResponse:
@@ -167,8 +179,9 @@ async def head_object(request: web.Request) -> web.StreamResponse:
 
 async def delete_object(request: web.Request) -> web.Response:
     await request.app[CACHE_KEY].purge(request.match_info["origin"], request.match_info["key"])
-    return web.json_response({"deleted": f"{request.match_info['origin']}/"
-                                         f"{request.match_info['key']}"})
+    return web.json_response(
+        {"deleted": f"{request.match_info['origin']}/{request.match_info['key']}"}
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ import json
 import os
 import threading
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -138,8 +139,14 @@ class Store:
             cull_limit=0,
             eviction_policy="least-recently-used",
             statistics=0,
+            # Checkpoint the write-ahead log often and truncate it, so the index's own disk
+            # use (counted against the bound) stays well under a megabyte.
+            sqlite_wal_autocheckpoint=64,
+            sqlite_journal_size_limit=1 << 20,
         )
-        self._index.check(fix=True)  # drop rows without files and files without rows
+        for _ in range(3):  # drop rows without files and files without rows; a fix can
+            if not self._check_index(fix=True):  # leave an empty parent dir for the next pass
+                break
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -262,8 +269,9 @@ class Store:
     def _least_recently_used(self) -> tuple[str, int] | None:
         # diskcache has no public "oldest by access time" query; its Cache table and
         # access_time column are stable across 5.x (pinned in pyproject).
+        limit = _LRU_BATCH + len(self._pinned)
         rows = self._index._sql(
-            "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (_LRU_BATCH + len(self._pinned),)
+            "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
         ).fetchall()
         return next(((k, s) for k, s in rows if k not in self._pinned), None)
 
@@ -281,10 +289,17 @@ class Store:
     def check(self) -> list[str]:
         """Return inconsistencies between index and files (empty when sound); for tests and
         post-mortems. Partial files are reported only when no reservation is open."""
-        problems = [str(w.message) for w in self._index.check()]
+        problems = self._check_index(fix=False)
         if self._reserved_bytes == 0:
             problems += [f"stray partial file {p}" for p in self._partial_dir.iterdir()]
         return problems
+
+    def _check_index(self, fix: bool) -> list[str]:
+        # diskcache reports through warnings it records; make sure none is turned into an
+        # exception (or silenced) by the caller's warning filters.
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            return [str(w.message) for w in self._index.check(fix=fix, retry=True)]
 
     def close(self) -> None:
         self._index.close()

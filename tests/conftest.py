@@ -31,7 +31,8 @@ def s3_endpoint() -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -63,8 +64,11 @@ def s3_client(s3_env: dict[str, str]):  # type: ignore[no-untyped-def]
     import boto3
 
     return boto3.client(
-        "s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-        aws_access_key_id="testing", aws_secret_access_key="testing",
+        "s3",
+        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
 
 
@@ -73,8 +77,9 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     """Start daemons on free ports; each is stopped with SIGTERM and must exit 0."""
     started: list[Daemon] = []
 
-    def start(origins: dict[str, str], *extra: str, cache_dir: Path | None = None,
-              **kwargs: object) -> Daemon:
+    def start(
+        origins: dict[str, str], *extra: str, cache_dir: Path | None = None, **kwargs: object
+    ) -> Daemon:
         daemon = Daemon(cache_dir or tmp_path / "cache", origins, *extra, **kwargs)  # type: ignore[arg-type]
         started.append(daemon)
         return daemon

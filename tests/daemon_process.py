@@ -18,19 +18,38 @@ from tests.ports import free_port
 
 class Daemon:
     def __init__(
-        self, cache_dir: Path, origins: dict[str, str], *extra: str,
-        env: dict[str, str] | None = None, cache_size: str = "1GiB",
+        self,
+        cache_dir: Path,
+        origins: dict[str, str],
+        *extra: str,
+        env: dict[str, str] | None = None,
+        cache_size: str = "1GiB",
         prefix: tuple[str, ...] = (),
     ) -> None:
         self.port = free_port()
         self.cache_dir = cache_dir
         self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
-        argv = [*prefix, sys.executable, "-m", "shardcache", "serve",
-                "--listen", f"127.0.0.1:{self.port}", "--cache-dir", str(cache_dir),
-                "--cache-size", cache_size, "--log-level", "debug",
-                "--origin-read-timeout", "5", *extra]
+        argv = [
+            *prefix,
+            sys.executable,
+            "-m",
+            "shardcache",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--cache-dir",
+            str(cache_dir),
+            "--cache-size",
+            cache_size,
+            "--log-level",
+            "debug",
+            "--origin-read-timeout",
+            "5",
+            *extra,
+        ]
         for name, url in origins.items():
             argv += ["--origin", f"{name}={url}"]
+        self._has_wrapper = bool(prefix)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
@@ -77,9 +96,16 @@ class Daemon:
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())
 
+    def _daemon_pid(self) -> int:
+        """The daemon's pid, also when it runs under a wrapper such as strace."""
+        if not self._has_wrapper:
+            return self.process.pid
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text()
+        return int(children.split()[0])
+
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.process.poll() is None:
-            self.process.send_signal(sig)
+            os.kill(self._daemon_pid(), sig)
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:

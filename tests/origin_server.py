@@ -23,6 +23,7 @@ class Behaviour:
     delay_s: float = 0.0  # before the response headers
     cut_after: int | None = None  # close the connection after this many body bytes…
     cuts: int = 0  # …this many times (then serve normally)
+    before_cut: threading.Event | None = None  # wait for this before cutting
     hold: threading.Event | None = None  # hold after the headers until set
     stall_after: int | None = None  # stop sending (keep the connection) after N bytes
     content_md5: bytes | None = None  # publish this Content-MD5 instead of the real one
@@ -85,6 +86,8 @@ class OriginServer:
             if cut is not None and position + len(piece) > cut:
                 await response.write(data[position:cut])
                 how.cuts -= 1
+                if how.before_cut is not None:
+                    await asyncio.to_thread(how.before_cut.wait, 30)
                 assert request.transport is not None
                 request.transport.close()  # a mid-body failure
                 return response

@@ -25,7 +25,8 @@ def curl(url: str, *args: str) -> CurlResult:
     """Run `curl -s -f` (what WebDataset's pipe: URLs run) and capture status and headers."""
     process = subprocess.run(
         ["curl", "-s", "-f", "-D", "/dev/stderr", *args, url],
-        capture_output=True, timeout=120,
+        capture_output=True,
+        timeout=120,
     )
     status = 0
     headers: dict[str, str] = {}

@@ -66,9 +66,15 @@ def test_head_does_not_fetch_the_body(origin: OriginServer, start_daemon) -> Non
     assert curl(f"{daemon.url}/web/s.tar").exit_code == 0
     warm = curl(f"{daemon.url}/web/s.tar", "-I")
     assert (cold.status, cold.headers["x-shardcache"], cold.headers["content-length"]) == (
-        200, "miss", "5000")
+        200,
+        "miss",
+        "5000",
+    )
     assert (warm.status, warm.headers["x-shardcache"], warm.headers["content-length"]) == (
-        200, "hit", "5000")
+        200,
+        "hit",
+        "5000",
+    )
     assert origin.gets["s.tar"] == 1 and origin.heads["s.tar"] == 1
 
 
@@ -83,10 +89,18 @@ def _raw_get(port: int, path: str) -> tuple[int, dict[str, str]]:
     return int(head.split()[1]), json.loads(body)
 
 
-@pytest.mark.parametrize("path", [
-    "/web/a/../b.tar", "/web/./b.tar", "/web/a//b.tar", "/web/a%00b.tar", "/web/a%5Cb.tar",
-    "/web/" + "k" * 1025, "/web/",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/web/a/../b.tar",
+        "/web/./b.tar",
+        "/web/a//b.tar",
+        "/web/a%00b.tar",
+        "/web/a%5Cb.tar",
+        "/web/" + "k" * 1025,
+        "/web/",
+    ],
+)
 def test_malformed_keys_are_400_json(origin: OriginServer, start_daemon, path: str) -> None:
     daemon = start_daemon({"web": origin.url})
     status, body = _raw_get(daemon.port, path)
@@ -95,8 +109,7 @@ def test_malformed_keys_are_400_json(origin: OriginServer, start_daemon, path: s
     assert sum(origin.gets.values()) == 0
 
 
-def test_unknown_origin_and_missing_object_are_404_json(origin: OriginServer,
-                                                        start_daemon) -> None:
+def test_unknown_origin_and_missing_object_are_404_json(origin: OriginServer, start_daemon) -> None:
     daemon = start_daemon({"web": origin.url})
     unknown = curl(f"{daemon.url}/nope/x.tar")
     missing = curl(f"{daemon.url}/web/missing.tar", "--no-fail")
@@ -107,8 +120,9 @@ def test_unknown_origin_and_missing_object_are_404_json(origin: OriginServer,
 
 def test_origin_down_is_502_and_timeout_is_504(origin: OriginServer, start_daemon) -> None:
     origin.put("slow.tar", b"z" * 100, delay_s=8)
-    daemon = start_daemon({"web": origin.url, "down": "http://127.0.0.1:9"},
-                          "--origin-retries", "1")
+    daemon = start_daemon(
+        {"web": origin.url, "down": "http://127.0.0.1:9"}, "--origin-retries", "1"
+    )
     down = curl(f"{daemon.url}/down/x.tar", "--no-fail")
     slow = curl(f"{daemon.url}/web/slow.tar", "--no-fail")
     assert down.status == 502 and "error" in json.loads(down.body)
@@ -140,7 +154,10 @@ def test_keep_alive_connection_serves_several_hits(origin: OriginServer, start_d
     daemon = start_daemon({"web": origin.url})
     urls = [f"{daemon.url}/web/{key}" for key in blobs]
     for _ in range(2):  # misses, then hits, each time three requests on one connection
-        process = subprocess.run(["curl", "-s", "-f", *sum((["-o", "-", u] for u in urls), [])],
-                                 capture_output=True, timeout=60)
+        process = subprocess.run(
+            ["curl", "-s", "-f", *sum((["-o", "-", u] for u in urls), [])],
+            capture_output=True,
+            timeout=60,
+        )
         assert process.returncode == 0
         assert process.stdout == b"".join(blobs.values())

@@ -1,0 +1,98 @@
+"""The command line as users meet it: help, version, and one clear line for a bad setting."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardcache import __version__
+
+
+def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_version_and_help() -> None:
+    assert _run("--version").stdout.strip() == f"shardcache {__version__}"
+    help_text = _run("serve", "--help").stdout
+    for flag in (
+        "--listen",
+        "--cache-dir",
+        "--cache-size",
+        "--origin",
+        "--config",
+        "--log-level",
+        "--origin-connect-timeout",
+        "--origin-read-timeout",
+    ):
+        assert flag in help_text
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--cache-size", "lots"], "--cache-size: cannot read 'lots' as a size"),
+        (["--origin", "x=ftp://host/p"], "--origin: origin 'x' has unknown scheme"),
+        (["--origin", "metrics=file:///tmp"], "reserved"),
+        (["--origin", "novalue"], "expected NAME=URL"),
+        (["--listen", "localhost"], "--listen: expected HOST:PORT"),
+        (
+            ["--origin", "d=file:///does/not/exist"],
+            "--origin d: /does/not/exist is not a directory",
+        ),
+        (["--config", "/does/not/exist.toml"], "--config: /does/not/exist.toml does not exist"),
+    ],
+)
+def test_bad_settings_give_one_line_and_exit_2(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    result = _run("serve", "--cache-dir", str(tmp_path / "c"), *args)
+    assert result.returncode == 2
+    assert needle in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unwritable_cache_dir_and_port_in_use(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = _run("serve", "--cache-dir", str(blocker / "cache"))
+    assert result.returncode == 2 and result.stderr.startswith("shardcache: error: --cache-dir:")
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = _run("serve", "--cache-dir", str(tmp_path / "c"), "--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert result.stderr.startswith("shardcache: error: --listen: cannot listen on")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_env_and_file_settings_apply_with_precedence(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('cache_size = "1GiB"\nlisten = "127.0.0.1:1"\n')
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "serve",
+            "--config",
+            str(config),
+            "--cache-dir",
+            str(tmp_path / "c"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"SHARDCACHE_CACHE_SIZE": "bad", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 2
+    assert "SHARDCACHE_CACHE_SIZE: cannot read 'bad'" in result.stderr

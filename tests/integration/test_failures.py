@@ -1,0 +1,132 @@
+"""Mid-body failures: resume with Range, abort the client when retries run out, never cache."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import signal
+import threading
+import time
+
+from tests.integration.helpers import curl, sha256
+from tests.origin_server import OriginServer
+
+
+def test_mid_body_failure_resumes_with_range(origin: OriginServer, start_daemon) -> None:
+    data = os.urandom(4 * 1024 * 1024)
+    some_bytes_on_disk = threading.Event()
+    origin.put("s.tar", data, cut_after=1_500_000, cuts=1, before_cut=some_bytes_on_disk)
+    daemon = start_daemon({"web": origin.url})
+    results = []
+    worker = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
+    worker.start()
+    # Cut the connection only once the fill has written bytes, so there is something to resume.
+    partial = daemon.cache_dir / "v1" / "partial"
+    deadline = time.monotonic() + 20
+    while not any(p.stat().st_size for p in partial.iterdir()):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    some_bytes_on_disk.set()
+    worker.join(60)
+    (result,) = results
+
+    assert result.exit_code == 0 and result.sha256 == sha256(data)
+    assert origin.gets["s.tar"] == 2
+    ((key, header),) = origin.ranges
+    resumed_from = int(header.removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_from <= 1_500_000
+    assert curl(f"{daemon.url}/web/s.tar").headers["x-shardcache"] == "hit"
+    assert daemon.metric("shardcache_origin_retries_total", origin="web") == 1
+
+
+def test_failure_after_retries_aborts_client_and_is_not_cached(
+    origin: OriginServer, start_daemon
+) -> None:
+    data = os.urandom(2 * 1024 * 1024)
+    origin.put("s.tar", data, cut_after=1_000_000, cuts=100)
+    daemon = start_daemon({"web": origin.url}, "--origin-retries", "2")
+
+    result = curl(f"{daemon.url}/web/s.tar")
+
+    assert result.exit_code != 0, "a short body must be a failed transfer"
+    assert len(result.body) < len(data)
+    assert origin.gets["s.tar"] == 3  # the first try and two resumes
+    origin.behaviour["s.tar"].cuts = 0
+    again = curl(f"{daemon.url}/web/s.tar")
+    assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
+
+
+def test_wrong_checksum_is_never_served_complete_or_cached(
+    origin: OriginServer, start_daemon
+) -> None:
+    data = os.urandom(1024 * 1024)
+    origin.put("s.tar", data, content_md5=hashlib.md5(b"something else").digest())
+    daemon = start_daemon({"web": origin.url})
+
+    result = curl(f"{daemon.url}/web/s.tar")
+
+    assert result.exit_code != 0 and len(result.body) < len(data)
+    assert "md5 from Content-MD5 does not match" in daemon.log()
+    assert curl(f"{daemon.url}/web/s.tar").headers["x-shardcache"] == "miss"
+
+
+def test_etag_change_during_resume_fails_the_fill(origin: OriginServer, start_daemon) -> None:
+    data = os.urandom(2 * 1024 * 1024)
+    origin.put("s.tar", data, cut_after=500_000, cuts=1, delay_s=0)
+    daemon = start_daemon({"web": origin.url})
+    # The object is replaced while the first body is in flight: the resume must not splice.
+    hold = threading.Event()
+    origin.behaviour["s.tar"].hold = hold
+    results = []
+    worker = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
+    worker.start()
+    while origin.gets["s.tar"] == 0:
+        time.sleep(0.01)
+    origin.etags["s.tar"] = '"' + base64.b16encode(os.urandom(16)).decode() + '"'
+    origin.behaviour["s.tar"].hold = None
+    hold.set()
+    worker.join(60)
+
+    assert results[0].exit_code != 0
+    assert "changed" in daemon.log()
+    assert not os.listdir(daemon.cache_dir / "v1" / "partial")
+
+
+def test_stalled_origin_times_out_instead_of_hanging(origin: OriginServer, start_daemon) -> None:
+    data = os.urandom(1024 * 1024)
+    origin.put("s.tar", data, stall_after=262_144)
+    daemon = start_daemon(
+        {"web": origin.url}, "--origin-read-timeout", "1", "--origin-retries", "1"
+    )
+    began = time.monotonic()
+    result = curl(f"{daemon.url}/web/s.tar")
+    assert result.exit_code != 0 and len(result.body) < len(data)
+    assert time.monotonic() - began < 30
+    assert daemon.metric("shardcache_origin_errors_total", origin="web", kind="timeout") >= 1
+
+
+def test_crash_mid_fill_leaves_nothing_servable(
+    origin: OriginServer, start_daemon, tmp_path
+) -> None:
+    data = os.urandom(3 * 1024 * 1024)
+    hold = threading.Event()
+    origin.put("s.tar", data, stall_after=1024 * 1024)
+    cache_dir = tmp_path / "cache"
+    daemon = start_daemon({"web": origin.url}, "--origin-read-timeout", "60", cache_dir=cache_dir)
+    worker = threading.Thread(target=lambda: curl(f"{daemon.url}/web/s.tar"))
+    worker.start()
+    partial = cache_dir / "v1" / "partial"
+    deadline = time.monotonic() + 20
+    while not any(p.stat().st_size > 0 for p in partial.iterdir()):
+        assert time.monotonic() < deadline, "the fill never started writing"
+        time.sleep(0.02)
+    daemon.stop(signal.SIGKILL)
+    worker.join(30)
+    hold.set()
+    origin.behaviour["s.tar"].stall_after = None
+
+    restarted = start_daemon({"web": origin.url}, cache_dir=cache_dir)
+    assert not list(partial.iterdir()), "start-up must sweep partial files"
+    result = curl(f"{restarted.url}/web/s.tar")
+    assert result.headers["x-shardcache"] == "miss" and result.sha256 == sha256(data)

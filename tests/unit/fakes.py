@@ -1,0 +1,87 @@
+"""An in-memory Origin for core tests: no sockets; failures and pauses on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from shardcache.checksums import Checksum
+from shardcache.errors import OriginChanged, OriginNotFound, OriginUnavailable
+from shardcache.origins.base import ObjectInfo
+
+
+@dataclass
+class FakeStream:
+    info: ObjectInfo
+    data: bytes
+    start: int
+    chunk_bytes: int
+    fail_at: int | None
+    gate: asyncio.Event | None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        position = self.start
+        while position < len(self.data):
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail_at is not None and position >= self.fail_at:
+                raise OriginUnavailable(f"connection reset at byte {position}")
+            end = position + self.chunk_bytes
+            if self.fail_at is not None and position < self.fail_at < end:
+                end = self.fail_at
+            yield self.data[position:end]
+            position = end
+            await asyncio.sleep(0)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class FakeOrigin:
+    name: str = "fake"
+    objects: dict[str, bytes] = field(default_factory=dict)
+    etags: dict[str, str] = field(default_factory=dict)
+    checksums: dict[str, tuple[Checksum, ...]] = field(default_factory=dict)
+    opens: list[tuple[str, int]] = field(default_factory=list)
+    heads: Counter[str] = field(default_factory=Counter)
+    fail_at: dict[str, int] = field(default_factory=dict)  # fail each read at this byte…
+    failures_left: Counter[str] = field(default_factory=Counter)  # …this many times
+    gate: asyncio.Event | None = None  # when set on the fake, bodies wait for it
+    chunk_bytes: int = 4096
+
+    def put(self, key: str, data: bytes, *, with_md5: bool = True) -> None:
+        self.objects[key] = data
+        self.etags[key] = '"' + hashlib.md5(data).hexdigest() + '"'
+        self.checksums[key] = (
+            (Checksum("md5", hashlib.md5(data).digest(), "fake"),) if with_md5 else ()
+        )
+
+    def url_for(self, key: str) -> str:
+        return f"fake://{self.name}/{key}"
+
+    def _info(self, key: str) -> ObjectInfo:
+        if key not in self.objects:
+            raise OriginNotFound(f"{key} not found")
+        return ObjectInfo(len(self.objects[key]), self.etags[key], self.checksums[key])
+
+    async def head(self, key: str) -> ObjectInfo:
+        self.heads[key] += 1
+        return self._info(key)
+
+    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> FakeStream:
+        self.opens.append((key, start))
+        info = self._info(key)
+        if if_match is not None and if_match != info.etag:
+            raise OriginChanged("etag changed")
+        fail_at = None
+        if self.failures_left[key] > 0:
+            self.failures_left[key] -= 1
+            fail_at = self.fail_at.get(key)
+        return FakeStream(info, self.objects[key], start, self.chunk_bytes, fail_at, self.gate)
+
+    async def aclose(self) -> None:
+        return None

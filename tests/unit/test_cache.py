@@ -1,0 +1,171 @@
+"""ShardCache and Fill with a temp-dir store and an in-memory origin: no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shardcache.cache import Lease, Result, ShardCache
+from shardcache.checksums import Checksum
+from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
+from shardcache.fill import FillState, IllegalTransition, RetryPolicy
+from shardcache.observer import NullObserver
+from shardcache.store import Store
+from tests.unit.fakes import FakeOrigin
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def origin() -> FakeOrigin:
+    return FakeOrigin()
+
+
+@pytest.fixture
+async def cache(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
+    store = Store(tmp_path / "cache", 8 * MiB)
+    shard_cache = ShardCache(
+        store, {"fake": origin}, RetryPolicy(retries=2, base_s=0.001), NullObserver()
+    )
+    yield shard_cache
+    await shard_cache.aclose()
+    assert store.check() == []
+    store.close()
+
+
+async def read_all(lease: Lease) -> bytes:
+    """Read a lease the way the server does: from the entry, or tailing the fill."""
+    try:
+        if lease.entry is not None:
+            return os.pread(lease.entry.fd, lease.size_bytes, 0)
+        if lease.stream is not None:
+            return b"".join([chunk async for chunk in lease.stream])
+        assert lease.fill is not None
+        body = b""
+        while len(body) < lease.size_bytes:
+            limit = await lease.fill.wait_readable(len(body), lease.size_bytes)
+            body += os.pread(lease.fill_fd, limit - len(body), len(body))
+        return body
+    finally:
+        await lease.aclose()
+
+
+async def settle(cache: ShardCache) -> None:
+    while len(cache.flights):
+        await asyncio.sleep(0.001)
+
+
+async def test_miss_then_hit(cache: ShardCache, origin: FakeOrigin) -> None:
+    data = os.urandom(MiB + 3)
+    origin.put("a.tar", data)
+    first = await cache.open("fake", "a.tar")
+    assert first.result is Result.MISS
+    assert await read_all(first) == data
+    await settle(cache)
+    second = await cache.open("fake", "a.tar")
+    assert second.result is Result.HIT
+    assert await read_all(second) == data
+    assert origin.opens == [("a.tar", 0)]
+
+
+async def test_concurrent_readers_share_one_fetch(cache: ShardCache, origin: FakeOrigin) -> None:
+    data = os.urandom(MiB)
+    origin.put("a.tar", data)
+    origin.gate = asyncio.Event()  # bodies wait until every reader has joined
+    opening = [asyncio.create_task(cache.open("fake", "a.tar")) for _ in range(10)]
+    while len(origin.opens) == 0:
+        await asyncio.sleep(0)
+    leases = await asyncio.gather(*opening)
+    origin.gate.set()
+    bodies = await asyncio.gather(*(read_all(lease) for lease in leases))
+    assert sorted(lease.result.value for lease in leases) == ["coalesced"] * 9 + ["miss"]
+    assert set(bodies) == {data}
+    assert origin.opens == [("a.tar", 0)]
+
+
+async def test_mid_body_failure_resumes_from_the_missing_byte(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(MiB)
+    origin.put("a.tar", data)
+    origin.fail_at["a.tar"] = 300_000
+    origin.failures_left["a.tar"] = 2
+    assert await read_all(await cache.open("fake", "a.tar")) == data
+    assert [start for _, start in origin.opens] == [0, 300_000, 300_000]
+    await settle(cache)
+    assert (await cache.open("fake", "a.tar")).result is Result.HIT
+
+
+async def test_exhausted_retries_fail_readers_and_cache_nothing(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    origin.put("a.tar", os.urandom(MiB))
+    origin.fail_at["a.tar"] = 100_000
+    origin.failures_left["a.tar"] = 99
+    lease = await cache.open("fake", "a.tar")
+    with pytest.raises(OriginUnavailable):
+        await read_all(lease)
+    await settle(cache)
+    assert len(origin.opens) == 3
+    assert cache.store.usage().entries == 0
+
+
+async def test_checksum_mismatch_withholds_the_last_byte(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(100_000)
+    origin.put("a.tar", data)
+    origin.checksums["a.tar"] = (Checksum("md5", b"\0" * 16, "test"),)
+    lease = await cache.open("fake", "a.tar")
+    assert lease.fill is not None
+    fill = lease.fill
+    received = 0
+    with pytest.raises(IntegrityError):
+        while True:
+            received = await fill.wait_readable(received, lease.size_bytes)
+    assert received == len(data) - 1, "the final byte must wait for verification"
+    await lease.aclose()
+    await settle(cache)
+    assert fill.state is FillState.FAILED and cache.store.usage().entries == 0
+
+
+async def test_not_found_is_not_retried(cache: ShardCache, origin: FakeOrigin) -> None:
+    with pytest.raises(OriginNotFound):
+        await cache.open("fake", "missing.tar")
+    assert origin.opens == [("missing.tar", 0)]
+
+
+async def test_etag_change_on_resume_fails(cache: ShardCache, origin: FakeOrigin) -> None:
+    origin.put("a.tar", os.urandom(MiB))
+    origin.fail_at["a.tar"] = 10_000
+    origin.failures_left["a.tar"] = 1
+    lease = await cache.open("fake", "a.tar")
+    origin.etags["a.tar"] = '"new"'
+    with pytest.raises(OriginChanged):
+        await read_all(lease)
+
+
+async def test_object_larger_than_the_cache_streams_through(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(9 * MiB)
+    origin.put("big.tar", data)
+    lease = await cache.open("fake", "big.tar")
+    assert lease.stream is not None and not lease.is_cached
+    assert await read_all(lease) == data
+    await settle(cache)
+    assert cache.store.usage().entries == 0
+
+
+async def test_illegal_transition_raises(cache: ShardCache, origin: FakeOrigin) -> None:
+    origin.put("a.tar", b"x" * 10)
+    lease = await cache.open("fake", "a.tar")
+    await read_all(lease)
+    await settle(cache)
+    fill = cache._new_fill(origin, "a.tar", "u")  # noqa: SLF001 - a fresh fill to poke at
+    with pytest.raises(IllegalTransition):
+        fill._move(FillState.COMMITTED)  # noqa: SLF001

@@ -1,0 +1,76 @@
+"""Settings precedence (flag > env > file > default) and readable errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shardcache.config import load_settings
+from shardcache.errors import ConfigError
+
+
+def test_defaults() -> None:
+    settings = load_settings({}, {})
+    assert (settings.listen_host, settings.listen_port) == ("127.0.0.1", 8470)
+    assert settings.cache_size == 20 * 2**30
+    assert settings.origin_connect_timeout == 10 and settings.origin_read_timeout == 30
+    assert settings.origins == ()
+
+
+def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        'cache_size = "1GiB"\nlog_level = "warning"\nlisten = "0.0.0.0:9000"\n'
+        '[origins.a]\nurl = "s3://bucket/prefix"\nendpoint_url = "http://minio:9000"\n'
+        'headers = { Authorization = "Bearer ${TOKEN}" }\n'
+        '[origins.b]\nurl = "file:///data"\n'
+    )
+    env = {
+        "SHARDCACHE_CACHE_SIZE": "2GiB",
+        "SHARDCACHE_LOG_LEVEL": "debug",
+        "TOKEN": "s3cr3t",
+        "SHARDCACHE_ORIGIN": "c=https://cdn.example.com/x",
+    }
+    flags = {"config": str(config), "cache_size": "3GiB", "origin": ["b=file:///other"]}
+    settings = load_settings(flags, env)
+    assert settings.cache_size == 3 * 2**30
+    assert settings.log_level == "debug"
+    assert settings.listen == "0.0.0.0:9000"
+    by_name = {o.name: o for o in settings.origins}
+    assert by_name["a"].endpoint_url == "http://minio:9000"
+    assert by_name["a"].headers == (("Authorization", "Bearer s3cr3t"),)
+    assert "s3cr3t" not in repr(settings)
+    assert by_name["b"].url == "file:///other"
+    assert by_name["c"].url == "https://cdn.example.com/x"
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({"cache_size": "x"}, {}, "--cache-size: cannot read 'x'"),
+        ({}, {"SHARDCACHE_ORIGIN_READ_TIMEOUT": "-1"}, "SHARDCACHE_ORIGIN_READ_TIMEOUT: must be"),
+        ({"origin": ["a=gs://b"]}, {}, "unknown scheme"),
+        ({"origin": ["a=file://relative"]}, {}, "file:///ABSOLUTE/PATH"),
+        ({"origin": ["healthz=s3://b"]}, {}, "reserved"),
+        ({"log_level": "loud"}, {}, "--log-level: expected one of"),
+    ],
+)
+def test_errors_name_the_setting(
+    flags: dict[str, object], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_settings(flags, env)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("cache_sise = 1\n")
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_settings({"config": str(config)}, {})
+    config.write_text('[origins.a]\nurl = "s3://b"\nheaders = { X = "${MISSING}" }\n')
+    with pytest.raises(ConfigError, match="MISSING is not set"):
+        load_settings({"config": str(config)}, {})
+    config.write_text("not toml [")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings({"config": str(config)}, {})

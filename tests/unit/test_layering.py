@@ -1,0 +1,91 @@
+"""Dependencies point one way (server → cache → store/origins) and vendors stay confined.
+Walks every module's imports with `ast`, so a stray import fails here, not in review."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "shardcache"
+
+# module → package modules it may import (besides itself); "*" means anything.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "units": set(),
+    "keys": {"errors"},
+    "ranges": {"errors"},
+    "checksums": {"errors"},
+    "config": {"errors", "keys", "units"},
+    "observer": set(),
+    "origins.base": {"checksums"},
+    "origins": {"config", "errors", "origins.base", "origins.s3", "origins.http", "origins.file"},
+    "origins.file": {"config", "errors", "keys", "origins.base"},
+    "origins.http": {"config", "errors", "keys", "origins", "origins.base", "checksums"},
+    "origins.s3": {"config", "errors", "origins", "origins.base", "checksums"},
+    "store": {"errors"},
+    "fill": {"store", "origins.base", "checksums", "errors", "observer"},
+    "flights": {"fill"},
+    "cache": {"fill", "flights", "store", "origins.base", "errors", "keys", "observer"},
+    "body": {"fill", "checksums", "errors", "origins.base"},
+    "metrics": {"__init__"},
+    "server": {"cache", "body", "metrics", "ranges", "errors", "keys"},
+    "logs": set(),
+    "sample": set(),
+    "daemon": {"*"},
+    "cli": {"__init__", "config", "daemon", "errors", "logs", "sample"},
+    "__init__": set(),
+    "__main__": {"cli"},
+}
+VENDORS = {
+    "boto3": {"origins.s3"},
+    "botocore": {"origins.s3"},
+    "diskcache": {"store"},
+    "prometheus_client": {"metrics", "daemon"},
+    "uvloop": {"daemon"},
+}
+AIOHTTP_WEB = {"server", "daemon", "logs"}
+
+
+def _module_name(path: Path) -> str:
+    relative = path.relative_to(PACKAGE).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "shardcache":
+            # `from shardcache import config, __version__`: modules, or names from __init__
+            names |= {
+                f"shardcache.{a.name}" if a.name in ALLOWED else "shardcache" for a in node.names
+            }
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_every_module_imports_only_what_its_layer_allows() -> None:
+    problems = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        assert module in ALLOWED, f"new module {module}: add its layer to this test"
+        for name in _imports(path):
+            if name.startswith("shardcache"):
+                target = name.removeprefix("shardcache").lstrip(".") or "__init__"
+                if (
+                    target != module
+                    and "*" not in ALLOWED[module]
+                    and target not in ALLOWED[module]
+                ):
+                    problems.append(f"{module} imports {target}")
+            top = name.split(".")[0]
+            if top in VENDORS and module not in VENDORS[top]:
+                problems.append(f"{module} imports {name}")
+            if name.startswith("aiohttp.web") and module not in AIOHTTP_WEB:
+                problems.append(f"{module} imports {name}")
+    assert problems == []

@@ -1,0 +1,120 @@
+"""The pure leaves: sizes, keys, ranges, checksums."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+
+import pytest
+
+from shardcache.checksums import Checksum, Verifier, from_headers, from_s3_etag
+from shardcache.errors import IntegrityError, InvalidKey, RangeNotSatisfiable
+from shardcache.keys import validate_key, validate_origin_name
+from shardcache.ranges import ByteRange, parse_range
+from shardcache.units import format_size, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("500MiB", 500 * 2**20),
+        ("20GiB", 20 * 2**30),
+        ("1TiB", 2**40),
+        ("4096", 4096),
+        ("1.5GB", 1_500_000_000),
+        (" 2 kib ", 2048),
+        (1234, 1234),
+    ],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "0", "12 parsecs", "1e9"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+def test_format_size() -> None:
+    assert format_size(512) == "512 B"
+    assert format_size(1536 * 2**20) == "1.5 GiB"
+
+
+@pytest.mark.parametrize("key", ["a.tar", "train/shards_000.tar", "a b/c%20d.tar", "x" * 1024])
+def test_valid_keys(key: str) -> None:
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize(
+    "key", ["", "a//b", "./a", "a/..", "a/../b", "a\x00b", "a\\b", "/a", "a/", "é" * 513]
+)
+def test_invalid_keys(key: str) -> None:
+    with pytest.raises(InvalidKey):
+        validate_key(key)
+
+
+@pytest.mark.parametrize("name", ["metrics", "healthz", "readyz", "_", "-x", "a/b", ""])
+def test_invalid_origin_names(name: str) -> None:
+    with pytest.raises(InvalidKey):
+        validate_origin_name(name)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("bytes=0-9", ByteRange(0, 9)),
+        ("bytes=5-", ByteRange(5, 99)),
+        ("bytes=-10", ByteRange(90, 99)),
+        ("bytes=-500", ByteRange(0, 99)),
+        ("bytes=90-500", ByteRange(90, 99)),
+        ("bytes=0-1,5-6", None),
+        ("items=0-1", None),
+        ("bytes=9-2", None),
+    ],
+)
+def test_parse_range(header: str | None, expected: ByteRange | None) -> None:
+    assert parse_range(header, 100) == expected
+
+
+@pytest.mark.parametrize("header", ["bytes=100-", "bytes=100-200", "bytes=-0"])
+def test_unsatisfiable_ranges(header: str) -> None:
+    with pytest.raises(RangeNotSatisfiable) as caught:
+        parse_range(header, 100)
+    assert caught.value.size_bytes == 100
+
+
+def test_verifier_accepts_right_and_rejects_wrong_digests() -> None:
+    body = b"shard bytes" * 1000
+    published = {
+        "content-md5": base64.b64encode(hashlib.md5(body).digest()).decode(),
+        "x-amz-checksum-sha256": base64.b64encode(hashlib.sha256(body).digest()).decode(),
+        "x-amz-checksum-crc32": base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode(),
+    }
+    checksums = tuple(from_headers(published))
+    assert [c.algorithm for c in checksums] == ["md5", "sha256", "crc32"]
+    good = Verifier(checksums)
+    for start in range(0, len(body), 777):
+        good.update(body[start : start + 777])
+    good.verify()
+    bad = Verifier(checksums)
+    bad.update(body[:-1] + b"X")
+    with pytest.raises(IntegrityError, match="md5 from Content-MD5"):
+        bad.verify()
+
+
+def test_s3_etag_is_md5_only_when_single_part_and_not_kms() -> None:
+    md5 = hashlib.md5(b"x").hexdigest()
+    assert from_s3_etag(f'"{md5}"') == Checksum("md5", bytes.fromhex(md5), "etag")
+    assert from_s3_etag(f'"{md5}-3"') is None
+    assert from_s3_etag(f'"{md5}"', "aws:kms") is None
+    assert from_s3_etag(None) is None
+
+
+def test_composite_checksums_are_skipped() -> None:
+    assert from_headers({"x-amz-checksum-sha256": "abc=-3"}) == []
+    assert (
+        from_headers({"x-amz-checksum-type": "COMPOSITE", "x-amz-checksum-crc32": "AAAAAA=="}) == []
+    )

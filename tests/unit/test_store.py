@@ -1,0 +1,132 @@
+"""The store with a temp dir: adopt-by-rename, LRU eviction before a fill, pins, crash leftovers.
+`store.check()` (index vs files) is asserted after every test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shardcache.errors import CacheError
+from shardcache.store import CacheFull, EntryMeta, Store
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    evicted: list[str] = []
+    opened = Store(tmp_path / "cache", 4 * MiB, lambda key, size, pinned: evicted.append(key))
+    opened.evicted = evicted  # type: ignore[attr-defined]
+    yield opened
+    assert opened.check() == []
+    opened.close()
+
+
+def _fill(store: Store, key: str, data: bytes) -> None:
+    reservation = store.reserve(len(data))
+    os.pwrite(reservation.fd, data, 0)
+    store.commit(reservation, key, EntryMeta(len(data), '"etag"'))
+    os.close(reservation.fd)
+
+
+def _read(store: Store, key: str) -> bytes | None:
+    entry = store.lookup(key)
+    if entry is None:
+        return None
+    try:
+        return os.pread(entry.fd, entry.meta.size_bytes, 0)
+    finally:
+        entry.close()
+
+
+def test_commit_adopts_the_partial_file_without_copying(store: Store) -> None:
+    data = os.urandom(100 * KiB)
+    reservation = store.reserve(len(data))
+    os.pwrite(reservation.fd, data, 0)
+    inode = os.fstat(reservation.fd).st_ino
+    store.commit(reservation, "k", EntryMeta(len(data), '"e"', "application/x-tar"))
+    entry = store.lookup("k")
+    assert entry is not None
+    assert os.fstat(entry.fd).st_ino == inode  # the same file, renamed: written once
+    assert entry.meta == EntryMeta(len(data), '"e"', "application/x-tar")
+    entry.close()
+    os.close(reservation.fd)
+    assert not list(reservation.path.parent.iterdir())
+
+
+def test_lru_eviction_makes_room_before_the_fill(store: Store) -> None:
+    for key in "abc":
+        _fill(store, key, os.urandom(MiB))
+    assert _read(store, "a") is not None  # a is now more recent than b
+    _fill(store, "d", os.urandom(MiB))
+    assert store.evicted == ["b"]  # type: ignore[attr-defined]
+    assert store.usage().size_bytes <= store.capacity_bytes
+    assert _read(store, "b") is None and _read(store, "a") is not None
+
+
+def test_pinned_entries_are_not_evicted(store: Store) -> None:
+    for key in "ab":
+        _fill(store, key, os.urandom(3 * MiB // 2))
+    store.pin("a")
+    store.pin("b")
+    with pytest.raises(CacheFull):
+        store.reserve(3 * MiB // 2)
+    assert store.unpin("a") is True
+    _fill(store, "c", os.urandom(3 * MiB // 2))
+    assert store.evicted == ["a"]  # type: ignore[attr-defined]
+
+
+def test_reservations_count_against_the_bound(store: Store) -> None:
+    first = store.reserve(3 * MiB)
+    with pytest.raises(CacheFull):
+        store.reserve(2 * MiB)
+    store.abort(first)
+    store.abort(first)  # idempotent
+    second = store.reserve(3 * MiB)
+    store.abort(second)
+    os.close(first.fd)
+    os.close(second.fd)
+
+
+def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
+    first = Store(tmp_path / "c", 400 * KiB)
+    data = os.urandom(50 * KiB)
+    _fill(first, "kept", data)
+    leftover = first.reserve(10 * KiB)  # a fill a crash interrupted
+    os.pwrite(leftover.fd, b"junk", 0)
+    os.close(leftover.fd)
+    first.close()
+
+    second = Store(tmp_path / "c", 400 * KiB)
+    assert second.swept_partials == 1
+    assert _read(second, "kept") == data
+    assert second.check() == []
+    second.close()
+
+
+def test_orphan_files_from_a_crash_between_rename_and_index_are_removed(tmp_path: Path) -> None:
+    first = Store(tmp_path / "c", 400 * KiB)
+    _fill(first, "k", b"x" * 1000)
+    first.close()
+    orphan = tmp_path / "c" / "v1" / "index" / "ab" / "cd" / "orphan.val"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"y" * 10)
+    second = Store(tmp_path / "c", 400 * KiB)
+    assert not orphan.exists()
+    assert second.check() == []
+    second.close()
+
+
+def test_a_second_daemon_cannot_share_the_directory(store: Store, tmp_path: Path) -> None:
+    with pytest.raises(CacheError, match="in use by another shardcache"):
+        Store(tmp_path / "cache", 400 * KiB)
+
+
+def test_delete(store: Store) -> None:
+    _fill(store, "k", b"z" * 10)
+    assert store.delete("k") is True and store.delete("k") is False
+    assert store.lookup("k") is None
