@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from shardcache.errors import NotCached, UnknownOrigin
@@ -18,6 +18,13 @@ from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.store import Entry, Store
+
+
+class PrefetchOutcome(enum.Enum):
+    CACHED = "cached"
+    FETCHED = "fetched"
+    JOINED = "joined"
+    TOO_LARGE = "too_large"
 
 
 class Result(enum.Enum):
@@ -70,6 +77,10 @@ class ShardCache:
         self._observer = observer
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
+        # Prefetched entries no client has read yet: cache key → size. They are pinned in
+        # the store (not evictable) and count against the prefetch look-ahead budget.
+        self._unread: dict[str, int] = {}
+        self.unread_changed = asyncio.Event()
 
     def origin(self, name: str) -> Origin:
         try:
@@ -89,7 +100,12 @@ class ShardCache:
         first byte (OriginNotFound, OriginTimeout, …).
         """
         origin, url = self.cache_key(origin_name, key)
-        if self.flights.get(url) is None:
+        in_flight = self.flights.get(url)
+        if url in self._unread:
+            self._mark_read(url)
+            if in_flight is not None and not in_flight.is_finished:
+                self._observer.prefetch_late(origin.name)
+        if in_flight is None:
             entry = await asyncio.to_thread(self.store.lookup, url)
             if entry is not None:
                 meta = entry.meta
@@ -148,9 +164,66 @@ class ShardCache:
 
     async def purge(self, origin_name: str, key: str) -> None:
         """Delete the cached entry for `key`; raise NotCached if there is none."""
-        _, url = self.cache_key(origin_name, key)
+        origin, url = self.cache_key(origin_name, key)
+        if url in self._unread:
+            self._mark_read(url)
+            self._observer.prefetch_wasted(origin.name)
         if not await asyncio.to_thread(self.store.delete, url):
             raise NotCached(f"{origin_name}/{key} is not cached")
+
+    # -- prefetch --------------------------------------------------------------------------
+
+    @property
+    def unread_bytes(self) -> int:
+        return sum(self._unread.values())
+
+    def _mark_read(self, url: str) -> None:
+        """A prefetched entry was read (or dropped): unpin it, free its look-ahead budget."""
+        self._unread.pop(url, None)
+        self.store.unpin(url)  # a set operation under an uncontended lock
+        self.unread_changed.set()
+
+    async def start_prefetch(
+        self, origin_name: str, key: str, admit: Callable[[int], Awaitable[None]]
+    ) -> tuple[PrefetchOutcome, Fill | None]:
+        """Start bringing `key` into the cache ahead of a client, pinned until a client reads it.
+
+        `admit(size_bytes)` is awaited before a new download starts (the look-ahead budget).
+        Returns (CACHED, None), (JOINED, fill) when a fetch was already under way, or
+        (FETCHED, fill); pass the fill to `finish_prefetch()`. Raises OriginNotFound or another
+        OriginError from the HEAD that sizes the object.
+        """
+        origin, url = self.cache_key(origin_name, key)
+        fill = self.flights.get(url)
+        if fill is not None:
+            return PrefetchOutcome.JOINED, fill
+        if await asyncio.to_thread(self.store.peek, url) is not None:
+            return PrefetchOutcome.CACHED, None
+        info = await origin.head(key)
+        await admit(info.size_bytes)
+        fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
+        if joined:
+            return PrefetchOutcome.JOINED, fill
+        fill.is_prefetch = True
+        self._unread[url] = info.size_bytes
+        self.store.pin(url)
+        self._spawn(fill)
+        return PrefetchOutcome.FETCHED, fill
+
+    async def finish_prefetch(self, fill: Fill, outcome: PrefetchOutcome) -> PrefetchOutcome:
+        """Wait for a prefetch's fill; return FETCHED, JOINED or TOO_LARGE (not cacheable).
+
+        Raises the fill's error if it failed.
+        """
+        state = await fill.wait_finished()
+        if state is FillState.PASSTHROUGH and outcome is PrefetchOutcome.FETCHED:
+            await fill.take_passthrough().aclose()  # nobody to stream it to
+        if state is not FillState.COMMITTED and fill.cache_key in self._unread:
+            self._mark_read(fill.cache_key)
+        if state is FillState.FAILED:
+            assert fill.error is not None
+            raise fill.error
+        return PrefetchOutcome.TOO_LARGE if state is FillState.PASSTHROUGH else outcome
 
     def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
         return Fill(url, origin, key, self.store, self._policy, self._observer, self._clock)

@@ -1,4 +1,4 @@
-"""The command line: `shardcache serve` and `shardcache demo`.
+"""The command line: `serve`, `demo`, `url` and `prefetch`.
 
 A bad setting prints one line naming it on stderr and exits 2; never a traceback.
 """
@@ -9,11 +9,14 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from shardcache import __version__, config
+from shardcache import __version__, client, config
+from shardcache.client import DEFAULT_DAEMON_URL
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.units import format_size
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +38,104 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--shards", type=int, default=10, help="how many (default 10)")
     config.add_arguments(demo)
+
+    url = commands.add_parser(
+        "url", help="rewrite s3://, https:// or file:// shard URLs to the daemon's local URLs"
+    )
+    url.add_argument("urls", nargs="+", metavar="URL", help="brace patterns are kept intact")
+    url.add_argument(
+        "--pipe",
+        action="store_true",
+        help="print `pipe:curl -s -f -L …` lines ready for WebDataset",
+    )
+    _add_daemon_arguments(url)
+
+    prefetch = commands.add_parser(
+        "prefetch", help="queue shards on the running daemon, in the order given"
+    )
+    prefetch.add_argument(
+        "urls",
+        nargs="+",
+        metavar="URL_OR_PATTERN",
+        help="origin URLs, daemon URLs or /NAME/KEY paths; patterns allowed",
+    )
+    prefetch.add_argument(
+        "--wait", action="store_true", help="show progress until done; exit 1 if any shard failed"
+    )
+    _add_daemon_arguments(prefetch)
     return parser
+
+
+def _add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--daemon",
+        metavar="URL",
+        help=f"the daemon (default $SHARDCACHE_URL or {DEFAULT_DAEMON_URL})",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="take origins from this TOML file instead of asking the daemon",
+    )
+    parser.add_argument(
+        "--origin",
+        action="append",
+        metavar="NAME=URL",
+        help="an origin, instead of asking the daemon (repeatable)",
+    )
+
+
+def _origin_urls(args: argparse.Namespace) -> dict[str, str]:
+    """Origins from --origin/--config when given, otherwise from the running daemon."""
+    if args.origin or args.config:
+        settings = config.load_settings({"origin": args.origin, "config": args.config}, {})
+        return {o.name: o.url for o in settings.origins}
+    return client.origins(args.daemon)
+
+
+def _url(args: argparse.Namespace) -> int:
+    daemon = client.daemon_url(args.daemon)
+    known = _origin_urls(args)
+    for url in args.urls:
+        local = client.map_url(url, known, daemon)
+        print(f"pipe:curl -s -f -L {local}" if args.pipe else local)
+    return 0
+
+
+def _prefetch(args: argparse.Namespace) -> int:
+    daemon = client.daemon_url(args.daemon)
+    needs_origins = any(not (u.startswith("/") or u.startswith(daemon + "/")) for u in args.urls)
+    known = _origin_urls(args) if needs_origins else {}
+    paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
+    answer = client.prefetch(paths, daemon)
+    print(
+        f"queued {answer['queued']}, already cached {answer['cached']}, "
+        f"already in flight {answer['in_flight']}",
+        file=sys.stderr,
+    )
+    if not args.wait:
+        return 0
+    return _wait_for_batch(int(answer["batch"]), daemon)
+
+
+def _wait_for_batch(batch_id: int, daemon: str) -> int:
+    from tqdm import tqdm
+
+    batch = client.prefetch_status(batch_id, daemon)["batch"]
+    with tqdm(total=batch["total"], unit="shard", dynamic_ncols=True) as bar:
+        while True:
+            batch = client.prefetch_status(batch_id, daemon)["batch"]
+            bar.n = batch["done"] + batch["failed"]
+            bar.set_postfix_str(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed")
+            bar.refresh()
+            if batch["is_finished"]:
+                break
+            time.sleep(0.2)
+    for failure in batch["failures"]:
+        print(
+            f"shardcache: prefetch of {failure['url']} failed: {failure['error']}", file=sys.stderr
+        )
+    return 1 if batch["failed"] else 0
 
 
 def _serve(args: argparse.Namespace, extra_origins: Sequence[str] = ()) -> int:
@@ -76,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "url":
+            return _url(args)
+        if args.command == "prefetch":
+            return _prefetch(args)
         parser.print_help()
         return 2
     except ConfigError as exc:
@@ -84,5 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ShardcacheError as exc:
         print(f"shardcache: {exc}", file=sys.stderr)
         return 1
+    except client.ClientError as exc:
+        print(f"shardcache: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

@@ -54,7 +54,14 @@ class Settings:
     origin_connect_timeout: float
     origin_read_timeout: float
     origin_retries: int
+    prefetch_concurrency: int = 4
+    prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
+    readahead: int = 2
     config: Path | None = None
+
+    @property
+    def prefetch_budget_bytes(self) -> int:
+        return self.prefetch_max_bytes or self.cache_size // 4
 
     @property
     def listen(self) -> str:
@@ -107,6 +114,17 @@ def _parse_choice(choices: Sequence[str]) -> Callable[[Any], str]:
     return parse
 
 
+def _parse_workers(value: Any) -> int:
+    number = _parse_count(value)
+    if number == 0:
+        raise ValueError("must be at least 1")
+    return number
+
+
+def _parse_optional_size(value: Any) -> int | None:
+    return None if str(value).strip().lower() == "auto" else parse_size(value)
+
+
 def _parse_path(value: Any) -> Path:
     return Path(os.path.expanduser(str(value)))
 
@@ -137,6 +155,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("origin_connect_timeout", _parse_seconds, 10.0, "seconds to connect", "S"),
     Option("origin_read_timeout", _parse_seconds, 30.0, "seconds without a byte = stalled", "S"),
     Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
+    Option("prefetch_concurrency", _parse_workers, 4, "prefetches at once", "N"),
+    Option(
+        "prefetch_max_bytes",
+        _parse_optional_size,
+        "auto",
+        "prefetched-but-unread bytes at most; auto = a quarter of the cache",
+        "SIZE",
+    ),
+    Option("readahead", _parse_count, 2, "next N numbered shards to queue on a read; 0 = off", "N"),
 )
 
 

@@ -2,8 +2,8 @@
 and shut down in one visible order.
 
 Shutdown order: (1) `/readyz` and new shard requests answer 503, (2) stop accepting and let
-in-flight responses finish within the grace period, (3) cancel fills (their partial files are
-removed), (4) close origin clients, (5) close the store.
+in-flight responses finish within the grace period, (3) stop prefetching, (4) cancel fills
+(their partial files are removed), (5) close origin clients, (6) close the store.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -24,10 +26,11 @@ from shardcache.cache import ShardCache
 from shardcache.config import Settings
 from shardcache.errors import CacheError, ConfigError
 from shardcache.fill import RetryPolicy
-from shardcache.logs import AccessLogger
+from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
+from shardcache.prefetch import PrefetchQueue
 from shardcache.server import make_app
 from shardcache.store import Store
 from shardcache.units import format_size
@@ -69,23 +72,56 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         retries=settings.origin_retries, read_timeout_s=settings.origin_read_timeout
     )
     cache = ShardCache(store, origins, policy, metrics)
+    prefetch = PrefetchQueue(
+        cache, settings.prefetch_concurrency, settings.prefetch_budget_bytes, settings.readahead
+    )
 
     def cache_gauges() -> CacheGauges:
         usage = store.usage()
-        return CacheGauges(usage.size_bytes, usage.capacity_bytes, usage.entries)
+        return CacheGauges(
+            usage.size_bytes,
+            usage.capacity_bytes,
+            usage.entries,
+            prefetch.depth,
+            prefetch.in_flight,
+            prefetch.completed,
+            prefetch.failed,
+            cache.unread_bytes,
+        )
 
     def check_ready() -> str | None:
         if not os.access(settings.cache_dir, os.W_OK):
             return f"cache dir {settings.cache_dir} is not writable"
         return None
 
+    started_at = time.monotonic()
+
+    def status() -> dict[str, object]:
+        usage = store.usage()
+        return {
+            "version": __version__,
+            "uptime_s": round(time.monotonic() - started_at, 3),
+            "listen": settings.listen,
+            "cache": {
+                "dir": str(settings.cache_dir),
+                "size_bytes": usage.size_bytes,
+                "capacity_bytes": usage.capacity_bytes,
+                "entries": usage.entries,
+                "reserved_bytes": usage.reserved_bytes,
+            },
+            "origins": state["origin_urls"],
+            "prefetch": prefetch.status(),
+        }
+
     metrics.watch_cache(cache_gauges)
-    state = {
+    state: dict[str, Any] = {
         "is_shutting_down": False,
         "read_timeout_s": settings.origin_read_timeout,
         "check_ready": check_ready,
+        "status": status,
+        "origin_urls": {o.name: redact(o.url) for o in settings.origins},
     }
-    app = make_app(cache, metrics, state)
+    app = make_app(cache, prefetch, metrics, state)
     runner = web.AppRunner(
         app, access_log_class=AccessLogger, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S
     )
@@ -95,7 +131,7 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         await site.start()
     except OSError as exc:
         await runner.cleanup()
-        await _close(cache, origins, store)
+        await _close(prefetch, cache, origins, store)
         raise ConfigError(
             f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
         ) from None
@@ -115,6 +151,7 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         usage.entries,
         ", ".join(f"{o.name}={o.url}" for o in settings.origins) or "none",
     )
+    prefetch.start()
     if on_ready is not None:
         on_ready()
     await stop.wait()
@@ -122,11 +159,14 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
     log.info("shutting down")
     state["is_shutting_down"] = True
     await runner.cleanup()
-    await _close(cache, origins, store)
+    await _close(prefetch, cache, origins, store)
     log.info("stopped")
 
 
-async def _close(cache: ShardCache, origins: dict[str, Origin], store: Store) -> None:
+async def _close(
+    prefetch: PrefetchQueue, cache: ShardCache, origins: dict[str, Origin], store: Store
+) -> None:
+    await prefetch.aclose()
     await cache.aclose()
     for origin in origins.values():
         with contextlib.suppress(Exception):  # closing a client must not stop the others

@@ -2,6 +2,7 @@
 
     ShardcacheError                     status  kind
     ├── ConfigError                     -       config       a bad setting; the CLI prints one line
+    ├── BadRequest                      400     bad_request  a malformed request body
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
@@ -33,6 +34,11 @@ class ConfigError(ShardcacheError):
     """A setting is invalid; the message names the setting and where it came from."""
 
     kind = "config"
+
+
+class BadRequest(ShardcacheError):
+    status = 400
+    kind = "bad_request"
 
 
 class InvalidKey(ShardcacheError):

@@ -110,6 +110,8 @@ class Fill:
         self._passthrough: OriginStream | None = None
         self._readers = 0
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
+        self.is_prefetch = False  # started by the prefetch queue rather than a client
+        self._finished = asyncio.Event()
         self._started = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -151,6 +153,11 @@ class Fill:
         if self.state is FillState.FAILED:
             assert self.error is not None
             raise self.error
+        return self.state
+
+    async def wait_finished(self) -> FillState:
+        """Wait until the fill reached a final state and return it (never raises)."""
+        await self._finished.wait()
         return self.state
 
     def take_passthrough(self) -> OriginStream:
@@ -224,6 +231,7 @@ class Fill:
             self._fail(CacheError(f"internal error while filling: {exc}"))
         finally:
             await self._release_space()
+            self._finished.set()
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:

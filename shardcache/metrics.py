@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
@@ -48,9 +48,16 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @dataclass(frozen=True, slots=True)
 class CacheGauges:
+    """State read at scrape time: the store's use and the prefetch queue's progress."""
+
     size_bytes: int
     capacity_bytes: int
     entries: int
+    prefetch_queue_depth: int = 0
+    prefetch_in_flight: int = 0
+    prefetch_completed: int = 0
+    prefetch_failed: int = 0
+    prefetch_unread_bytes: int = 0
 
 
 class _StateCollector(Collector):
@@ -59,7 +66,7 @@ class _StateCollector(Collector):
     def __init__(self, read: Callable[[], CacheGauges]) -> None:
         self._read = read
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         state = self._read()
         yield GaugeMetricFamily(
             "shardcache_cache_size_bytes", "Bytes the cache holds on disk", value=state.size_bytes
@@ -140,6 +147,18 @@ class Metrics:
         self.evicted_bytes = Counter(
             "shardcache_cache_evicted_bytes", "Bytes evicted", registry=registry
         )
+        self.prefetch_late_total = Counter(
+            "shardcache_prefetch_late",
+            "Clients that asked before their prefetch finished",
+            ["origin"],
+            registry=registry,
+        )
+        self.prefetch_wasted_total = Counter(
+            "shardcache_prefetch_wasted",
+            "Prefetched entries removed before any read",
+            ["origin"],
+            registry=registry,
+        )
         self.build_info = Gauge(
             "shardcache_build_info",
             "Always 1; the version as a label",
@@ -163,6 +182,8 @@ class Metrics:
             self.origin_retries.labels(origin)
             self.origin_bytes_total.labels(origin)
             self.origin_fetch.labels(origin)
+            self.prefetch_late_total.labels(origin)
+            self.prefetch_wasted_total.labels(origin)
         for result in RESULTS:
             self.ttfb.labels(result)
             self.duration.labels(result)
@@ -192,3 +213,9 @@ class Metrics:
     def evicted(self, size_bytes: int, was_pinned: bool) -> None:
         self.evictions.inc()
         self.evicted_bytes.inc(size_bytes)
+
+    def prefetch_late(self, origin: str) -> None:
+        self.prefetch_late_total.labels(origin).inc()
+
+    def prefetch_wasted(self, origin: str) -> None:
+        self.prefetch_wasted_total.labels(origin).inc()

@@ -20,6 +20,12 @@ class Observer(Protocol):
 
     def evicted(self, size_bytes: int, was_pinned: bool) -> None: ...
 
+    def prefetch_late(self, origin: str) -> None:
+        """A client asked for a key whose prefetch had not finished."""
+
+    def prefetch_wasted(self, origin: str) -> None:
+        """A prefetched entry left the cache before any client read it."""
+
 
 class NullObserver:
     def origin_request(self, origin: str, status: str) -> None:
@@ -35,4 +41,10 @@ class NullObserver:
         return None
 
     def evicted(self, size_bytes: int, was_pinned: bool) -> None:
+        return None
+
+    def prefetch_late(self, origin: str) -> None:
+        return None
+
+    def prefetch_wasted(self, origin: str) -> None:
         return None

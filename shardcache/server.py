@@ -2,6 +2,9 @@
 
     GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced
     DELETE   /_/cache/NAME/KEY    purge one entry
+    POST|GET|DELETE /_/prefetch   queue shards ahead of the loader / show / empty the queue
+    GET      /_/origins           origin names and URLs (for `shardcache url`)
+    GET      /_/status            one JSON document for people and `shardcache stats`
     GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
 
 Before the first body byte every failure is a JSON error with the status its exception class
@@ -20,14 +23,16 @@ from aiohttp import web
 
 from shardcache.body import ClientGone, FileSender, send_fill, send_stream
 from shardcache.cache import Lease, Result, ShardCache
-from shardcache.errors import RangeNotSatisfiable, ShardcacheError, ShuttingDown
+from shardcache.errors import BadRequest, RangeNotSatisfiable, ShardcacheError, ShuttingDown
 from shardcache.metrics import CONTENT_TYPE, Metrics
+from shardcache.prefetch import PrefetchQueue, parse_targets
 from shardcache.ranges import ByteRange, parse_range
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CACHE_KEY = web.AppKey("cache", ShardCache)
+PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 STATE_KEY = web.AppKey("state", dict)
 
@@ -86,6 +91,9 @@ async def get_object(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     began = loop.time()
     lease = await cache.open(request.match_info["origin"], request.match_info["key"])
+    request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
+    if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
+        metrics.client_wait.labels(lease.origin).inc(loop.time() - began)
     try:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
@@ -184,6 +192,50 @@ async def delete_object(request: web.Request) -> web.Response:
     )
 
 
+async def post_prefetch(request: web.Request) -> web.Response:
+    queue = request.app[PREFETCH_KEY]
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("the body is not JSON") from None
+    targets = parse_targets(body, set(request.app[CACHE_KEY].origins))
+    submitted = await queue.submit(targets)
+    return web.json_response(
+        {
+            "queued": submitted.queued,
+            "cached": submitted.cached,
+            "in_flight": submitted.in_flight,
+            "batch": submitted.batch,
+        },
+        status=202,
+    )
+
+
+async def get_prefetch(request: web.Request) -> web.Response:
+    queue = request.app[PREFETCH_KEY]
+    document = queue.status()
+    if "batch" in request.query:
+        batch_id = request.query["batch"]
+        batch = queue.batch(int(batch_id)) if batch_id.isdigit() else None
+        if batch is None:
+            return json_error(404, f"no prefetch batch {batch_id!r}")
+        document["batch"] = batch.as_dict()
+    return web.json_response(document)
+
+
+async def delete_prefetch(request: web.Request) -> web.Response:
+    return web.json_response({"dropped": request.app[PREFETCH_KEY].clear()})
+
+
+async def get_status(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    return web.json_response(await asyncio.to_thread(state["status"]))
+
+
+async def get_origins(request: web.Request) -> web.Response:
+    return web.json_response({"origins": request.app[STATE_KEY]["origin_urls"]})
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -207,17 +259,25 @@ async def not_found(request: web.Request) -> web.Response:
     return json_error(404, f"no such endpoint: {request.path}")
 
 
-def make_app(cache: ShardCache, metrics: Metrics, state: dict[str, Any]) -> web.Application:
-    """Return the aiohttp application; `state` holds `read_timeout_s`, `check_ready()` and the
-    `is_shutting_down` flag the daemon sets."""
-    app = web.Application(middlewares=[errors_as_json], client_max_size=1 << 20)
+def make_app(
+    cache: ShardCache, prefetch: PrefetchQueue, metrics: Metrics, state: dict[str, Any]
+) -> web.Application:
+    """Return the aiohttp application; `state` holds `read_timeout_s`, `check_ready()`,
+    `status()`, `origin_urls` and the `is_shutting_down` flag the daemon sets."""
+    app = web.Application(middlewares=[errors_as_json], client_max_size=64 << 20)
     app[CACHE_KEY] = cache
+    app[PREFETCH_KEY] = prefetch
     app[METRICS_KEY] = metrics
     app[STATE_KEY] = state
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_delete("/_/cache/{origin}/{key:.*}", delete_object)
+    app.router.add_post("/_/prefetch", post_prefetch)
+    app.router.add_get("/_/prefetch", get_prefetch)
+    app.router.add_delete("/_/prefetch", delete_prefetch)
+    app.router.add_get("/_/origins", get_origins)
+    app.router.add_get("/_/status", get_status)
     app.router.add_route("*", "/_/{rest:.*}", not_found)
     app.router.add_get("/{origin}/{key:.*}", get_object, allow_head=False)
     app.router.add_head("/{origin}/{key:.*}", head_object)

@@ -32,6 +32,9 @@ from shardcache.errors import CacheError
 
 LAYOUT_VERSION = "v1"
 _LRU_BATCH = 64
+WAL_CHECKPOINT_PAGES = 64  # SQLite checkpoints (and truncates) its WAL at this many pages
+WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, with slack
+ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,9 +143,9 @@ class Store:
             eviction_policy="least-recently-used",
             statistics=0,
             # Checkpoint the write-ahead log often and truncate it, so the index's own disk
-            # use (counted against the bound) stays well under a megabyte.
-            sqlite_wal_autocheckpoint=64,
-            sqlite_journal_size_limit=1 << 20,
+            # use (counted against the bound) stays small and predictable.
+            sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
+            sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
         )
         for _ in range(3):  # drop rows without files and files without rows; a fix can
             if not self._check_index(fix=True):  # leave an empty parent dir for the next pass
@@ -168,13 +171,19 @@ class Store:
         )
 
     def _used_bytes(self) -> int:
-        """Entry bytes plus the index database and its write-ahead log, as on disk."""
+        """Bytes on disk as `du` counts them: entries, the index database, and allowances
+        for what grows between reservations (the write-ahead log, up to its checkpoint
+        size, and per-entry directory blocks and block rounding)."""
         entries = int(self._index.reset("size", update=False))
         index = 0
-        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+        for name, allowance in (
+            ("cache.db", 0),
+            ("cache.db-wal", WAL_ALLOWANCE_BYTES),
+            ("cache.db-shm", 0),
+        ):
             with contextlib.suppress(FileNotFoundError):  # WAL files come and go
-                index += os.stat(self._index_dir / name).st_size
-        return entries + index
+                index += max(allowance, os.stat(self._index_dir / name).st_size)
+        return entries + index + ENTRY_OVERHEAD_BYTES * len(self._index)
 
     # -- fills ---------------------------------------------------------------------------
 

@@ -41,14 +41,18 @@ def curl(url: str, *args: str) -> CurlResult:
 
 
 def disk_usage(path: Path) -> int:
-    """Bytes allocated on disk under `path`, as `du` counts them."""
+    """Bytes allocated on disk under `path` (files and directories), as `du` counts them.
+
+    A fill's file moves from `partial/` into `index/` when it commits; stat'ing `index/` paths
+    before `partial/` ones means a file moving meanwhile is never counted twice.
+    """
+    entries = sorted(path.rglob("*"), key=lambda p: "partial" in p.parts)
     total = 0
-    for directory, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
-            except FileNotFoundError:
-                continue
+    for entry in entries:
+        try:
+            total += os.lstat(entry).st_blocks * 512
+        except FileNotFoundError:  # moved or deleted since the listing
+            continue
     return total
 
 

@@ -17,7 +17,7 @@ def test_s3_via_standard_endpoint_settings(s3_client, s3_env, start_daemon) -> N
     s3_client.put_object(
         Bucket="data", Key="train/shards_001.tar", Body=with_sha, ChecksumAlgorithm="SHA256"
     )
-    daemon = start_daemon({"lake": "s3://data/train"}, env=s3_env)
+    daemon = start_daemon({"lake": "s3://data/train"}, "--readahead", "0", env=s3_env)
 
     for key, data in (("shards_000.tar", plain), ("shards_001.tar", with_sha)):
         miss = curl(f"{daemon.url}/lake/{key}")

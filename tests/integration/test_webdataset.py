@@ -35,7 +35,7 @@ def test_loader_reads_exactly_the_direct_samples_then_all_hits(
     shards = write_sample_shards(tmp_path / "shards", shards=4, samples_per_shard=20)
     for path in shards:
         origin.put(f"train/{path.name}", path.read_bytes())
-    daemon = start_daemon({"data": origin.url})
+    daemon = start_daemon({"data": origin.url}, "--readahead", "0")  # plain read-through
     direct = _direct(shards)
 
     pattern = f"pipe:curl -s -f {daemon.url}/data/train/shards_{{000..003}}.tar"

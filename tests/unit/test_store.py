@@ -93,7 +93,7 @@ def test_reservations_count_against_the_bound(store: Store) -> None:
 
 
 def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
-    first = Store(tmp_path / "c", 400 * KiB)
+    first = Store(tmp_path / "c", 4 * MiB)
     data = os.urandom(50 * KiB)
     _fill(first, "kept", data)
     leftover = first.reserve(10 * KiB)  # a fill a crash interrupted
@@ -101,7 +101,7 @@ def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
     os.close(leftover.fd)
     first.close()
 
-    second = Store(tmp_path / "c", 400 * KiB)
+    second = Store(tmp_path / "c", 4 * MiB)
     assert second.swept_partials == 1
     assert _read(second, "kept") == data
     assert second.check() == []
@@ -109,13 +109,13 @@ def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
 
 
 def test_orphan_files_from_a_crash_between_rename_and_index_are_removed(tmp_path: Path) -> None:
-    first = Store(tmp_path / "c", 400 * KiB)
+    first = Store(tmp_path / "c", 4 * MiB)
     _fill(first, "k", b"x" * 1000)
     first.close()
     orphan = tmp_path / "c" / "v1" / "index" / "ab" / "cd" / "orphan.val"
     orphan.parent.mkdir(parents=True)
     orphan.write_bytes(b"y" * 10)
-    second = Store(tmp_path / "c", 400 * KiB)
+    second = Store(tmp_path / "c", 4 * MiB)
     assert not orphan.exists()
     assert second.check() == []
     second.close()
@@ -123,7 +123,7 @@ def test_orphan_files_from_a_crash_between_rename_and_index_are_removed(tmp_path
 
 def test_a_second_daemon_cannot_share_the_directory(store: Store, tmp_path: Path) -> None:
     with pytest.raises(CacheError, match="in use by another shardcache"):
-        Store(tmp_path / "cache", 400 * KiB)
+        Store(tmp_path / "cache", 4 * MiB)
 
 
 def test_delete(store: Store) -> None:

@@ -1,0 +1,120 @@
+"""Talking to a running daemon from a training job: local URLs, prefetch, status.
+
+Stdlib only (plus brace patterns): this runs inside dataloader workers. The daemon's address is
+an argument or `SHARDCACHE_URL`, default `http://127.0.0.1:8470`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+DEFAULT_DAEMON_URL = "http://127.0.0.1:8470"
+_TIMEOUT_S = 10.0
+_URL_IN_PIPE = re.compile(r"(https?://\S+)")
+
+
+class ClientError(Exception):
+    """The daemon could not be reached, or it refused the request (the message says why)."""
+
+
+def daemon_url(daemon: str | None = None) -> str:
+    return (daemon or os.environ.get("SHARDCACHE_URL") or DEFAULT_DAEMON_URL).rstrip("/")
+
+
+def _request(method: str, url: str, body: object | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+            return json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]
+        except (ValueError, KeyError, TypeError):
+            message = exc.reason
+        raise ClientError(f"{method} {url}: {exc.code} {message}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ClientError(f"cannot reach the shardcache daemon at {url}: {reason}") from None
+
+
+def origins(daemon: str | None = None) -> dict[str, str]:
+    """Return the running daemon's origins: name → URL."""
+    document = _request("GET", daemon_url(daemon) + "/_/origins")
+    return dict(document["origins"])
+
+
+def map_url(url: str, origin_urls: Mapping[str, str], daemon: str) -> str:
+    """Return the daemon URL serving `url` (an origin URL such as `s3://bucket/prefix/x.tar`,
+    a local path `/NAME/KEY`, or already a daemon URL). Brace patterns pass through intact.
+
+    Raises ClientError when no origin covers `url`.
+    """
+    if url.startswith(daemon + "/"):
+        return url
+    if url.startswith("/"):
+        return daemon + url
+    best: tuple[int, str, str] | None = None
+    for name, base in origin_urls.items():
+        base = base.rstrip("/")
+        if url.startswith(base + "/") and (best is None or len(base) > best[0]):
+            best = (len(base), name, url[len(base) + 1 :])
+    if best is None:
+        covered = ", ".join(f"{n}={u}" for n, u in origin_urls.items()) or "none"
+        raise ClientError(f"no configured origin covers {url} (origins: {covered})")
+    return f"{daemon}/{best[1]}/{best[2]}"
+
+
+def local_url(url: str, daemon: str | None = None) -> str:
+    """Return the daemon URL for `url`, asking the running daemon for its origins."""
+    base = daemon_url(daemon)
+    return map_url(url, origins(base), base)
+
+
+def local_path(url: str, daemon: str | None = None) -> str:
+    """Return `/NAME/KEY` for a daemon URL, a `pipe:curl … URL` string, or a local path."""
+    base = daemon_url(daemon)
+    if url.startswith("pipe:"):
+        match = _URL_IN_PIPE.search(url)
+        url = match.group(1) if match else url
+    if url.startswith(base + "/"):
+        return url[len(base) :]
+    if url.startswith("/"):
+        return url
+    raise ClientError(f"{url} is not a URL of the shardcache daemon at {base}")
+
+
+def prefetch(urls: Iterable[str], daemon: str | None = None) -> dict[str, Any]:
+    """Queue shards (daemon URLs, `/NAME/KEY` paths, pipe: strings or origin URLs; patterns
+    allowed) in the order given. Returns `{"queued", "cached", "in_flight", "batch"}`."""
+    base = daemon_url(daemon)
+    paths = []
+    known: dict[str, str] | None = None
+    for url in urls:
+        try:
+            paths.append(local_path(url, base))
+        except ClientError:
+            known = known if known is not None else origins(base)
+            paths.append(local_path(map_url(url, known, base), base))
+    result: dict[str, Any] = _request("POST", base + "/_/prefetch", {"urls": paths})
+    return result
+
+
+def prefetch_status(batch: int | None = None, daemon: str | None = None) -> dict[str, Any]:
+    query = f"?batch={batch}" if batch is not None else ""
+    result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/prefetch" + query)
+    return result
+
+
+def status(daemon: str | None = None) -> dict[str, Any]:
+    """Return the daemon's `/_/status` document."""
+    result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/status")
+    return result

@@ -1,0 +1,313 @@
+"""The prefetch queue: fetch the shards a loader will read next, ahead of it, within a budget.
+
+- Order: first in, first fetched (a POSTed list is in the order the loader needs it).
+- Concurrency: at most `concurrency` prefetches at once. Client misses never wait here: they go
+  straight to `ShardCache.open`, and a client asking for a key being prefetched joins that fill.
+- Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
+  within `max_unread_bytes` (the size comes from a HEAD first). Unread entries are pinned in the
+  store, so later prefetches can never evict them before the loader reads them (no thrash).
+- Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
+  ends the run quietly (the end of the dataset, not a failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from shardcache.cache import PrefetchOutcome, ShardCache
+from shardcache.errors import BadRequest, OriginNotFound, ShardcacheError
+from shardcache.fill import Fill
+from shardcache.keys import validate_key
+from shardcache.patterns import MAX_EXPANSION, expand, next_keys
+
+log = logging.getLogger("shardcache.prefetch")
+RECENT_FAILURES = 20
+
+
+def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
+    """Return the (origin, key) list a `POST /_/prefetch` body names, patterns expanded.
+
+    The body is `{"urls": ["/NAME/KEY", …]}` and/or `{"origin": "NAME", "keys": ["KEY", …]}`.
+    Raises BadRequest naming the first thing wrong, so that a bad body queues nothing.
+    """
+    if not isinstance(body, dict) or not ({"urls", "keys"} & body.keys()):
+        raise BadRequest('expected {"urls": ["/NAME/KEY", …]} or {"origin": "NAME", "keys": […]}')
+    unknown = body.keys() - {"urls", "origin", "keys"}
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
+    targets: list[tuple[str, str]] = []
+
+    def add(origin: str, pattern: str, where: str) -> None:
+        if origin not in origins:
+            raise BadRequest(f"{where}: no origin named {origin!r}")
+        try:
+            for key in expand(pattern):
+                targets.append((origin, validate_key(key)))
+        except ShardcacheError as exc:
+            raise BadRequest(f"{where}: {exc}") from None
+        if len(targets) > MAX_EXPANSION:
+            raise BadRequest(f"more than {MAX_EXPANSION} keys in one request")
+
+    urls = body.get("urls", [])
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise BadRequest('"urls" must be a list of strings like "/NAME/KEY"')
+    for url in urls:
+        origin, slash, pattern = url.removeprefix("/").partition("/")
+        if not url.startswith("/") or not slash:
+            raise BadRequest(f"urls: {url!r} is not a local path like /NAME/KEY")
+        add(origin, pattern, f"urls: {url!r}")
+    if "keys" in body:
+        keys, origin = body["keys"], body.get("origin")
+        if not isinstance(origin, str):
+            raise BadRequest('"keys" needs "origin": "NAME"')
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise BadRequest('"keys" must be a list of strings')
+        for key in keys:
+            add(origin, key, f"keys: {key!r}")
+    if not targets:
+        raise BadRequest("nothing to prefetch")
+    return targets
+
+
+@dataclass
+class Batch:
+    """One POST's worth of work, so `shardcache prefetch --wait` can follow its own progress."""
+
+    id: int
+    total: int
+    done: int = 0
+    failed: int = 0
+    bytes_done: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "total": self.total,
+            "done": self.done,
+            "failed": self.failed,
+            "bytes_done": self.bytes_done,
+            "failures": self.failures,
+            "is_finished": self.done + self.failed >= self.total,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    origin: str
+    key: str
+    batch: Batch | None = None
+    is_readahead: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    queued: int
+    cached: int
+    in_flight: int
+    batch: int
+
+
+class PrefetchQueue:
+    def __init__(
+        self, cache: ShardCache, concurrency: int, max_unread_bytes: int, readahead: int
+    ) -> None:
+        self.cache = cache
+        self.concurrency = concurrency
+        self.max_unread_bytes = max_unread_bytes
+        self.readahead = readahead
+        self._pending: collections.deque[Item] = collections.deque()
+        self._queued: set[tuple[str, str]] = set()  # pending or running
+        self._running = 0  # admitted and fetching
+        self._waiting = 0  # 1 while the dispatcher sizes an item or waits for budget
+        self._has_work = asyncio.Event()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._fetches: set[asyncio.Task[None]] = set()
+        self._batch_ids = itertools.count(1)
+        self._batches: dict[int, Batch] = {}
+        self.completed = 0
+        self.failed = 0
+        self.bytes_done = 0
+        self.recent_failures: collections.deque[dict[str, str]] = collections.deque(
+            maxlen=RECENT_FAILURES
+        )
+
+    # -- submitting ----------------------------------------------------------------------
+
+    async def submit(self, targets: list[tuple[str, str]]) -> Submitted:
+        """Queue `targets` (origin, key) in order; already cached or queued ones are counted.
+
+        The caller validates keys and origins first, so that a bad body queues nothing.
+        """
+        urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
+        cached = await asyncio.to_thread(
+            lambda: {url for url in urls if self.cache.store.peek(url) is not None}
+        )
+        batch = Batch(next(self._batch_ids), total=0)
+        queued = in_flight = 0
+        for (origin, key), url in zip(targets, urls, strict=True):
+            if url in cached:
+                continue
+            batch.total += 1
+            if self.cache.flights.get(url) is not None or (origin, key) in self._queued:
+                in_flight += 1
+            else:
+                queued += 1
+            self._push(Item(origin, key, batch))
+        self._batches[batch.id] = batch
+        self._forget_old_batches()
+        return Submitted(queued, len(cached), in_flight, batch.id)
+
+    def on_client_read(self, origin: str, key: str) -> None:
+        """Queue the next keys of a numbered run a client has started reading."""
+        for successor in next_keys(key, self.readahead):
+            if (origin, successor) not in self._queued:
+                self._push(Item(origin, successor, is_readahead=True))
+
+    def _push(self, item: Item) -> None:
+        self._pending.append(item)
+        self._queued.add((item.origin, item.key))
+        self._has_work.set()
+
+    def clear(self) -> int:
+        """Drop every pending (not yet started) item; return how many."""
+        dropped = len(self._pending)
+        for item in self._pending:
+            self._queued.discard((item.origin, item.key))
+            if item.batch is not None:
+                item.batch.total -= 1
+        self._pending.clear()
+        return dropped
+
+    def _forget_old_batches(self, keep: int = 256) -> None:
+        for batch_id in sorted(self._batches)[:-keep]:
+            del self._batches[batch_id]
+
+    # -- status --------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        return len(self._pending) + self._waiting
+
+    @property
+    def in_flight(self) -> int:
+        return self._running
+
+    def status(self) -> dict[str, object]:
+        return {
+            "pending": self.depth,
+            "in_flight": self.in_flight,
+            "done": self.completed,
+            "failed": self.failed,
+            "bytes_done": self.bytes_done,
+            "unread_bytes": self.cache.unread_bytes,
+            "max_unread_bytes": self.max_unread_bytes,
+            "concurrency": self.concurrency,
+            "readahead": self.readahead,
+            "recent_failures": list(self.recent_failures),
+        }
+
+    def batch(self, batch_id: int) -> Batch | None:
+        return self._batches.get(batch_id)
+
+    # -- running -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._dispatcher = asyncio.create_task(self._dispatch(), name="prefetch dispatcher")
+
+    async def aclose(self) -> None:
+        self.clear()
+        tasks = [self._dispatcher, *self._fetches] if self._dispatcher else list(self._fetches)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _next(self) -> Item:
+        while not self._pending:
+            self._has_work.clear()
+            await self._has_work.wait()
+        return self._pending.popleft()
+
+    async def _dispatch(self) -> None:
+        """Start prefetches strictly in queue order: wait for a free slot, size the object
+        (HEAD), wait for look-ahead budget, start the fill; then go on to the next item."""
+        while True:
+            await self._slots.acquire()
+            item = await self._next()
+            self._waiting = 1
+            try:
+                outcome, fill = await self.cache.start_prefetch(item.origin, item.key, self._admit)
+            except ShardcacheError as exc:
+                self._finish_item(item, exc)
+                self._slots.release()
+                continue
+            finally:
+                self._waiting = 0
+            if fill is None:
+                self._finish_item(item, None)
+                self._slots.release()
+                continue
+            task = asyncio.create_task(self._follow(item, fill, outcome))
+            self._fetches.add(task)
+            task.add_done_callback(self._fetches.discard)
+
+    async def _admit(self, size_bytes: int) -> None:
+        """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
+        than the whole budget is admitted alone)."""
+        while self.cache.unread_bytes and (
+            self.cache.unread_bytes + size_bytes > self.max_unread_bytes
+        ):
+            self.cache.unread_changed.clear()
+            await self.cache.unread_changed.wait()
+
+    async def _follow(self, item: Item, fill: Fill, outcome: PrefetchOutcome) -> None:
+        self._running += 1
+        try:
+            outcome = await self.cache.finish_prefetch(fill, outcome)
+        except ShardcacheError as exc:
+            self._finish_item(item, exc)
+        else:
+            size = fill.info.size_bytes if fill.info and outcome is PrefetchOutcome.FETCHED else 0
+            self._finish_item(item, None, size)
+        finally:
+            self._running -= 1
+            self._slots.release()
+
+    def _finish_item(self, item: Item, error: ShardcacheError | None, size_bytes: int = 0) -> None:
+        self._queued.discard((item.origin, item.key))
+        if isinstance(error, OriginNotFound) and item.is_readahead:
+            self._end_of_run(item)
+        elif error is not None:
+            self._record_failure(item, error)
+        else:
+            self.completed += 1
+            self.bytes_done += size_bytes
+            if item.batch is not None:
+                item.batch.done += 1
+                item.batch.bytes_done += size_bytes
+
+    def _end_of_run(self, item: Item) -> None:
+        """A read-ahead key does not exist: drop the queued keys after it in the same run."""
+        beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
+        keep: collections.deque[Item] = collections.deque()
+        for pending in self._pending:
+            if pending.is_readahead and (pending.origin, pending.key) in beyond:
+                self._queued.discard((pending.origin, pending.key))
+            else:
+                keep.append(pending)
+        self._pending = keep
+        log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
+
+    def _record_failure(self, item: Item, exc: ShardcacheError) -> None:
+        self.failed += 1
+        failure = {"url": f"/{item.origin}/{item.key}", "error": str(exc), "kind": exc.kind}
+        self.recent_failures.append(failure)
+        if item.batch is not None:
+            item.batch.failed += 1
+            item.batch.failures.append(failure)
+        log.warning("prefetch of /%s/%s failed: %s", item.origin, item.key, exc)
