@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.store import Entry, Store
+
+log = logging.getLogger("shardcache.cache")
 
 
 class PrefetchOutcome(enum.Enum):
@@ -168,6 +171,7 @@ class ShardCache:
         if url in self._unread:
             self._mark_read(url)
             self._observer.prefetch_wasted(origin.name)
+            log.warning("purged %s/%s, prefetched but never read", origin_name, key)
         if not await asyncio.to_thread(self.store.delete, url):
             raise NotCached(f"{origin_name}/{key} is not cached")
 

@@ -1,4 +1,4 @@
-"""The command line: `serve`, `demo`, `url` and `prefetch`.
+"""The command line: `serve`, `demo`, `url`, `prefetch` and `stats`.
 
 A bad setting prints one line naming it on stderr and exits 2; never a traceback.
 """
@@ -6,12 +6,14 @@ A bad setting prints one line naming it on stderr and exits 2; never a traceback
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
@@ -49,6 +51,22 @@ def _parser() -> argparse.ArgumentParser:
         help="print `pipe:curl -s -f -L …` lines ready for WebDataset",
     )
     _add_daemon_arguments(url)
+
+    stats = commands.add_parser("stats", help="show the running daemon's status")
+    stats.add_argument("--json", action="store_true", help="print the /_/status document")
+    stats.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until interrupted",
+    )
+    stats.add_argument(
+        "--daemon",
+        metavar="URL",
+        help=f"the daemon (default $SHARDCACHE_URL or {DEFAULT_DAEMON_URL})",
+    )
 
     prefetch = commands.add_parser(
         "prefetch", help="queue shards on the running daemon, in the order given"
@@ -118,6 +136,52 @@ def _prefetch(args: argparse.Namespace) -> int:
     return _wait_for_batch(int(answer["batch"]), daemon)
 
 
+def _stats(args: argparse.Namespace) -> int:
+    while True:
+        document = client.status(args.daemon)
+        text = json.dumps(document, indent=2) if args.json else format_status(document)
+        if args.watch:
+            print("\033[2J\033[H", end="")  # clear the terminal between refreshes
+        print(text, flush=True)
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)
+
+
+def format_status(document: dict[str, Any]) -> str:
+    """Render `/_/status` as a short table for people."""
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{value * 100:.1f}%"
+
+    cache, prefetch, ratio = document["cache"], document["prefetch"], document["hit_ratio"]
+    lines = [
+        f"shardcache {document['version']} on {document['listen']}, "
+        f"up {document['uptime_s']:.0f} s",
+        f"hit ratio      {percent(ratio['requests'])} of requests, "
+        f"{percent(ratio['bytes'])} of bytes",
+        f"cache          {format_size(cache['size_bytes'])} of "
+        f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
+        f"{cache['entries']} entries, {cache['evictions']} evictions",
+        f"loader waited  {document['client_wait_s']:.2f} s for bytes not on disk",
+        f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
+        f"{prefetch['done']} done, {prefetch['failed']} failed, "
+        f"{format_size(prefetch['unread_bytes'])} unread",
+        "",
+        f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
+        f"{'from cache':>13}{'from origin':>13}  origin errors",
+    ]
+    for name, origin in document["origins"].items():
+        requests, served = origin["requests"], origin["bytes"]
+        errors = ", ".join(f"{k} {v}" for k, v in origin["origin_errors"].items()) or "none"
+        lines.append(
+            f"{name:<16}{requests['hit']:>8}{requests['miss']:>8}{requests['coalesced']:>8}"
+            f"{requests['error']:>8}{format_size(served['cache']):>13}"
+            f"{format_size(served['origin']):>13}  {errors}"
+        )
+    return "\n".join(lines)
+
+
 def _wait_for_batch(batch_id: int, daemon: str) -> int:
     from tqdm import tqdm
 
@@ -180,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _url(args)
         if args.command == "prefetch":
             return _prefetch(args)
+        if args.command == "stats":
+            return _stats(args)
         parser.print_help()
         return 2
     except ConfigError as exc:

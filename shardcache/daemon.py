@@ -32,6 +32,7 @@ from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
 from shardcache.prefetch import PrefetchQueue
 from shardcache.server import make_app
+from shardcache.status import build_status
 from shardcache.store import Store
 from shardcache.units import format_size
 
@@ -95,23 +96,25 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         return None
 
     started_at = time.monotonic()
+    origin_urls = {o.name: redact(o.url) for o in settings.origins}
 
     def status() -> dict[str, object]:
         usage = store.usage()
-        return {
-            "version": __version__,
-            "uptime_s": round(time.monotonic() - started_at, 3),
-            "listen": settings.listen,
-            "cache": {
+        return build_status(
+            version=__version__,
+            uptime_s=time.monotonic() - started_at,
+            listen=settings.listen,
+            snapshot=metrics.snapshot(origins),
+            cache={
                 "dir": str(settings.cache_dir),
                 "size_bytes": usage.size_bytes,
                 "capacity_bytes": usage.capacity_bytes,
                 "entries": usage.entries,
                 "reserved_bytes": usage.reserved_bytes,
             },
-            "origins": state["origin_urls"],
-            "prefetch": prefetch.status(),
-        }
+            prefetch=prefetch.status(),
+            origins=origin_urls,
+        )
 
     metrics.watch_cache(cache_gauges)
     state: dict[str, Any] = {
@@ -119,7 +122,7 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
         "read_timeout_s": settings.origin_read_timeout,
         "check_ready": check_ready,
         "status": status,
-        "origin_urls": {o.name: redact(o.url) for o in settings.origins},
+        "origin_urls": origin_urls,
     }
     app = make_app(cache, prefetch, metrics, state)
     runner = web.AppRunner(

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
+from shardcache.status import Snapshot
 
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
@@ -78,6 +79,28 @@ class _StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "shardcache_cache_entries", "Entries in the cache", value=state.entries
+        )
+        yield GaugeMetricFamily(
+            "shardcache_prefetch_queue_depth",
+            "Prefetches waiting to start",
+            value=state.prefetch_queue_depth,
+        )
+        yield GaugeMetricFamily(
+            "shardcache_prefetch_in_flight", "Prefetches running", value=state.prefetch_in_flight
+        )
+        yield GaugeMetricFamily(
+            "shardcache_prefetch_unread_bytes",
+            "Prefetched bytes no client has read yet (pinned against eviction)",
+            value=state.prefetch_unread_bytes,
+        )
+        # Counters the prefetch queue keeps itself, exported as counters at scrape time.
+        yield CounterMetricFamily(
+            "shardcache_prefetch_completed",
+            "Prefetches that finished",
+            value=state.prefetch_completed,
+        )
+        yield CounterMetricFamily(
+            "shardcache_prefetch_failed", "Prefetches that failed", value=state.prefetch_failed
         )
 
 
@@ -187,6 +210,36 @@ class Metrics:
         for result in RESULTS:
             self.ttfb.labels(result)
             self.duration.labels(result)
+
+    def snapshot(self, origins: Iterable[str]) -> Snapshot:
+        """Return the current counter values for `/_/status`."""
+        value = self.registry.get_sample_value
+        origins = list(origins)
+        return Snapshot(
+            requests={
+                (o, r): value("shardcache_requests_total", {"origin": o, "result": r}) or 0
+                for o in origins
+                for r in RESULTS
+            },
+            response_bytes={
+                (o, s): value("shardcache_response_bytes_total", {"origin": o, "source": s}) or 0
+                for o in origins
+                for s in SOURCES
+            },
+            origin_errors={
+                (o, k): value("shardcache_origin_errors_total", {"origin": o, "kind": k}) or 0
+                for o in origins
+                for k in ORIGIN_ERROR_KINDS
+            },
+            origin_retries={
+                o: value("shardcache_origin_retries_total", {"origin": o}) or 0 for o in origins
+            },
+            client_wait_s={
+                o: value("shardcache_client_wait_seconds_total", {"origin": o}) or 0
+                for o in origins
+            },
+            evictions=value("shardcache_cache_evictions_total") or 0,
+        )
 
     def watch_cache(self, read: Callable[[], CacheGauges]) -> None:
         self.registry.register(_StateCollector(read))

@@ -1,0 +1,305 @@
+"""Metrics, status and the shipped dashboard and alerts, against a real Prometheus server.
+
+Debian's `prometheus` package (server and promtool) must be installed; `scripts/test` installs it.
+Prometheus scrapes the daemon every second; the test drives hits, misses, coalesced requests,
+prefetches (completed, late, wasted), evictions and origin errors, then runs every PromQL
+expression in deploy/grafana/shardcache.json and deploy/prometheus/alerts.yml through the
+Prometheus HTTP API and requires each to return data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.integration.helpers import curl
+from tests.origin_server import OriginServer
+from tests.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "shardcache.json"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+MiB = 1024 * 1024
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} is required: apt-get install prometheus (scripts/test does this)"
+    return path
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, target: str) -> None:
+        self.port = free_port()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self._log = (workdir / "prometheus.log").open("wb")
+        shutil.copy(ALERTS, workdir / "alerts.yml")
+        (workdir / "prometheus.yml").write_text(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+            "rule_files: [alerts.yml]\n"
+            "scrape_configs:\n  - job_name: shardcache\n"
+            f"    static_configs:\n      - targets: ['{target}']\n"
+        )
+        self.process = subprocess.Popen(
+            [
+                _tool("prometheus"),
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1).close()
+                return
+            except OSError:
+                assert self.process.poll() is None, (workdir / "prometheus.log").read_text()
+                assert time.monotonic() < deadline, "prometheus did not become ready"
+                time.sleep(0.2)
+
+    def api(self, path: str, **params: str) -> dict[str, object]:
+        query = urllib.parse.urlencode(params)
+        url = f"http://127.0.0.1:{self.port}/api/v1/{path}?{query}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            document = json.loads(response.read())
+        assert document["status"] == "success", document
+        return document["data"]
+
+    def query(self, expr: str) -> list[dict[str, object]]:
+        data = self.api("query", query=expr)
+        return data["result"]  # type: ignore[index,return-value]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(20)
+        self._log.close()
+
+
+@pytest.fixture
+def prometheus_for(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
+    started: list[Prometheus] = []
+
+    def start(target: str) -> Prometheus:
+        server = Prometheus(tmp_path / "prometheus", target)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _dashboard_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"].replace("$instance", ".*").replace("$__rate_interval", "1m")
+            queries.append((f"panel {panel['title']!r} {target['refId']}", expr))
+    return queries
+
+
+def _alert_signals() -> list[tuple[str, str, str]]:
+    """(alert, full expression, the expression without its threshold comparisons)."""
+    rules = yaml.safe_load(ALERTS.read_text())["groups"][0]["rules"]
+    comparison = re.compile(r"\s*(?:==|!=|>=|<=|>|<)\s*[0-9.]+(?![\w.])")
+    return [(r["alert"], r["expr"], comparison.sub("", r["expr"])) for r in rules]
+
+
+async def _concurrent_gets(url: str, count: int) -> list[str]:
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> str:
+            async with session.get(url) as response:
+                await response.read()
+                return response.headers["X-Shardcache"]
+
+        return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def _wait_prefetch(daemon, done: int) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        status = daemon.get_json("/_/prefetch")[1]
+        if status["done"] >= done and status["in_flight"] == 0:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+def _post_prefetch(daemon, paths: list[str]) -> None:
+    request = urllib.request.Request(
+        daemon.url + "/_/prefetch", method="POST", data=json.dumps({"urls": paths}).encode()
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+
+
+def test_counters_status_dashboard_and_alerts_against_prometheus(
+    origin: OriginServer, start_daemon, prometheus_for
+) -> None:
+    for i in range(10):
+        origin.put(f"s_{i}.tar", b"s" * MiB)
+    hold, late_hold = threading.Event(), threading.Event()
+    origin.put("hold.tar", b"h" * 2 * MiB, hold=hold)
+    for name in ("p_0", "p_1", "p_3"):
+        origin.put(f"{name}.tar", b"p" * (MiB // 2))
+    origin.put("p_2.tar", b"q" * (MiB // 2), hold=late_hold)
+    daemon = start_daemon(
+        {"web": origin.url, "down": "http://127.0.0.1:9"},
+        "--readahead",
+        "0",
+        "--origin-retries",
+        "0",
+        "--prefetch-max-bytes",
+        "4MiB",
+        cache_size="8MiB",
+    )
+    prometheus = prometheus_for(f"127.0.0.1:{daemon.port}")
+
+    for i in range(10):  # 10 misses; the 8 MiB cache evicts the oldest
+        assert curl(f"{daemon.url}/web/s_{i}.tar").headers["x-shardcache"] == "miss"
+    for i in (9, 8):  # 2 hits
+        assert curl(f"{daemon.url}/web/s_{i}.tar").headers["x-shardcache"] == "hit"
+    results: list[str] = []
+    runner = threading.Thread(
+        target=lambda: results.extend(
+            asyncio.run(_concurrent_gets(f"{daemon.url}/web/hold.tar", 8))
+        )
+    )
+    runner.start()
+    while daemon.metric("shardcache_requests_total", origin="web", result="coalesced") < 7:
+        time.sleep(0.02)
+    hold.set()
+    runner.join(30)
+    assert sorted(results) == ["coalesced"] * 7 + ["miss"]  # 1 miss, 7 coalesced
+    assert curl(f"{daemon.url}/web/missing.tar", "--no-fail").status == 404  # an error
+    assert curl(f"{daemon.url}/down/x.tar", "--no-fail").status == 502  # an origin error
+
+    _post_prefetch(daemon, ["/web/p_0.tar", "/web/p_1.tar"])  # 2 completed
+    _wait_prefetch(daemon, done=2)
+    assert curl(f"{daemon.url}/web/p_0.tar").headers["x-shardcache"] == "hit"
+    _post_prefetch(daemon, ["/web/p_2.tar"])  # the loader asks before it finished: late
+    while origin.gets["p_2.tar"] == 0:
+        time.sleep(0.02)
+    late: list[str] = []
+    asker = threading.Thread(
+        target=lambda: late.append(curl(f"{daemon.url}/web/p_2.tar").headers["x-shardcache"])
+    )
+    asker.start()
+    while daemon.metric("shardcache_prefetch_late_total", origin="web") < 1:
+        time.sleep(0.02)
+    late_hold.set()
+    asker.join(30)
+    assert late == ["coalesced"]
+    _post_prefetch(daemon, ["/web/p_3.tar"])  # purged before any read: wasted
+    _wait_prefetch(daemon, done=4)
+    assert curl(f"{daemon.url}/_/cache/web/p_3.tar", "-X", "DELETE").status == 200
+
+    # Counter semantics: exactly what the test did.
+    expected = {"hit": 3, "miss": 11, "coalesced": 8, "error": 1}
+    for result, count in expected.items():
+        assert daemon.metric("shardcache_requests_total", origin="web", result=result) == count
+    assert daemon.metric("shardcache_requests_total", origin="down", result="error") == 1
+    from_cache = 2 * MiB + MiB // 2
+    from_origin = 10 * MiB + 8 * 2 * MiB + MiB // 2
+    assert (
+        daemon.metric("shardcache_response_bytes_total", origin="web", source="cache") == from_cache
+    )
+    assert (
+        daemon.metric("shardcache_response_bytes_total", origin="web", source="origin")
+        == from_origin
+    )
+    assert daemon.metric("shardcache_origin_errors_total", origin="down", kind="unavailable") == 1
+    assert daemon.metric("shardcache_prefetch_completed_total") == 4
+    assert daemon.metric("shardcache_prefetch_wasted_total", origin="web") == 1
+    assert daemon.metric("shardcache_cache_evictions_total") >= 2
+    status = daemon.get_json("/_/status")[1]
+    assert status["requests"] == {"hit": 3, "miss": 11, "coalesced": 8, "error": 2}
+    assert status["hit_ratio"]["requests"] == round(3 / 24, 4)
+    assert status["hit_ratio"]["bytes"] == round(from_cache / (from_cache + from_origin), 4)
+
+    # Wait until Prometheus holds the final figures, and a few more scrapes for rate().
+    deadline = time.monotonic() + 30
+    while True:
+        total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
+        if total and float(total[0]["value"][1]) == 24:  # type: ignore[index]
+            break
+        assert time.monotonic() < deadline, "Prometheus never saw the final counters"
+        time.sleep(0.5)
+    time.sleep(3)
+
+    empty = [name for name, expr in _dashboard_queries() if not prometheus.query(expr)]
+    assert empty == [], f"dashboard queries without data: {empty}"
+    for alert, expr, signal in _alert_signals():
+        prometheus.query(expr)  # the full expression must evaluate (it need not fire)
+        assert prometheus.query(signal), f"alert {alert}: {signal!r} returned no data"
+    rules = prometheus.api("rules")["groups"][0]["rules"]  # type: ignore[index]
+    assert len(rules) == 5 and all(r["health"] == "ok" for r in rules), rules
+
+
+def test_promtool_checks_rules_and_a_scrape(origin: OriginServer, start_daemon) -> None:
+    promtool = _tool("promtool")
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    config = subprocess.run(
+        [promtool, "check", "config", str(ROOT / "deploy" / "prometheus" / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+    )
+    assert config.returncode == 0, config.stdout + config.stderr
+    origin.put("a.tar", b"a" * 1000)
+    daemon = start_daemon({"web": origin.url})
+    curl(f"{daemon.url}/web/a.tar")
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=10) as response:
+        scrape = response.read()
+    linted = subprocess.run([promtool, "check", "metrics"], input=scrape, capture_output=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    assert b"shardcache_build_info{version=" in scrape
+
+
+def test_stats_command_prints_a_table_and_json(origin: OriginServer, start_daemon) -> None:
+    origin.put("a.tar", b"a" * 1000)
+    daemon = start_daemon({"web": origin.url})
+    curl(f"{daemon.url}/web/a.tar")
+    curl(f"{daemon.url}/web/a.tar")
+    import sys
+
+    table = subprocess.run(
+        [sys.executable, "-m", "shardcache", "stats", "--daemon", daemon.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    as_json = subprocess.run(
+        [sys.executable, "-m", "shardcache", "stats", "--json", "--daemon", daemon.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert table.returncode == 0 and "hit ratio      50.0% of requests" in table.stdout
+    assert json.loads(as_json.stdout)["requests"]["hit"] == 1
+    down = subprocess.run(
+        [sys.executable, "-m", "shardcache", "stats", "--daemon", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert down.returncode == 2 and "cannot reach the shardcache daemon" in down.stderr
