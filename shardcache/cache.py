@@ -13,11 +13,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from shardcache.errors import NotCached, UnknownOrigin
-from shardcache.fill import Fill, FillState, RetryPolicy
+from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.segments import RetryPolicy
 from shardcache.store import Entry, Store
 
 log = logging.getLogger("shardcache.cache")

@@ -57,6 +57,9 @@ class Settings:
     prefetch_concurrency: int = 4
     prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
     readahead: int = 2
+    origin_connections: int = 8
+    segment_size: int = 16 << 20
+    worker_threads: int = 64
     config: Path | None = None
 
     @property
@@ -164,6 +167,21 @@ OPTIONS: tuple[Option, ...] = (
         "SIZE",
     ),
     Option("readahead", _parse_count, 2, "next N numbered shards to queue on a read; 0 = off", "N"),
+    Option(
+        "origin_connections",
+        _parse_workers,
+        8,
+        "connections per fill: large objects come as parallel ranged segments",
+        "N",
+    ),
+    Option("segment_size", parse_size, "16MiB", "bytes per ranged segment of a fill", "SIZE"),
+    Option(
+        "worker_threads",
+        _parse_workers,
+        64,
+        "threads for blocking work (disk writes, S3 reads, the index)",
+        "N",
+    ),
 )
 
 

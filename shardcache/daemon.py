@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import uvloop
@@ -25,12 +26,12 @@ from shardcache import __version__
 from shardcache.cache import ShardCache
 from shardcache.config import Settings
 from shardcache.errors import CacheError, ConfigError
-from shardcache.fill import RetryPolicy
 from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
 from shardcache.prefetch import PrefetchQueue
+from shardcache.segments import RetryPolicy
 from shardcache.server import make_app
 from shardcache.status import build_status
 from shardcache.store import Store
@@ -69,8 +70,16 @@ async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) 
     store = await asyncio.to_thread(open_store, settings, metrics)
     if store.swept_partials:
         log.info("removed %d partial files left by an interrupted run", store.swept_partials)
+    # Disk writes, S3 body reads and index calls each take a worker thread; asyncio's
+    # default of cores + 4 would let a few slow S3 reads stall every disk write.
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
+    )
     policy = RetryPolicy(
-        retries=settings.origin_retries, read_timeout_s=settings.origin_read_timeout
+        retries=settings.origin_retries,
+        read_timeout_s=settings.origin_read_timeout,
+        connections=settings.origin_connections,
+        segment_bytes=settings.segment_size,
     )
     cache = ShardCache(store, origins, policy, metrics)
     prefetch = PrefetchQueue(

@@ -13,8 +13,9 @@ response*, which waits for VERIFIED (full length and every published checksum ma
 that fails therefore can never have handed anyone a complete body: a reader that gets an error
 aborts its connection, and the client sees a short transfer.
 
-Mid-body origin failures are retried with exponential back-off, resuming with a Range request
-from the first missing byte and `If-Match` on the original ETag.
+The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
+resuming on its own after a failure); a second task hashes the contiguous prefix in order for
+the verification.
 """
 
 from __future__ import annotations
@@ -24,21 +25,16 @@ import enum
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from shardcache.checksums import Verifier
-from shardcache.errors import (
-    CacheError,
-    IntegrityError,
-    OriginError,
-    OriginTimeout,
-    OriginUnavailable,
-    ShardcacheError,
-    ShuttingDown,
-)
+from shardcache.errors import CacheError, ShardcacheError, ShuttingDown
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.segments import RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, Reservation, Store
+
+__all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 
 log = logging.getLogger("shardcache.fill")
 
@@ -69,21 +65,6 @@ class IllegalTransition(RuntimeError):
     pass
 
 
-class RetryPolicy:
-    """Bounded retries with exponential back-off: delays base, 2·base, 4·base… capped."""
-
-    def __init__(
-        self, retries: int = 4, base_s: float = 0.25, cap_s: float = 5.0, read_timeout_s: float = 30
-    ) -> None:
-        self.retries = retries
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.read_timeout_s = read_timeout_s
-
-    def delay_s(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
-
 class Fill:
     def __init__(
         self,
@@ -101,7 +82,7 @@ class Fill:
         self.state = FillState.STARTING
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
-        self.written_bytes = 0
+        self._download: SegmentedDownload | None = None
         self._store = store
         self._policy = policy
         self._observer = observer
@@ -128,6 +109,11 @@ class Fill:
     def _publish(self) -> None:
         event, self._progress = self._progress, asyncio.Event()
         event.set()
+
+    @property
+    def written_bytes(self) -> int:
+        """Bytes from offset 0 on disk without a hole: what readers may be sent."""
+        return self._download.contiguous_bytes if self._download is not None else 0
 
     @property
     def is_finished(self) -> bool:
@@ -208,16 +194,24 @@ class Fill:
         """Fetch, verify and commit the object; never raises except CancelledError."""
         started_at = self._clock()
         try:
-            stream = await self._open(0, None)
-            info = self.info = stream.info
+            first = await self._opener().open(0, None, None)
+            info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                self._passthrough = stream
+                self._passthrough = first
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)
-            verifier = Verifier(info.checksums)
-            await self._download(stream, info, verifier)
-            await asyncio.to_thread(verifier.verify)
+            assert self._reservation is not None
+            self._download = SegmentedDownload(
+                self.origin,
+                self.origin_key,
+                info,
+                self._reservation.fd,
+                self._policy,
+                self._observer,
+                self._publish,
+            )
+            await self._download_and_verify(first, info)
             self._move(FillState.VERIFIED)
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
             await self._commit(info)
@@ -233,6 +227,41 @@ class Fill:
             await self._release_space()
             self._finished.set()
 
+    def _opener(self) -> SegmentedDownload:
+        """A download with no object yet, used for its retrying `open()`."""
+        unknown = ObjectInfo(size_bytes=0)
+        return SegmentedDownload(
+            self.origin, self.origin_key, unknown, -1, self._policy, self._observer, self._publish
+        )
+
+    async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
+        """Run the segmented download while a second task hashes the contiguous prefix, in
+        order, as it grows (hashing releases the GIL: it runs beside the download)."""
+        hashing = asyncio.create_task(self._verify_in_order(info)) if info.checksums else None
+        try:
+            assert self._download is not None
+            await self._download.run(first)
+            if hashing is not None:
+                await hashing
+        finally:
+            if hashing is not None and not hashing.done():
+                hashing.cancel()
+                await asyncio.gather(hashing, return_exceptions=True)
+
+    async def _verify_in_order(self, info: ObjectInfo) -> None:
+        assert self._reservation is not None
+        fd = self._reservation.fd
+        verifier = Verifier(info.checksums)
+        hashed = 0
+        while hashed < info.size_bytes:
+            available = self.written_bytes
+            if available > hashed:
+                await asyncio.to_thread(_hash_range, fd, hashed, available - hashed, verifier)
+                hashed = available
+            else:
+                await self._progress.wait()
+        verifier.verify()
+
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
             log.info(
@@ -247,66 +276,6 @@ class Fill:
             log.warning("%s streamed through uncached: %s", self.cache_key, exc)
             return False
         return True
-
-    async def _open(self, start: int, if_match: str | None) -> OriginStream:
-        """Open the origin at `start`, retrying retryable failures with back-off."""
-        attempt = 0
-        while True:
-            try:
-                stream = await self.origin.open(self.origin_key, start, if_match)
-                self._observer.origin_request(self.origin.name, "ok")
-                return stream
-            except OriginError as exc:
-                self._observer.origin_request(self.origin.name, exc.kind)
-                attempt += 1
-                if not exc.is_retryable or attempt > self._policy.retries:
-                    raise
-                await self._back_off(attempt, exc)
-
-    async def _back_off(self, attempt: int, exc: OriginError) -> None:
-        delay = self._policy.delay_s(attempt)
-        self._observer.origin_retry(self.origin.name)
-        log.warning(
-            "origin %s: %s; retry %d/%d in %.2fs from byte %d",
-            self.origin.name,
-            exc,
-            attempt,
-            self._policy.retries,
-            delay,
-            self.written_bytes,
-        )
-        await asyncio.sleep(delay)
-
-    async def _download(self, stream: OriginStream, info: ObjectInfo, verifier: Verifier) -> None:
-        assert self._reservation is not None
-        fd = self._reservation.fd
-        attempt = 0
-        while True:
-            try:
-                async for chunk in _with_read_timeout(stream, self._policy.read_timeout_s):
-                    if self.written_bytes + len(chunk) > info.size_bytes:
-                        raise IntegrityError(
-                            f"origin sent more than its Content-Length of {info.size_bytes}"
-                        )
-                    await asyncio.to_thread(_write_at, fd, chunk, self.written_bytes, verifier)
-                    self.written_bytes += len(chunk)
-                    self._observer.origin_bytes(self.origin.name, len(chunk))
-                    self._publish()
-                if self.written_bytes == info.size_bytes:
-                    return
-                raise OriginUnavailable(
-                    f"body ended at byte {self.written_bytes} of {info.size_bytes}"
-                )
-            except OriginError as exc:
-                await stream.aclose()
-                attempt += 1
-                if not exc.is_retryable or attempt > self._policy.retries:
-                    raise
-                self._observer.origin_request(self.origin.name, exc.kind)
-                await self._back_off(attempt, exc)
-                stream = await self._open(self.written_bytes, info.etag)
-            else:
-                await stream.aclose()
 
     async def _commit(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
@@ -335,25 +304,12 @@ class Fill:
         self._close_if_idle()
 
 
-def _write_at(fd: int, chunk: bytes, offset: int, verifier: Verifier) -> None:
-    """Write `chunk` at `offset` and feed the verifier: one worker-thread hop per chunk."""
-    view = memoryview(chunk)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        offset += written
-        view = view[written:]
-    verifier.update(chunk)
-
-
-async def _with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIterator[bytes]:
-    """Yield the stream's chunks; raise OriginTimeout if one takes longer than `timeout_s`."""
-    chunks = aiter(stream)
-    while True:
-        try:
-            async with asyncio.timeout(timeout_s):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise OriginTimeout(f"no byte from the origin for {timeout_s:g}s") from None
-        yield chunk
+def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:
+    """Feed bytes [offset, offset+count) of `fd` to the verifier, in 4 MiB reads."""
+    while count:
+        data = os.pread(fd, min(count, 4 << 20), offset)
+        if not data:
+            raise CacheError("the partial file is shorter than what was written")
+        verifier.update(data)
+        offset += len(data)
+        count -= len(data)

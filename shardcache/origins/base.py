@@ -24,6 +24,7 @@ class ObjectInfo:
     etag: str | None = None
     checksums: tuple[Checksum, ...] = ()
     content_type: str | None = None
+    accepts_ranges: bool = False  # the origin serves byte ranges: fetch in parallel segments
 
 
 class OriginStream(Protocol):
@@ -47,8 +48,11 @@ class Origin(Protocol):
         """Return the object's info; raise OriginNotFound or another OriginError."""
         ...
 
-    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> OriginStream:
-        """Start reading `key` from byte `start`; the caller must `aclose()` the stream.
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> OriginStream:
+        """Start reading bytes [start, end) of `key` (to the end when `end` is None); the
+        caller must `aclose()` the stream. A stream may yield past `end`; callers cut it.
 
         With `if_match`, raise OriginChanged if the object's ETag is no longer that value.
         Errors before the first byte raise here; errors mid-body raise from iteration.

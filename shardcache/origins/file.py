@@ -44,18 +44,29 @@ def map_os_errors(path: Path) -> Iterator[None]:
 
 
 def _info(stat: os.stat_result) -> ObjectInfo:
-    return ObjectInfo(size_bytes=stat.st_size, etag=f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"')
+    return ObjectInfo(
+        size_bytes=stat.st_size,
+        etag=f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"',
+        accepts_ranges=True,
+    )
 
 
 class FileStream:
-    def __init__(self, info: ObjectInfo, reader: AsyncBufferedReader, path: Path) -> None:
+    def __init__(
+        self, info: ObjectInfo, reader: AsyncBufferedReader, path: Path, remaining: int
+    ) -> None:
         self.info = info
         self._reader = reader
         self._path = path
+        self._remaining = remaining
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with map_os_errors(self._path):
-            while chunk := await self._reader.read(CHUNK_BYTES):
+            while self._remaining > 0:
+                chunk = await self._reader.read(min(CHUNK_BYTES, self._remaining))
+                if not chunk:
+                    return
+                self._remaining -= len(chunk)
                 yield chunk
 
     async def aclose(self) -> None:
@@ -82,7 +93,9 @@ class FileOrigin:
             raise OriginNotFound(f"{path} is not a regular file")
         return _info(stat)
 
-    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> FileStream:
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> FileStream:
         path = self._path(key)
         with map_os_errors(path):
             reader = await aiofiles.open(path, "rb")
@@ -95,7 +108,8 @@ class FileOrigin:
             except BaseException:
                 await reader.close()
                 raise
-        return FileStream(info, reader, path)
+        stop = info.size_bytes if end is None else min(end, info.size_bytes)
+        return FileStream(info, reader, path, stop - start)
 
     async def aclose(self) -> None:
         return None

@@ -80,7 +80,8 @@ def _info(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectInfo:
         sse = headers.get("x-amz-server-side-encryption")
         if (md5 := checksums.from_s3_etag(etag, sse)) is not None:
             found.append(md5)
-    return ObjectInfo(size, etag, tuple(found), headers.get("Content-Type"))
+    accepts_ranges = status == 206 or headers.get("Accept-Ranges", "").lower() == "bytes"
+    return ObjectInfo(size, etag, tuple(found), headers.get("Content-Type"), accepts_ranges)
 
 
 class HttpStream:
@@ -138,11 +139,13 @@ class HttpOrigin:
                 _raise_for_status(response.status, url)
                 return _info(response.headers, response.status, url)
 
-    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> HttpStream:
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> HttpStream:
         url = self.url_for(key)
         headers = {}
-        if start:
-            headers["Range"] = f"bytes={start}-"
+        if start or end is not None:
+            headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
             headers["If-Match"] = if_match
         with map_aiohttp_errors(url):

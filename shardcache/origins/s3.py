@@ -74,7 +74,9 @@ def _info(response: Mapping[str, Any], full: bool) -> ObjectInfo:
         md5 = checksums.from_s3_etag(response.get("ETag"), response.get("ServerSideEncryption"))
         if md5 is not None and response.get("SSECustomerAlgorithm") is None:
             found.append(md5)
-    return ObjectInfo(size, response.get("ETag"), tuple(found), response.get("ContentType"))
+    return ObjectInfo(
+        size, response.get("ETag"), tuple(found), response.get("ContentType"), accepts_ranges=True
+    )
 
 
 class S3Stream:
@@ -129,20 +131,22 @@ class S3Origin:
             )
         return _info(response, full=True)
 
-    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> S3Stream:
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> S3Stream:
         url = self.url_for(key)
         request: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self._object_key(key),
             "ChecksumMode": "ENABLED",
         }
-        if start:
-            request["Range"] = f"bytes={start}-"
+        if start or end is not None:
+            request["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
             request["IfMatch"] = if_match
         with map_botocore_errors(url):
             response = await asyncio.to_thread(self._client.get_object, **request)
-        info = _info(response, full=not start)
+        info = _info(response, full="Range" not in request)
         if if_match is not None and info.etag not in (None, if_match):
             response["Body"].close()
             raise OriginChanged(f"{url}: ETag changed from {if_match} to {info.etag}")

@@ -34,7 +34,7 @@ def test_mid_body_failure_resumes_with_range(origin: OriginServer, start_daemon)
     assert result.exit_code == 0 and result.sha256 == sha256(data)
     assert origin.gets["s.tar"] == 2
     ((key, header),) = origin.ranges
-    resumed_from = int(header.removeprefix("bytes=").rstrip("-"))
+    resumed_from = int(header.removeprefix("bytes=").split("-")[0])
     assert 0 < resumed_from <= 1_500_000
     assert curl(f"{daemon.url}/web/s.tar").headers["x-shardcache"] == "hit"
     assert daemon.metric("shardcache_origin_retries_total", origin="web") == 1

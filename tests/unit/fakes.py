@@ -52,6 +52,8 @@ class FakeOrigin:
     failures_left: Counter[str] = field(default_factory=Counter)  # …this many times
     gate: asyncio.Event | None = None  # when set on the fake, bodies wait for it
     chunk_bytes: int = 4096
+    accepts_ranges: bool = False
+    ranges: list[tuple[str, int, int | None]] = field(default_factory=list)
 
     def put(self, key: str, data: bytes, *, with_md5: bool = True) -> None:
         self.objects[key] = data
@@ -66,22 +68,32 @@ class FakeOrigin:
     def _info(self, key: str) -> ObjectInfo:
         if key not in self.objects:
             raise OriginNotFound(f"{key} not found")
-        return ObjectInfo(len(self.objects[key]), self.etags[key], self.checksums[key])
+        return ObjectInfo(
+            len(self.objects[key]),
+            self.etags[key],
+            self.checksums[key],
+            accepts_ranges=self.accepts_ranges,
+        )
 
     async def head(self, key: str) -> ObjectInfo:
         self.heads[key] += 1
         return self._info(key)
 
-    async def open(self, key: str, start: int = 0, if_match: str | None = None) -> FakeStream:
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> FakeStream:
         self.opens.append((key, start))
+        self.ranges.append((key, start, end))
         info = self._info(key)
         if if_match is not None and if_match != info.etag:
             raise OriginChanged("etag changed")
         fail_at = None
-        if self.failures_left[key] > 0:
+        stop = len(self.objects[key]) if end is None else end
+        if self.failures_left[key] > 0 and start <= self.fail_at.get(key, -1) < stop:
             self.failures_left[key] -= 1
             fail_at = self.fail_at.get(key)
-        return FakeStream(info, self.objects[key], start, self.chunk_bytes, fail_at, self.gate)
+        data = self.objects[key] if end is None else self.objects[key][:end]
+        return FakeStream(info, data, start, self.chunk_bytes, fail_at, self.gate)
 
     async def aclose(self) -> None:
         return None

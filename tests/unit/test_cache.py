@@ -12,8 +12,9 @@ import pytest
 from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.fill import FillState, IllegalTransition, RetryPolicy
+from shardcache.fill import FillState, IllegalTransition
 from shardcache.observer import NullObserver
+from shardcache.segments import RetryPolicy
 from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 
@@ -169,3 +170,52 @@ async def test_illegal_transition_raises(cache: ShardCache, origin: FakeOrigin) 
     fill = cache._new_fill(origin, "a.tar", "u")  # noqa: SLF001 - a fresh fill to poke at
     with pytest.raises(IllegalTransition):
         fill._move(FillState.COMMITTED)  # noqa: SLF001
+
+
+@pytest.fixture
+async def segmented(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
+    """A cache that fetches in 64 KiB segments over 4 connections, from a ranged origin."""
+    origin.accepts_ranges = True
+    store = Store(tmp_path / "segmented", 8 * MiB)
+    policy = RetryPolicy(retries=2, base_s=0.001, connections=4, segment_bytes=64 * 1024)
+    shard_cache = ShardCache(store, {"fake": origin}, policy, NullObserver())
+    yield shard_cache
+    await shard_cache.aclose()
+    assert store.check() == []
+    store.close()
+
+
+async def test_segments_cover_each_byte_once_and_verify(
+    segmented: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(MiB + 1000)
+    origin.put("a.tar", data)  # with an MD5 to verify across segments
+    assert await read_all(await segmented.open("fake", "a.tar")) == data
+    await settle(segmented)
+    first, *rest = origin.ranges
+    assert first == ("a.tar", 0, None)  # the first request learns size, ETag and checksums
+    starts = sorted(start for _, start, _ in rest)
+    assert starts == list(range(64 * 1024, len(data), 64 * 1024))
+    assert all(end == min(start + 64 * 1024, len(data)) for _, start, end in rest)
+    assert (await segmented.open("fake", "a.tar")).result is Result.HIT
+
+
+async def test_a_failed_segment_resumes_on_its_own(
+    segmented: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(512 * 1024)
+    origin.put("a.tar", data)
+    origin.fail_at["a.tar"] = 30_000  # inside the first segment, on the first connection
+    origin.failures_left["a.tar"] = 1
+    assert await read_all(await segmented.open("fake", "a.tar")) == data
+    assert ("a.tar", 30_000, 64 * 1024) in origin.ranges  # resumed: that segment's rest only
+    assert len(origin.ranges) == 512 // 64 + 1
+
+
+async def test_segmented_checksum_mismatch_fails(segmented: ShardCache, origin: FakeOrigin) -> None:
+    origin.put("a.tar", os.urandom(300_000))
+    origin.checksums["a.tar"] = (Checksum("md5", b"\1" * 16, "test"),)
+    with pytest.raises(IntegrityError):
+        await read_all(await segmented.open("fake", "a.tar"))
+    await settle(segmented)
+    assert segmented.store.usage().entries == 0
