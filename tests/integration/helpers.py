@@ -46,7 +46,8 @@ def disk_usage(path: Path) -> int:
     A fill's file moves from `partial/` into `index/` when it commits; stat'ing `index/` paths
     before `partial/` ones means a file moving meanwhile is never counted twice.
     """
-    entries = sorted(path.rglob("*"), key=lambda p: "partial" in p.parts)
+    found = [os.path.join(d, n) for d, dirs, files in os.walk(path) for n in [*dirs, *files]]
+    entries = sorted(found, key=lambda p: "/partial" in p)  # os.walk skips vanished dirs
     total = 0
     for entry in entries:
         try:
