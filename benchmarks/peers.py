@@ -1,0 +1,242 @@
+"""The processes a benchmark run starts: the simulated origin, shardcache, and nginx (as an
+expertly configured caching proxy and as a plain static file server), each on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited {process.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not answer") from None
+            time.sleep(0.05)
+
+
+class Process:
+    def __init__(
+        self, argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.log_file = log.open("wb")
+        self.process = subprocess.Popen(
+            argv, stdout=self.log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+        wait_http(ready_url, self.process)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log_file.close()
+
+
+class SimOrigin(Process):
+    def __init__(
+        self,
+        workdir: Path,
+        ttfb_ms: float = 0,
+        conn_rate: float = 0,
+        total_rate: float = 0,
+        files: Path | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "simorigin.py"),
+                "--port",
+                str(self.port),
+                "--ttfb-ms",
+                str(ttfb_ms),
+                "--conn-rate",
+                str(conn_rate),
+                "--total-rate",
+                str(total_rate),
+                *(["--files", str(files)] if files else []),
+            ],
+            self.url + "/_stats",
+            workdir / f"simorigin-{self.port}.log",
+        )
+
+    def stats(self) -> dict[str, object]:
+        with urllib.request.urlopen(self.url + "/_stats", timeout=10) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+class Shardcache(Process):
+    def __init__(
+        self,
+        workdir: Path,
+        origins: dict[str, str],
+        *extra: str,
+        env: dict[str, str] | None = None,
+        cache_size: str = "40GiB",
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cache_dir = workdir / f"shardcache-{self.port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--cache-dir",
+            str(self.cache_dir),
+            "--cache-size",
+            cache_size,
+            "--log-level",
+            "warning",
+            "--readahead",
+            "0",
+            *extra,
+        ]
+        for name, url in origins.items():
+            argv += ["--origin", f"{name}={url}"]
+        super().__init__(
+            argv, self.url + "/readyz", workdir / f"shardcache-{self.port}.log", env=env
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+
+NGINX_CONF = """
+user root;
+worker_processes 2;
+daemon off;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    client_body_temp_path {workdir}/client_temp;
+    proxy_temp_path {workdir}/proxy_temp;
+    fastcgi_temp_path {workdir}/fastcgi_temp;
+    uwsgi_temp_path {workdir}/uwsgi_temp;
+    scgi_temp_path {workdir}/scgi_temp;
+    # A caching reverse proxy set up for large, immutable shards: cache files are written in
+    # place (no temp-path copy), concurrent misses wait on one fetch (cache lock), hits go out
+    # through sendfile.
+    proxy_cache_path {workdir}/cache levels=1:2 keys_zone=shards:64m max_size=40g
+                     inactive=7d use_temp_path=off;
+    server {{
+        listen 127.0.0.1:{proxy_port};
+        location / {{
+            proxy_pass {origin};
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache shards;
+            proxy_cache_key $uri;
+            proxy_cache_valid 200 7d;
+            proxy_cache_lock on;
+            proxy_cache_lock_timeout 10m;
+            proxy_cache_lock_age 10m;
+            proxy_buffering on;
+            proxy_buffer_size 256k;
+            proxy_buffers 64 256k;
+            proxy_busy_buffers_size 1m;
+            proxy_read_timeout 300s;
+        }}
+    }}
+    server {{
+        listen 127.0.0.1:{static_port};
+        root {static_root};
+        location / {{ }}
+    }}
+}}
+"""
+
+
+class Nginx(Process):
+    """nginx as caching proxy in front of `origin` (port `proxy_port`) and as a static file
+    server of `static_root` (port `static_port`)."""
+
+    def __init__(self, workdir: Path, origin: str | None, static_root: Path) -> None:
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.workdir = workdir / f"nginx-{free_port()}"
+        self.workdir.mkdir(parents=True)
+        self.proxy_port, self.static_port = free_port(), free_port()
+        self.proxy_url = f"http://127.0.0.1:{self.proxy_port}"
+        self.static_url = f"http://127.0.0.1:{self.static_port}"
+        origin = origin or self.static_url
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(
+            NGINX_CONF.format(
+                workdir=self.workdir,
+                proxy_port=self.proxy_port,
+                static_port=self.static_port,
+                origin=origin,
+                static_root=static_root,
+            )
+        )
+        super().__init__(
+            [nginx, "-c", str(conf), "-p", str(self.workdir)],
+            self.static_url + "/",
+            self.workdir / "nginx.log",
+        )
+
+    def worker_pids(self) -> list[int]:
+        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
+        return [self.pid, *map(int, children)]
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of `pids` (and their waited-for children), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
