@@ -208,7 +208,7 @@ def _serve(args: argparse.Namespace, extra_origins: Sequence[str] = ()) -> int:
     flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
     settings = config.load_settings(flags, os.environ)
     logs.configure(settings.log_level, settings.log_format)
-    daemon.run(settings)
+    daemon.run(settings, reload_settings=lambda: config.load_settings(flags, os.environ))
     return 0
 
 

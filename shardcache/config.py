@@ -60,6 +60,7 @@ class Settings:
     origin_connections: int = 8
     segment_size: int = 16 << 20
     worker_threads: int = 64
+    shutdown_grace: float = 30.0
     config: Path | None = None
 
     @property
@@ -175,6 +176,13 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option("segment_size", parse_size, "16MiB", "bytes per ranged segment of a fill", "SIZE"),
+    Option(
+        "shutdown_grace",
+        _parse_seconds,
+        30.0,
+        "seconds in-flight responses get to finish on SIGTERM",
+        "S",
+    ),
     Option(
         "worker_threads",
         _parse_workers,

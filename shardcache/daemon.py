@@ -1,9 +1,10 @@
 """The composition root: build store, origins, cache and server from Settings, serve on uvloop,
 and shut down in one visible order.
 
-Shutdown order: (1) `/readyz` and new shard requests answer 503, (2) stop accepting and let
-in-flight responses finish within the grace period, (3) stop prefetching, (4) cancel fills
-(their partial files are removed), (5) close origin clients, (6) close the store.
+Shutdown order (`Daemon.stop`): (1) `/readyz` and new shard requests answer 503, (2) responses
+in flight finish within `--shutdown-grace`, (3) stop listening, (4) stop prefetching and cancel
+unfinished fills (their partial files are removed), (5) close origin clients and the store.
+SIGHUP re-reads the config file for the origin list and log level (`Daemon.reload`).
 """
 
 from __future__ import annotations
@@ -22,30 +23,41 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from shardcache import __version__
+from shardcache import __version__, logs
 from shardcache.cache import ShardCache
-from shardcache.config import Settings
-from shardcache.errors import CacheError, ConfigError
+from shardcache.config import OriginSpec, Settings
+from shardcache.errors import CacheError, ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
+from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
 from shardcache.prefetch import PrefetchQueue
 from shardcache.segments import RetryPolicy
-from shardcache.server import make_app
+from shardcache.server import InFlight, make_app
 from shardcache.status import build_status
 from shardcache.store import Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
-SHUTDOWN_GRACE_S = 30.0
 
 
-def build_origins(settings: Settings) -> dict[str, Origin]:
-    """Return one backend per configured origin; raise ConfigError for an unusable one."""
+def build_origins(
+    settings: Settings,
+    keep: dict[str, OriginSpec] | None = None,
+    existing: dict[str, Origin] | None = None,
+) -> dict[str, Origin]:
+    """Return one backend per configured origin; raise ConfigError for an unusable one.
+
+    On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
+    its connections and fills in flight carry on.
+    """
     timeouts = Timeouts(settings.origin_connect_timeout, settings.origin_read_timeout)
     origins: dict[str, Origin] = {}
     for spec in settings.origins:
+        if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
+            origins[spec.name] = existing[spec.name]
+            continue
         origin = make_origin(spec, timeouts)
         if isinstance(origin, FileOrigin) and not origin.root.is_dir():
             raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
@@ -63,129 +75,220 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
         raise ConfigError(f"--cache-dir: {exc}") from None
 
 
-async def serve(settings: Settings, on_ready: Callable[[], None] | None = None) -> None:
-    """Serve until SIGTERM/SIGINT. Raises ConfigError for a bad cache dir, origin or port."""
-    origins = build_origins(settings)
-    metrics = Metrics(CollectorRegistry(), origins)
-    store = await asyncio.to_thread(open_store, settings, metrics)
-    if store.swept_partials:
-        log.info("removed %d partial files left by an interrupted run", store.swept_partials)
-    # Disk writes, S3 body reads and index calls each take a worker thread; asyncio's
-    # default of cores + 4 would let a few slow S3 reads stall every disk write.
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
-    )
-    policy = RetryPolicy(
-        retries=settings.origin_retries,
-        read_timeout_s=settings.origin_read_timeout,
-        connections=settings.origin_connections,
-        segment_bytes=settings.segment_size,
-    )
-    cache = ShardCache(store, origins, policy, metrics)
-    prefetch = PrefetchQueue(
-        cache, settings.prefetch_concurrency, settings.prefetch_budget_bytes, settings.readahead
-    )
+class Daemon:
+    """One running shardcache: the parts, wired, and their lifecycle."""
 
-    def cache_gauges() -> CacheGauges:
-        usage = store.usage()
+    def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None) -> None:
+        self.settings = settings
+        self._reload_settings = reload_settings
+        self.origins = build_origins(settings)
+        self._retired_origins: list[Origin] = []
+        self.metrics = Metrics(CollectorRegistry(), self.origins)
+        self.started_at = time.monotonic()
+        self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
+        self.in_flight = InFlight()
+        self.state: dict[str, Any] = {
+            "is_shutting_down": False,
+            "read_timeout_s": settings.origin_read_timeout,
+            "check_ready": self._check_ready,
+            "status": self._status,
+            "origin_urls": self.origin_urls,
+            "in_flight": self.in_flight,
+        }
+
+    async def start(self) -> None:
+        """Open the store and start serving; raise ConfigError for a bad cache dir or port."""
+        settings = self.settings
+        # Disk writes, S3 body reads and index calls each take a worker thread; asyncio's
+        # default of cores + 4 would let a few slow S3 reads stall every disk write.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
+        )
+        self.store = await asyncio.to_thread(open_store, settings, self.metrics)
+        if self.store.swept_partials:
+            log.info(
+                "removed %d partial files left by an interrupted run", self.store.swept_partials
+            )
+        policy = RetryPolicy(
+            retries=settings.origin_retries,
+            read_timeout_s=settings.origin_read_timeout,
+            connections=settings.origin_connections,
+            segment_bytes=settings.segment_size,
+        )
+        self.cache = ShardCache(self.store, self.origins, policy, self.metrics)
+        self.prefetch = PrefetchQueue(
+            self.cache,
+            settings.prefetch_concurrency,
+            settings.prefetch_budget_bytes,
+            settings.readahead,
+        )
+        self.metrics.watch_cache(self._gauges)
+        app = make_app(self.cache, self.prefetch, self.metrics, self.state)
+        # In-flight responses are drained before cleanup, so cleanup's own wait is short.
+        self.runner = web.AppRunner(
+            app, access_log_class=AccessLogger, handle_signals=False, shutdown_timeout=1.0
+        )
+        await self.runner.setup()
+        site = web.TCPSite(
+            self.runner, settings.listen_host, settings.listen_port, reuse_address=True
+        )
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.runner.cleanup()
+            await self._close()
+            raise ConfigError(
+                f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
+            ) from None
+        self.prefetch.start()
+        usage = self.store.usage()
+        log.info(
+            "shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; origins: %s",
+            __version__,
+            settings.listen,
+            settings.cache_dir,
+            format_size(usage.size_bytes),
+            format_size(usage.capacity_bytes),
+            usage.entries,
+            ", ".join(f"{n}={u}" for n, u in self.origin_urls.items()) or "none",
+        )
+        notify(f"READY=1\nSTATUS=serving on http://{settings.listen}\nMAINPID={os.getpid()}")
+
+    async def stop(self) -> None:
+        """Drain and stop, in order: (1) refuse new work with 503 and fail /readyz, (2) let
+        responses in flight finish within the grace period, (3) stop listening, (4) stop
+        prefetching and discard unfinished fills, (5) close origins and the store."""
+        notify("STOPPING=1")
+        self.state["is_shutting_down"] = True
+        grace = self.settings.shutdown_grace
+        log.info("shutting down: %d responses in flight, %.0f s grace", self.in_flight.count, grace)
+        if not await self.in_flight.wait_idle(grace):
+            log.warning(
+                "grace period over with %d responses in flight; closing them", self.in_flight.count
+            )
+        await self.runner.cleanup()
+        await self._close()
+        log.info("stopped")
+
+    def reload(self) -> None:
+        """Re-read the config file: apply the origin list and log level, keep connections.
+
+        Settings that need a restart (listen, cache dir and size, …) are reported, not applied.
+        A bad file leaves everything as it was.
+        """
+        if self._reload_settings is None:
+            log.warning("SIGHUP ignored: no settings to reload")
+            return
+        notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}")
+        try:
+            new = self._reload_settings()
+            new_origins = {o.name: o for o in new.origins}
+            built = build_origins(new, keep=self._origin_specs(), existing=self.origins)
+        except ShardcacheError as exc:
+            log.error("reload failed, nothing changed: %s", exc)
+            notify("READY=1")
+            return
+        logs.configure(new.log_level, new.log_format)
+        for name in set(self.origins) - set(built):
+            self._retired_origins.append(self.origins.pop(name))  # fills may still use it
+        self.origins.update(built)
+        self.cache.origins = dict(self.origins)
+        self.metrics.touch(built)
+        self.origin_urls.clear()
+        self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
+        restart_needed = [
+            f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
+        ]
+        if restart_needed:
+            log.warning("reload: %s changed; restart to apply", ", ".join(restart_needed))
+        self._specs = new_origins
+        log.info(
+            "reloaded: origins %s, log level %s", ", ".join(sorted(built)) or "none", new.log_level
+        )
+        notify("READY=1")
+
+    def _origin_specs(self) -> dict[str, OriginSpec]:
+        return getattr(self, "_specs", {o.name: o for o in self.settings.origins})
+
+    async def _close(self) -> None:
+        if hasattr(self, "prefetch"):
+            await self.prefetch.aclose()
+        if hasattr(self, "cache"):
+            await self.cache.aclose()
+        for origin in [*self.origins.values(), *self._retired_origins]:
+            with contextlib.suppress(Exception):  # closing a client must not stop the others
+                await origin.aclose()
+        if hasattr(self, "store"):
+            await asyncio.to_thread(self.store.close)
+
+    def _gauges(self) -> CacheGauges:
+        usage = self.store.usage()
         return CacheGauges(
             usage.size_bytes,
             usage.capacity_bytes,
             usage.entries,
-            prefetch.depth,
-            prefetch.in_flight,
-            prefetch.completed,
-            prefetch.failed,
-            cache.unread_bytes,
+            self.prefetch.depth,
+            self.prefetch.in_flight,
+            self.prefetch.completed,
+            self.prefetch.failed,
+            self.cache.unread_bytes,
         )
 
-    def check_ready() -> str | None:
-        if not os.access(settings.cache_dir, os.W_OK):
-            return f"cache dir {settings.cache_dir} is not writable"
+    def _check_ready(self) -> str | None:
+        if not os.access(self.settings.cache_dir, os.W_OK):
+            return f"cache dir {self.settings.cache_dir} is not writable"
         return None
 
-    started_at = time.monotonic()
-    origin_urls = {o.name: redact(o.url) for o in settings.origins}
-
-    def status() -> dict[str, object]:
-        usage = store.usage()
+    def _status(self) -> dict[str, object]:
+        usage = self.store.usage()
         return build_status(
             version=__version__,
-            uptime_s=time.monotonic() - started_at,
-            listen=settings.listen,
-            snapshot=metrics.snapshot(origins),
+            uptime_s=time.monotonic() - self.started_at,
+            listen=self.settings.listen,
+            snapshot=self.metrics.snapshot(self.origins),
             cache={
-                "dir": str(settings.cache_dir),
+                "dir": str(self.settings.cache_dir),
                 "size_bytes": usage.size_bytes,
                 "capacity_bytes": usage.capacity_bytes,
                 "entries": usage.entries,
                 "reserved_bytes": usage.reserved_bytes,
             },
-            prefetch=prefetch.status(),
-            origins=origin_urls,
+            prefetch=self.prefetch.status(),
+            origins=dict(self.origin_urls),
         )
 
-    metrics.watch_cache(cache_gauges)
-    state: dict[str, Any] = {
-        "is_shutting_down": False,
-        "read_timeout_s": settings.origin_read_timeout,
-        "check_ready": check_ready,
-        "status": status,
-        "origin_urls": origin_urls,
-    }
-    app = make_app(cache, prefetch, metrics, state)
-    runner = web.AppRunner(
-        app, access_log_class=AccessLogger, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S
-    )
-    await runner.setup()
-    site = web.TCPSite(runner, settings.listen_host, settings.listen_port, reuse_address=True)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        await _close(prefetch, cache, origins, store)
-        raise ConfigError(
-            f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
-        ) from None
 
+RESTART_SETTINGS = (
+    "listen",
+    "cache_dir",
+    "cache_size",
+    "origin_connect_timeout",
+    "origin_read_timeout",
+    "origin_retries",
+    "prefetch_concurrency",
+    "prefetch_max_bytes",
+    "readahead",
+    "origin_connections",
+    "segment_size",
+    "worker_threads",
+    "shutdown_grace",
+)
+
+
+async def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT (drain, then exit); SIGHUP reloads. Raises ConfigError for a
+    bad cache dir, origin or port."""
+    daemon = Daemon(settings, reload_settings)
+    await daemon.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    usage = store.usage()
-    log.info(
-        "shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; origins: %s",
-        __version__,
-        settings.listen,
-        settings.cache_dir,
-        format_size(usage.size_bytes),
-        format_size(usage.capacity_bytes),
-        usage.entries,
-        ", ".join(f"{o.name}={o.url}" for o in settings.origins) or "none",
-    )
-    prefetch.start()
-    if on_ready is not None:
-        on_ready()
+    loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     await stop.wait()
-
-    log.info("shutting down")
-    state["is_shutting_down"] = True
-    await runner.cleanup()
-    await _close(prefetch, cache, origins, store)
-    log.info("stopped")
+    await daemon.stop()
 
 
-async def _close(
-    prefetch: PrefetchQueue, cache: ShardCache, origins: dict[str, Origin], store: Store
-) -> None:
-    await prefetch.aclose()
-    await cache.aclose()
-    for origin in origins.values():
-        with contextlib.suppress(Exception):  # closing a client must not stop the others
-            await origin.aclose()
-    await asyncio.to_thread(store.close)
-
-
-def run(settings: Settings, on_ready: Callable[[], None] | None = None) -> None:
+def run(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
     """Run the daemon on uvloop until it is told to stop."""
-    uvloop.run(serve(settings, on_ready))
+    uvloop.run(serve(settings, reload_settings))

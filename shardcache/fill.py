@@ -8,10 +8,12 @@ Lifecycle (an illegal transition raises; FAILED, PASSTHROUGH, COMMITTED, DISCARD
         ├──────────────────────────────► FAILED        failed before the first byte
         └──────────────────────────────► PASSTHROUGH   not cacheable: the starter streams it
 
-Integrity: readers may send every byte as soon as it is on disk *except the last byte of their
-response*, which waits for VERIFIED (full length and every published checksum matched). A fill
-that fails therefore can never have handed anyone a complete body: a reader that gets an error
-aborts its connection, and the client sees a short transfer.
+Integrity: readers may send every byte as soon as it is on disk *except the object's last byte*,
+which waits for VERIFIED (full length and every published checksum matched). A fill that fails
+therefore never hands anyone a complete object: a reader that gets an error aborts its
+connection, and the client sees a short transfer. (A range ending before the object's end is
+sent as its bytes land; a shardcache tier below fetching segments relies on this, and its own
+fill fails if the final segment does.)
 
 The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
 resuming on its own after a failure); a second task hashes the contiguous prefix in order for
@@ -174,8 +176,9 @@ class Fill:
     async def wait_readable(self, position: int, end: int) -> int:
         """Return how far (exclusive) a reader whose response ends at `end` may send now.
 
-        Blocks until that is past `position`. The final byte of the response becomes
-        readable only once the body is verified. Raises the fill's error if it failed.
+        Blocks until that is past `position`. The object's final byte becomes readable only once
+        the body is verified, so no whole-object read completes before verification. Raises the
+        fill's error if it failed.
         """
         while True:
             if self.state in _BODY_COMPLETE:
@@ -183,7 +186,10 @@ class Fill:
             if self.state is FillState.FAILED:
                 assert self.error is not None
                 raise self.error
-            limit = min(self.written_bytes, end - 1)
+            # The object's last byte waits for verification; a range ending earlier does not
+            # (a tier below this one fetching segments must not stall on every segment).
+            is_object_end = self.info is not None and end == self.info.size_bytes
+            limit = min(self.written_bytes, end - 1 if is_object_end else end)
             if limit > position:
                 return limit
             await self._progress.wait()

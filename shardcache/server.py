@@ -37,6 +37,34 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 STATE_KEY = web.AppKey("state", dict)
 
 
+class InFlight:
+    """Counts shard responses under way, so shutdown can wait for them to finish."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def __enter__(self) -> InFlight:
+        self.count += 1
+        self._idle.clear()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no response is in flight; return False if `timeout_s` ran out first."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -84,10 +112,15 @@ def _headers(lease_or_info: Lease, result: Result) -> dict[str, str]:
 
 
 async def get_object(request: web.Request) -> web.StreamResponse:
-    cache = request.app[CACHE_KEY]
-    metrics = request.app[METRICS_KEY]
     if request.app[STATE_KEY].get("is_shutting_down"):
         raise ShuttingDown("the daemon is shutting down")
+    with request.app[STATE_KEY]["in_flight"]:
+        return await _get_object(request)
+
+
+async def _get_object(request: web.Request) -> web.StreamResponse:
+    cache = request.app[CACHE_KEY]
+    metrics = request.app[METRICS_KEY]
     loop = asyncio.get_running_loop()
     began = loop.time()
     lease = await cache.open(request.match_info["origin"], request.match_info["key"])

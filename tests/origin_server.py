@@ -28,6 +28,7 @@ class Behaviour:
     stall_after: int | None = None  # stop sending (keep the connection) after N bytes
     content_md5: bytes | None = None  # publish this Content-MD5 instead of the real one
     chunk_bytes: int = 256 * 1024
+    chunk_delay_s: float = 0.0  # pause after each chunk: a slow link
 
 
 @dataclass
@@ -95,6 +96,8 @@ class OriginServer:
                 await asyncio.sleep(3600)
             await response.write(piece)
             position += len(piece)
+            if how.chunk_delay_s:
+                await asyncio.sleep(how.chunk_delay_s)
         await response.write_eof()
         return response
 

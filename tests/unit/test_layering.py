@@ -37,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
     "webdataset": {"client"},
     "logs": set(),
     "sample": set(),
+    "notify": set(),
     "daemon": {"*"},
     "cli": {"__init__", "config", "daemon", "errors", "logs", "sample", "client", "units"},
     "__init__": set(),

@@ -1,0 +1,197 @@
+"""Every deployment file is checked: the systemd unit by systemd-analyze, the Kubernetes
+manifests against the Kubernetes schemas (offline, kubernetes-validate), docker-compose.yml
+against the Compose specification's JSON schema, and the Dockerfile by a parser-based lint.
+
+Docker itself cannot run on the build machines, so the image is not built here."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze is required (Debian's systemd package)"
+    unit = (DEPLOY / "systemd" / "shardcache.service").read_text()
+    # verify checks that ExecStart exists: point it at this machine's shardcache.
+    shardcache = shutil.which("shardcache")
+    assert shardcache
+    assert "ExecStart=/opt/shardcache/bin/shardcache serve" in unit
+    local = tmp_path / "shardcache.service"
+    local.write_text(unit.replace("/opt/shardcache/bin/shardcache", shardcache))
+    result = subprocess.run([analyze, "verify", str(local)], capture_output=True, text=True)
+    problems = [line for line in result.stderr.splitlines() if "shardcache.service" in line]
+    assert result.returncode == 0 and problems == [], result.stderr
+    for directive in (
+        "Type=notify",
+        "Restart=on-failure",
+        "CacheDirectory=shardcache",
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "ProtectHome=yes",
+        "PrivateTmp=yes",
+        "NoNewPrivileges=yes",
+        "ReadWritePaths=",
+        "LimitNOFILE=",
+        "EnvironmentFile=",
+        "ExecReload=",
+    ):
+        assert directive in unit, directive
+
+
+def test_example_config_is_valid(tmp_path: Path) -> None:
+    from shardcache.config import load_settings
+
+    settings = load_settings(
+        {"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {"CDN_TOKEN": "t"}
+    )
+    assert {o.name for o in settings.origins} == {"laion", "scratch", "cdn", "lustre"}
+    compose = load_settings({"config": str(DEPLOY / "compose" / "shardcache.toml")}, {})
+    assert compose.origins[0].endpoint_url == "http://minio:9000"
+
+
+K8S = ["namespace.yaml", "configmap.yaml", "daemonset.yaml", "sidecar-example.yaml"]
+
+
+@pytest.mark.parametrize("name", K8S)
+def test_kubernetes_manifests_validate(name: str) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "-k",
+            "1.30.0",
+            str(DEPLOY / "kubernetes" / name),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout + result.stderr
+
+
+def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
+    """The PodMonitor is a CRD the Kubernetes schemas do not cover: check it against the
+    Prometheus Operator's required fields and against the DaemonSet it must select."""
+    daemonset = yaml.safe_load((DEPLOY / "kubernetes" / "daemonset.yaml").read_text())
+    monitor = yaml.safe_load((DEPLOY / "kubernetes" / "podmonitor.yaml").read_text())
+    config = yaml.safe_load((DEPLOY / "kubernetes" / "configmap.yaml").read_text())
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
+    pod = daemonset["spec"]["template"]
+    labels = pod["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+        assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
+    grace = pod["spec"]["terminationGracePeriodSeconds"]
+    from shardcache.config import load_settings
+
+    config_file = Path(__file__).parent / "_k8s.toml"
+    try:
+        config_file.write_text(config["data"]["shardcache.toml"])
+        settings = load_settings({"config": str(config_file)}, {})
+    finally:
+        config_file.unlink()
+    assert grace > settings.shutdown_grace
+
+
+def _compose_schema(tmp_path: Path) -> dict[str, object]:
+    """The Compose specification's JSON schema, as shipped in the docker-compose package."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "docker-compose==1.29.2",
+            "-d",
+            str(tmp_path),
+        ],
+        check=True,
+    )
+    wheel = next(tmp_path.glob("docker_compose-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        return json.loads(archive.read("compose/config/compose_spec.json"))
+
+
+def test_compose_file_follows_the_spec_and_mounts_only_files_in_the_repo(tmp_path: Path) -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    schema = _compose_schema(tmp_path)
+    schema.pop("$schema", None)
+    jsonschema.validate(compose, schema)
+    for name, service in compose["services"].items():
+        image = service.get("image", "")
+        assert re.search(r":[\w.-]+$", image) and not image.endswith(":latest"), name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+        build = service.get("build")
+        if build:
+            assert (ROOT / build["context"] / build["dockerfile"]).exists()
+    assert {"minio", "minio-init", "shardcache", "prometheus", "grafana"} <= compose[
+        "services"
+    ].keys()
+
+
+def test_compose_prometheus_config_and_grafana_provisioning(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is required (Debian's prometheus package)"
+    config = (DEPLOY / "compose" / "prometheus.yml").read_text()
+    shutil.copy(DEPLOY / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
+    local = tmp_path / "prometheus.yml"
+    local.write_text(config.replace("/etc/prometheus/alerts.yml", str(tmp_path / "alerts.yml")))
+    result = subprocess.run(
+        [promtool, "check", "config", str(local)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    datasources = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )
+    assert datasources["datasources"][0]["type"] == "prometheus"
+    providers = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "dashboards" / "shardcache.yml").read_text()
+    )
+    assert providers["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+def test_dockerfile_lint() -> None:
+    """hadolint is not installable here; these are its rules that matter for this image."""
+    parser = DockerfileParser(path=str(DEPLOY / "docker" / "Dockerfile"))
+    instructions = parser.structure
+    froms = [i["value"] for i in instructions if i["instruction"] == "FROM"]
+    assert froms and all(re.search(r":\d[\w.-]*", f) for f in froms), "pin base image tags"
+    final = instructions[max(i for i, x in enumerate(instructions) if x["instruction"] == "FROM") :]
+    users = [i["value"] for i in final if i["instruction"] == "USER"]
+    assert users and not users[-1].startswith(("0", "root")), "run as a non-root user"
+    kinds = {i["instruction"] for i in final}
+    assert {"HEALTHCHECK", "EXPOSE", "VOLUME", "ENTRYPOINT"} <= kinds
+    assert "/healthz" in next(i["value"] for i in final if i["instruction"] == "HEALTHCHECK")
+    for instruction in instructions:
+        assert instruction["instruction"] != "ADD", "use COPY, not ADD"
+        if instruction["instruction"] == "RUN" and "pip install" in instruction["value"]:
+            assert "--no-cache-dir" in instruction["value"]
+        if instruction["instruction"] == "COPY" and "--from" not in instruction["value"]:
+            for source in instruction["value"].split()[:-1]:
+                assert (ROOT / source).exists(), f"COPY of missing {source}"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "tests" in ignored and ".git" in ignored
