@@ -81,6 +81,7 @@ class ShardCache:
         self._observer = observer
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
+        self._segment_slots = asyncio.Semaphore(policy.shared_connections)
         # Prefetched entries no client has read yet: cache key → size. They are pinned in
         # the store (not evictable) and count against the prefetch look-ahead budget.
         self._unread: dict[str, int] = {}
@@ -231,7 +232,16 @@ class ShardCache:
         return PrefetchOutcome.TOO_LARGE if state is FillState.PASSTHROUGH else outcome
 
     def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
-        return Fill(url, origin, key, self.store, self._policy, self._observer, self._clock)
+        return Fill(
+            url,
+            origin,
+            key,
+            self.store,
+            self._policy,
+            self._observer,
+            self._clock,
+            self._segment_slots,
+        )
 
     def _spawn(self, fill: Fill) -> None:
         task = asyncio.create_task(self._run(fill), name=f"fill {fill.cache_key}")

@@ -27,10 +27,10 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
-from shardcache.checksums import Verifier
-from shardcache.errors import CacheError, ShardcacheError, ShuttingDown
+from shardcache.checksums import Checksum, Verifier
+from shardcache.errors import CacheError, OriginChanged, OriginError, ShardcacheError, ShuttingDown
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import RetryPolicy, SegmentedDownload
@@ -77,6 +77,7 @@ class Fill:
         policy: RetryPolicy,
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
+        extra_slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.cache_key = cache_key
         self.origin = origin
@@ -89,6 +90,7 @@ class Fill:
         self._policy = policy
         self._observer = observer
         self._clock = clock
+        self._extra_slots = extra_slots
         self._reservation: Reservation | None = None
         self._passthrough: OriginStream | None = None
         self._readers = 0
@@ -200,10 +202,14 @@ class Fill:
         """Fetch, verify and commit the object; never raises except CancelledError."""
         started_at = self._clock()
         try:
-            first = await self._opener().open(0, None, None)
+            # The first request asks for the first segment only, so that no byte is fetched
+            # twice; a full-object GET could not be cut short without discarding what the
+            # network already carried.
+            opener = self._opener()
+            first = await opener.open(0, self._policy.segment_bytes, None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                self._passthrough = first
+                self._passthrough = _ContinuedStream(first, opener, self._policy.segment_bytes)
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)
@@ -216,6 +222,7 @@ class Fill:
                 self._policy,
                 self._observer,
                 self._publish,
+                self._extra_slots,
             )
             await self._download_and_verify(first, info)
             self._move(FillState.VERIFIED)
@@ -241,23 +248,43 @@ class Fill:
         )
 
     async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
-        """Run the segmented download while a second task hashes the contiguous prefix, in
-        order, as it grows (hashing releases the GIL: it runs beside the download)."""
-        hashing = asyncio.create_task(self._verify_in_order(info)) if info.checksums else None
+        """Run the segmented download while a second task learns the object's checksums and
+        hashes the contiguous prefix, in order, as it grows (hashing releases the GIL)."""
+        hashing = asyncio.create_task(self._verify_in_order(info))
         try:
             assert self._download is not None
             await self._download.run(first)
-            if hashing is not None:
-                await hashing
+            await hashing
         finally:
-            if hashing is not None and not hashing.done():
+            if not hashing.done():
                 hashing.cancel()
                 await asyncio.gather(hashing, return_exceptions=True)
+
+    async def _checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
+        """The object's published checksums: from the first response when it was the whole
+        object, otherwise from a HEAD (a ranged response carries none for the object)."""
+        if info.checksums:
+            return info.checksums
+        try:
+            head = await self.origin.head(self.origin_key)
+        except OriginChanged:
+            raise
+        except OriginError as exc:
+            log.warning(
+                "%s: no checksums (HEAD failed: %s); checking the length only", self.cache_key, exc
+            )
+            return ()
+        if head.etag and info.etag and head.etag != info.etag:
+            raise OriginChanged(f"ETag changed from {info.etag} to {head.etag} during the fill")
+        return head.checksums
 
     async def _verify_in_order(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
         fd = self._reservation.fd
-        verifier = Verifier(info.checksums)
+        checksums = await self._checksums(info)
+        if not checksums:
+            return
+        verifier = Verifier(checksums)
         hashed = 0
         while hashed < info.size_bytes:
             available = self.written_bytes
@@ -308,6 +335,33 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
+
+
+class _ContinuedStream:
+    """An uncacheable object streamed through: the first segment's open stream, then the rest
+    of the object from one more request (If-Match on the first response's ETag)."""
+
+    def __init__(self, first: OriginStream, opener: SegmentedDownload, first_end: int) -> None:
+        self.info = first.info
+        self._first = first
+        self._rest: OriginStream | None = None
+        self._opener = opener
+        self._first_end = min(first_end, first.info.size_bytes)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        position = 0
+        async for chunk in self._first:
+            yield chunk
+            position += len(chunk)
+        if position < self.info.size_bytes:
+            self._rest = await self._opener.open(position, None, self.info.etag)
+            async for chunk in self._rest:
+                yield chunk
+
+    async def aclose(self) -> None:
+        await self._first.aclose()
+        if self._rest is not None:
+            await self._rest.aclose()
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:

@@ -48,6 +48,9 @@ class RetryPolicy:
     read_timeout_s: float = 30.0
     connections: int = 8
     segment_bytes: int = 16 << 20
+    # Extra connections (beyond each fill's first) in flight across all fills: bounds memory
+    # when many large misses run at once, without ever delaying a new fill's first byte.
+    shared_connections: int = 32
 
     def delay_s(self, attempt: int) -> float:
         return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
@@ -72,6 +75,7 @@ class SegmentedDownload:
         policy: RetryPolicy,
         observer: Observer,
         on_progress: Callable[[], None],
+        extra_slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.origin = origin
         self.key = key
@@ -81,6 +85,7 @@ class SegmentedDownload:
         self._policy = policy
         self._observer = observer
         self._on_progress = on_progress
+        self._extra_slots = extra_slots
         self._next_segment = 0
         self._first_incomplete = 0
 
@@ -103,7 +108,8 @@ class SegmentedDownload:
         cancelled first.
         """
         workers = min(self._policy.connections, len(self.segments))
-        tasks = [asyncio.create_task(self._work(first if n == 0 else None)) for n in range(workers)]
+        tasks = [asyncio.create_task(self._work(first))]
+        tasks += [asyncio.create_task(self._work_with_slot()) for _ in range(workers - 1)]
         try:
             await asyncio.gather(*tasks)
         finally:
@@ -117,6 +123,13 @@ class SegmentedDownload:
         segment = self.segments[self._next_segment]
         self._next_segment += 1
         return segment
+
+    async def _work_with_slot(self) -> None:
+        """An extra connection: it holds one of the shared slots while it works."""
+        if self._extra_slots is None:
+            return await self._work(None)
+        async with self._extra_slots:
+            return await self._work(None)
 
     async def _work(self, stream: OriginStream | None) -> None:
         while (segment := self._claim()) is not None:

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable
@@ -140,13 +141,19 @@ class Store:
             disk=_AdoptingDisk,
             size_limit=2**62,  # eviction is ours (reserve), so diskcache never culls by itself
             cull_limit=0,
-            eviction_policy="least-recently-used",
+            # diskcache's LRU policy writes access_time in a transaction on every get: 32
+            # concurrent hits then queue on SQLite's write lock. Reads here are lock-free
+            # (policy "none"), and access times are batched in `_touched` and written in one
+            # transaction before each eviction (and at close).
+            eviction_policy="none",
             statistics=0,
             # Checkpoint the write-ahead log often and truncate it, so the index's own disk
             # use (counted against the bound) stays small and predictable.
             sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
             sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
         )
+        self._index._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
+        self._touched: dict[str, float] = {}
         for _ in range(3):  # drop rows without files and files without rows; a fix can
             if not self._check_index(fix=True):  # leave an empty parent dir for the next pass
                 break
@@ -158,6 +165,8 @@ class Store:
         fd, tag = self._index.get(key, default=None, read=True, tag=True, retry=True)
         if fd is None:
             return None
+        with self._lock:
+            self._touched[key] = time.time()
         return Entry(fd, EntryMeta(**json.loads(tag)))
 
     def peek(self, key: str) -> EntryMeta | None:
@@ -263,10 +272,19 @@ class Store:
             self._pinned.discard(key)
         return bool(self._index.delete(key, retry=True))
 
+    def _flush_touches(self) -> None:
+        """Write the batched access times in one transaction (called with self._lock held)."""
+        touched, self._touched = self._touched, {}
+        if touched:
+            with self._index.transact(retry=True):
+                for key, at in touched.items():
+                    self._index._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
+
     def _evict_until_free(self, size_bytes: int) -> None:
         # Called with self._lock held, so concurrent reservations cannot count the same room.
         if size_bytes + self._reserved_bytes > self.capacity_bytes:
             raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
+        self._flush_touches()
         while self._used_bytes() + self._reserved_bytes + size_bytes > self.capacity_bytes:
             victim = self._least_recently_used()
             if victim is None:
@@ -311,5 +329,7 @@ class Store:
             return [str(w.message) for w in self._index.check(fix=fix, retry=True)]
 
     def close(self) -> None:
+        with self._lock:
+            self._flush_touches()  # the LRU order survives a restart
         self._index.close()
         os.close(self._lock_fd)

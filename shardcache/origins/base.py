@@ -12,7 +12,9 @@ from typing import Protocol
 
 from shardcache.checksums import Checksum
 
-CHUNK_BYTES = 1 << 20
+# Bytes per read from an origin. Each open origin connection buffers about three of these, so
+# this times the connections in flight bounds the daemon's memory (see `segments`).
+CHUNK_BYTES = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,10 @@ class S3Origin:
         url = self.url_for(key)
         with map_botocore_errors(url):
             response = await asyncio.to_thread(
-                self._client.head_object, Bucket=self.bucket, Key=self._object_key(key)
+                self._client.head_object,
+                Bucket=self.bucket,
+                Key=self._object_key(key),
+                ChecksumMode="ENABLED",
             )
         return _info(response, full=True)
 
