@@ -148,7 +148,9 @@ events {{ worker_connections 4096; }}
 http {{
     access_log off;
     sendfile on;
-    tcp_nopush on;
+    # tcp_nopush (TCP_CORK) is often paired with sendfile, but on keep-alive connections it
+    # stalls small responses for the 40 ms delayed-ACK timer (750 req/s instead of 44k here).
+    tcp_nopush off;
     keepalive_requests 100000;
     client_body_temp_path {workdir}/client_temp;
     proxy_temp_path {workdir}/proxy_temp;

@@ -108,18 +108,16 @@ class HttpStream:
         self._response.close()
 
 
-class HttpOrigin:
-    def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
-        self.name = spec.name
-        self._base = spec.url.rstrip("/")
-        self._headers = {"Accept-Encoding": "identity", **dict(spec.headers)}
+class HttpTransport:
+    """One pooled aiohttp client session: HEAD and ranged GET of full URLs, raw bytes, errors
+    mapped at the edge. Used by the HTTP origin, and by the S3 origin for presigned URLs."""
+
+    def __init__(self, timeouts: Timeouts, headers: dict[str, str] | None = None) -> None:
+        self._headers = {"Accept-Encoding": "identity", **(headers or {})}
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
         )
         self._session: aiohttp.ClientSession | None = None
-
-    def url_for(self, key: str) -> str:
-        return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # created lazily: a session needs the running loop
@@ -132,36 +130,59 @@ class HttpOrigin:
             )
         return self._session
 
-    async def head(self, key: str) -> ObjectInfo:
-        url = self.url_for(key)
-        with map_aiohttp_errors(url):
+    async def head(self, url: str, label: str) -> ObjectInfo:
+        """HEAD `url`; `label` names the object in errors (never a signed URL)."""
+        with map_aiohttp_errors(label):
             async with self._client().head(url, allow_redirects=True) as response:
-                _raise_for_status(response.status, url)
-                return _info(response.headers, response.status, url)
+                _raise_for_status(response.status, label)
+                return _info(response.headers, response.status, label)
 
-    async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    async def get(
+        self, url: str, label: str, start: int, end: int | None, if_match: str | None
     ) -> HttpStream:
-        url = self.url_for(key)
+        """GET bytes [start, end) of `url`; the caller must `aclose()` the stream."""
         headers = {}
         if start or end is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         if if_match is not None:
             headers["If-Match"] = if_match
-        with map_aiohttp_errors(url):
+        with map_aiohttp_errors(label):
             response = await self._client().get(url, headers=headers)
             try:
-                _raise_for_status(response.status, url)
-                info = _info(response.headers, response.status, url)
+                _raise_for_status(response.status, label)
+                info = _info(response.headers, response.status, label)
                 if if_match is not None and info.etag not in (None, if_match):
-                    raise OriginChanged(f"{url}: ETag changed from {if_match} to {info.etag}")
+                    raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
             except BaseException:
                 response.close()
                 raise
         skip = start if response.status == 200 else 0
-        return HttpStream(info, response, skip, url)
+        return HttpStream(info, response, skip, label)
 
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
             await asyncio.sleep(0)  # let the connector close its transports
+
+
+class HttpOrigin:
+    def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
+        self.name = spec.name
+        self._base = spec.url.rstrip("/")
+        self._transport = HttpTransport(timeouts, dict(spec.headers))
+
+    def url_for(self, key: str) -> str:
+        return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))
+
+    async def head(self, key: str) -> ObjectInfo:
+        url = self.url_for(key)
+        return await self._transport.head(url, url)
+
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> HttpStream:
+        url = self.url_for(key)
+        return await self._transport.get(url, url, start, end, if_match)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()

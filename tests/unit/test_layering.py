@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "origins": {"config", "errors", "origins.base", "origins.s3", "origins.http", "origins.file"},
     "origins.file": {"config", "errors", "keys", "origins.base"},
     "origins.http": {"config", "errors", "keys", "origins", "origins.base", "checksums"},
-    "origins.s3": {"config", "errors", "origins", "origins.base", "checksums"},
+    "origins.s3": {"config", "errors", "origins", "origins.base", "origins.http", "checksums"},
     "store": {"errors"},
     "segments": {"origins.base", "errors", "observer"},
     "fill": {"store", "origins.base", "checksums", "errors", "observer", "segments"},
