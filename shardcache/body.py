@@ -17,9 +17,9 @@ import os
 from collections.abc import Awaitable, Callable
 
 from shardcache.checksums import Verifier
-from shardcache.errors import IntegrityError, OriginTimeout
+from shardcache.errors import IntegrityError
 from shardcache.fill import Fill
-from shardcache.origins.base import OriginStream
+from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
 Write = Callable[[bytes], Awaitable[None]]
@@ -145,16 +145,8 @@ async def send_stream(
     position = 0  # offset in the object of the next byte the stream yields
     sent = 0
     pending = b""
-    chunks = aiter(stream)
-    while True:
-        began = loop.time()
-        try:
-            async with asyncio.timeout(read_timeout_s):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            break
-        except TimeoutError:
-            raise OriginTimeout(f"no byte from the origin for {read_timeout_s:g}s") from None
+    began = loop.time()
+    async for chunk in with_read_timeout(stream, read_timeout_s):
         on_wait(loop.time() - began)
         verifier.update(chunk)
         piece = chunk[max(0, start - position) : max(0, end - position)]
@@ -164,6 +156,7 @@ async def send_stream(
                 await write(pending)
                 sent += len(pending)
             pending = piece
+        began = loop.time()
     if position != info.size_bytes:
         raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
     verifier.verify()

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shardcache.errors import NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
@@ -52,6 +53,11 @@ class Lease:
     fill_fd: int = -1
     stream: OriginStream | None = None
     is_cached: bool = True
+
+    @classmethod
+    def of(cls, result: Result, origin: Origin, info: ObjectInfo, **body: Any) -> Lease:
+        """A lease for `info`'s object; `body` is entry=, fill= and fill_fd=, or stream=."""
+        return cls(result, origin.name, info.size_bytes, info.etag, info.content_type, **body)
 
     async def aclose(self) -> None:
         if self.entry is not None:
@@ -129,32 +135,10 @@ class ShardCache:
         result = Result.COALESCED if joined else Result.MISS
         if state is FillState.PASSTHROUGH:
             stream = await origin.open(key) if joined else fill.take_passthrough()
-            return self._lease_for_stream(result, origin, stream)
+            return Lease.of(result, origin, stream.info, stream=stream, is_cached=False)
         assert fill.info is not None
         info = fill.info
-        fd = fill.acquire_reader()
-        return Lease(
-            result,
-            origin.name,
-            info.size_bytes,
-            info.etag,
-            info.content_type,
-            fill=fill,
-            fill_fd=fd,
-        )
-
-    @staticmethod
-    def _lease_for_stream(result: Result, origin: Origin, stream: OriginStream) -> Lease:
-        info = stream.info
-        return Lease(
-            result,
-            origin.name,
-            info.size_bytes,
-            info.etag,
-            info.content_type,
-            stream=stream,
-            is_cached=False,
-        )
+        return Lease.of(result, origin, info, fill=fill, fill_fd=fill.acquire_reader())
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
         """Return what a GET would answer, without fetching the body or touching LRU order."""

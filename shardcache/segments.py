@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcache.errors import OriginChanged, OriginError, OriginTimeout, OriginUnavailable
+from shardcache.errors import OriginChanged, OriginError, OriginUnavailable
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
 
 log = logging.getLogger("shardcache.fill")
 
@@ -193,7 +193,7 @@ class SegmentedDownload:
             )
 
     async def _copy(self, segment: Segment, stream: OriginStream) -> None:
-        async for chunk in _with_read_timeout(stream, self._policy.read_timeout_s):
+        async for chunk in with_read_timeout(stream, self._policy.read_timeout_s):
             piece = chunk[: segment.end - segment.position]  # a stream may run past its segment
             await asyncio.to_thread(_write_at, self._fd, piece, segment.position)
             segment.done_bytes += len(piece)
@@ -210,17 +210,3 @@ def _write_at(fd: int, chunk: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         offset += written
         view = view[written:]
-
-
-async def _with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIterator[bytes]:
-    """Yield the stream's chunks; raise OriginTimeout if one takes longer than `timeout_s`."""
-    chunks = aiter(stream)
-    while True:
-        try:
-            async with asyncio.timeout(timeout_s):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise OriginTimeout(f"no byte from the origin for {timeout_s:g}s") from None
-        yield chunk

@@ -100,15 +100,26 @@ def _count_error(request: web.Request, exc: ShardcacheError) -> None:
         request.app[METRICS_KEY].requests.labels(origin, "error").inc()
 
 
-def _headers(lease_or_info: Lease, result: Result) -> dict[str, str]:
+def object_response(
+    result: Result,
+    size_bytes: int,
+    etag: str | None,
+    content_type: str | None,
+    byte_range: ByteRange | None,
+) -> web.StreamResponse:
+    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place)."""
     headers = {
         "Accept-Ranges": "bytes",
-        "Content-Type": lease_or_info.content_type or DEFAULT_CONTENT_TYPE,
+        "Content-Type": content_type or DEFAULT_CONTENT_TYPE,
         "X-Shardcache": result.value,
     }
-    if lease_or_info.etag:
-        headers["ETag"] = lease_or_info.etag
-    return headers
+    if etag:
+        headers["ETag"] = etag
+    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
+    if byte_range is not None:
+        response.headers["Content-Range"] = byte_range.content_range(size_bytes)
+    response.content_length = byte_range.length if byte_range else size_bytes
+    return response
 
 
 async def get_object(request: web.Request) -> web.StreamResponse:
@@ -130,7 +141,9 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     try:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
-        response = _start_response(lease, byte_range)
+        response = object_response(
+            lease.result, lease.size_bytes, lease.etag, lease.content_type, byte_range
+        )
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
         metrics.requests.labels(lease.origin, lease.result.value).inc()
@@ -164,18 +177,6 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         await lease.aclose()
 
 
-def _start_response(lease: Lease, byte_range: ByteRange | None) -> web.StreamResponse:
-    response = web.StreamResponse(
-        status=206 if byte_range else 200, headers=_headers(lease, lease.result)
-    )
-    if byte_range is not None:
-        response.headers["Content-Range"] = byte_range.content_range(lease.size_bytes)
-        response.content_length = byte_range.length
-    else:
-        response.content_length = lease.size_bytes
-    return response
-
-
 async def _send_body(
     lease: Lease,
     sender: FileSender,
@@ -204,18 +205,7 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     cache = request.app[CACHE_KEY]
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     byte_range = parse_range(request.headers.get("Range"), info.size_bytes)
-    headers = {
-        "Accept-Ranges": "bytes",
-        "Content-Type": info.content_type or DEFAULT_CONTENT_TYPE,
-        "X-Shardcache": result.value,
-    }
-    if info.etag:
-        headers["ETag"] = info.etag
-    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
-    if byte_range is not None:
-        response.headers["Content-Range"] = byte_range.content_range(info.size_bytes)
-    response.content_length = byte_range.length if byte_range else info.size_bytes
-    return response
+    return object_response(result, info.size_bytes, info.etag, info.content_type, byte_range)
 
 
 async def delete_object(request: web.Request) -> web.Response:

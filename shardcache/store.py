@@ -211,6 +211,14 @@ class Store:
         except OSError as exc:
             self._release(size_bytes)
             raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
+        try:
+            # Claim the blocks now: a full disk fails the fill before its first byte (the
+            # caller streams the object through instead), never halfway through a shard.
+            os.posix_fallocate(fd, 0, size_bytes) if size_bytes else None
+        except OSError as exc:
+            os.close(fd)
+            self.abort(Reservation(size_bytes, path, -1))
+            raise CacheFull(f"cannot allocate {size_bytes} bytes: {exc.strerror or exc}") from exc
         return Reservation(size_bytes, path, fd)
 
     def commit(self, reservation: Reservation, key: str, meta: EntryMeta) -> None:

@@ -6,11 +6,13 @@ its edge; callers never see botocore or aiohttp.client exceptions.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from shardcache.checksums import Checksum
+from shardcache.errors import OriginTimeout
 
 # Bytes per read from an origin. Each open origin connection buffers about three of these, so
 # this times the connections in flight bounds the daemon's memory (see `segments`).
@@ -62,3 +64,18 @@ class Origin(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+async def with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIterator[bytes]:
+    """Yield `stream`'s chunks; raise OriginTimeout when one takes longer than `timeout_s`
+    (a stalled origin must never hang a fill or a client)."""
+    chunks = aiter(stream)
+    while True:
+        try:
+            async with asyncio.timeout(timeout_s):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise OriginTimeout(f"no byte from the origin for {timeout_s:g}s") from None
+        yield chunk

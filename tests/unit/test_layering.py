@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "checksums": {"errors"},
     "config": {"errors", "keys", "units"},
     "observer": set(),
-    "origins.base": {"checksums"},
+    "origins.base": {"checksums", "errors"},
     "origins": {"config", "errors", "origins.base", "origins.s3", "origins.http", "origins.file"},
     "origins.file": {"config", "errors", "keys", "origins.base"},
     "origins.http": {"config", "errors", "keys", "origins", "origins.base", "checksums"},
