@@ -114,6 +114,7 @@ class Daemon:
             read_timeout_s=settings.origin_read_timeout,
             connections=settings.origin_connections,
             segment_bytes=settings.segment_size,
+            first_segment_bytes=min(settings.segment_size, 2 << 20),
         )
         self.cache = ShardCache(self.store, self.origins, policy, self.metrics)
         self.prefetch = PrefetchQueue(

@@ -206,10 +206,12 @@ class Fill:
             # twice; a full-object GET could not be cut short without discarding what the
             # network already carried.
             opener = self._opener()
-            first = await opener.open(0, self._policy.segment_bytes, None)
+            first = await opener.open(0, self._policy.first_segment_bytes, None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                self._passthrough = _ContinuedStream(first, opener, self._policy.segment_bytes)
+                self._passthrough = _ContinuedStream(
+                    first, opener, self._policy.first_segment_bytes
+                )
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)

@@ -48,6 +48,7 @@ class RetryPolicy:
     read_timeout_s: float = 30.0
     connections: int = 8
     segment_bytes: int = 16 << 20
+    first_segment_bytes: int = 2 << 20
     # Extra connections (beyond each fill's first) in flight across all fills: bounds memory
     # when many large misses run at once, without ever delaying a new fill's first byte.
     shared_connections: int = 32
@@ -56,12 +57,20 @@ class RetryPolicy:
         return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
 
 
-def plan(size_bytes: int, segment_bytes: int, accepts_ranges: bool) -> list[Segment]:
-    """Cut [0, size) into segments; one segment when the origin cannot serve ranges."""
-    if not accepts_ranges or size_bytes <= segment_bytes:
+def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Segment]:
+    """Cut [0, size) into segments; one segment when the origin cannot serve ranges.
+
+    The first segment is what the first request asked for (`first_segment_bytes`, small, so a
+    reader's first bytes come after one short transfer); the rest is shared out so that all
+    `connections` work even on a mid-size shard, in pieces of at most `segment_bytes`.
+    """
+    first = policy.first_segment_bytes
+    if not accepts_ranges or size_bytes <= first:
         return [Segment(0, size_bytes)]
-    return [
-        Segment(s, min(s + segment_bytes, size_bytes)) for s in range(0, size_bytes, segment_bytes)
+    rest = size_bytes - first
+    piece = min(policy.segment_bytes, max(first, -(-rest // policy.connections)))
+    return [Segment(0, first)] + [
+        Segment(s, min(s + piece, size_bytes)) for s in range(first, size_bytes, piece)
     ]
 
 
@@ -80,7 +89,7 @@ class SegmentedDownload:
         self.origin = origin
         self.key = key
         self.info = info
-        self.segments = plan(info.size_bytes, policy.segment_bytes, info.accepts_ranges)
+        self.segments = plan(info.size_bytes, policy, info.accepts_ranges)
         self._fd = fd
         self._policy = policy
         self._observer = observer

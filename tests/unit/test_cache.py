@@ -177,7 +177,13 @@ async def segmented(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCa
     """A cache that fetches in 64 KiB segments over 4 connections, from a ranged origin."""
     origin.accepts_ranges = True
     store = Store(tmp_path / "segmented", 8 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=4, segment_bytes=64 * 1024)
+    policy = RetryPolicy(
+        retries=2,
+        base_s=0.001,
+        connections=4,
+        segment_bytes=64 * 1024,
+        first_segment_bytes=64 * 1024,
+    )
     shard_cache = ShardCache(store, {"fake": origin}, policy, NullObserver())
     yield shard_cache
     await shard_cache.aclose()
