@@ -39,6 +39,7 @@ class OriginServer:
     gets: Counter[str] = field(default_factory=Counter)
     heads: Counter[str] = field(default_factory=Counter)
     ranges: list[tuple[str, str]] = field(default_factory=list)
+    served: Counter[str] = field(default_factory=Counter)  # body bytes written, per key
     port: int = 0
 
     def put(self, key: str, data: bytes, **behaviour: object) -> str:
@@ -62,19 +63,21 @@ class OriginServer:
         if_match = request.headers.get("If-Match")
         if if_match is not None and if_match != etag:
             return web.Response(status=412)
-        start = 0
+        start, stop = 0, len(data)
         status = 200
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
         if "Range" in request.headers:
             self.ranges.append((key, request.headers["Range"]))
-            start = int(request.headers["Range"].removeprefix("bytes=").split("-")[0])
+            first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")
+            start = int(first)
+            stop = min(len(data), int(last) + 1) if last else len(data)
             status = 206
-            headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+            headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
         else:
             md5 = how.content_md5 or hashlib.md5(data).digest()
             headers["Content-MD5"] = base64.b64encode(md5).decode()
         response = web.StreamResponse(status=status, headers=headers)
-        response.content_length = len(data) - start
+        response.content_length = stop - start
         await response.prepare(request)
         if request.method == "HEAD":
             return response
@@ -82,10 +85,11 @@ class OriginServer:
             await asyncio.to_thread(how.hold.wait)
         position = start
         cut = how.cut_after if how.cuts > 0 else None
-        while position < len(data):
-            piece = data[position : position + how.chunk_bytes]
+        while position < stop:
+            piece = data[position : min(stop, position + how.chunk_bytes)]
             if cut is not None and position + len(piece) > cut:
                 await response.write(data[position:cut])
+                self.served[key] += cut - position
                 how.cuts -= 1
                 if how.before_cut is not None:
                     await asyncio.to_thread(how.before_cut.wait, 30)
@@ -95,6 +99,7 @@ class OriginServer:
             if how.stall_after is not None and position >= how.stall_after:
                 await asyncio.sleep(3600)
             await response.write(piece)
+            self.served[key] += len(piece)
             position += len(piece)
             if how.chunk_delay_s:
                 await asyncio.sleep(how.chunk_delay_s)

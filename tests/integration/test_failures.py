@@ -32,11 +32,9 @@ def test_mid_body_failure_resumes_with_range(origin: OriginServer, start_daemon)
     (result,) = results
 
     assert result.exit_code == 0 and result.sha256 == sha256(data)
-    assert origin.gets["s.tar"] == 2
-    (_, first), (_, resumed) = origin.ranges  # the first segment, then its resumption
-    assert first.startswith("bytes=0-")
-    resumed_from = int(resumed.removeprefix("bytes=").split("-")[0])
-    assert 0 < resumed_from <= 1_500_000
+    starts = sorted(int(r.removeprefix("bytes=").split("-")[0]) for _, r in origin.ranges)
+    resumed = [s for s in starts if 0 < s <= 1_500_000]  # the first segment, resumed mid-way
+    assert starts[0] == 0 and len(resumed) == 1, origin.ranges
     assert curl(f"{daemon.url}/web/s.tar").headers["x-shardcache"] == "hit"
     assert daemon.metric("shardcache_origin_retries_total", origin="web") == 1
 

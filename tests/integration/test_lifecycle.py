@@ -74,7 +74,7 @@ def test_grace_period_ends_a_transfer_that_is_too_slow(
     origin: OriginServer, start_daemon, tmp_path: Path
 ) -> None:
     data = os.urandom(8 * MiB)
-    origin.put("s.tar", data, chunk_delay_s=0.3)  # ~10 s: longer than the grace
+    origin.put("s.tar", data, chunk_delay_s=1.0)  # 8 s a segment: longer than the grace
     cache_dir = tmp_path / "cache"
     daemon = start_daemon({"web": origin.url}, "--shutdown-grace", "1", cache_dir=cache_dir)
     results = []
