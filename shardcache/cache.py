@@ -6,6 +6,7 @@ client that disconnects never cancels a download other clients (or the cache) st
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import time
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
@@ -20,9 +22,15 @@ from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import RetryPolicy
-from shardcache.store import Entry, Store
+from shardcache.store import Entry, EntryMeta, Store
 
 log = logging.getLogger("shardcache.cache")
+
+
+def _info_of(meta: EntryMeta) -> ObjectInfo:
+    """An entry's metadata as ObjectInfo, with the checksums its fill verified."""
+    published = {name.lower(): value for name, value in meta.checksum_headers.items()}
+    return ObjectInfo(meta.size_bytes, meta.etag, tuple(from_headers(published)), meta.content_type)
 
 
 class PrefetchOutcome(enum.Enum):
@@ -53,11 +61,20 @@ class Lease:
     fill_fd: int = -1
     stream: OriginStream | None = None
     is_cached: bool = True
+    checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
 
     @classmethod
     def of(cls, result: Result, origin: Origin, info: ObjectInfo, **body: Any) -> Lease:
         """A lease for `info`'s object; `body` is entry=, fill= and fill_fd=, or stream=."""
-        return cls(result, origin.name, info.size_bytes, info.etag, info.content_type, **body)
+        return cls(
+            result,
+            origin.name,
+            info.size_bytes,
+            info.etag,
+            info.content_type,
+            checksums=info.checksums,
+            **body,
+        )
 
     async def aclose(self) -> None:
         if self.entry is not None:
@@ -119,15 +136,7 @@ class ShardCache:
         if in_flight is None:
             entry = await asyncio.to_thread(self.store.lookup, url)
             if entry is not None:
-                meta = entry.meta
-                return Lease(
-                    Result.HIT,
-                    origin.name,
-                    meta.size_bytes,
-                    meta.etag,
-                    meta.content_type,
-                    entry=entry,
-                )
+                return Lease.of(Result.HIT, origin, _info_of(entry.meta), entry=entry)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if not joined:
             self._spawn(fill)
@@ -145,10 +154,13 @@ class ShardCache:
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
-            return Result.COALESCED, fill.info
+            info = fill.info  # a tier below HEADs us for checksums: wait until they are known
+            return Result.COALESCED, dataclasses.replace(
+                info, checksums=await fill.wait_checksums()
+            )
         meta = await asyncio.to_thread(self.store.peek, url)
         if meta is not None:
-            return Result.HIT, ObjectInfo(meta.size_bytes, meta.etag, (), meta.content_type)
+            return Result.HIT, _info_of(meta)
         return Result.MISS, await origin.head(key)
 
     async def purge(self, origin_name: str, key: str) -> None:

@@ -119,3 +119,17 @@ def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
         if (digest := _b64(value)) is not None:
             found.append(Checksum(algorithm, digest, f"x-amz-checksum-{name}"))
     return found
+
+
+_HEADER_FOR: dict[Algorithm, str] = {
+    "md5": "Content-MD5",
+    "sha256": "x-amz-checksum-sha256",
+    "sha1": "x-amz-checksum-sha1",
+    "crc32": "x-amz-checksum-crc32",
+}
+
+
+def to_headers(checksums: tuple[Checksum, ...]) -> dict[str, str]:
+    """The response headers that publish `checksums` (what `from_headers` reads back), so a
+    shardcache tier below, or any client, can verify the whole object end to end."""
+    return {_HEADER_FOR[c.algorithm]: base64.b64encode(c.digest).decode() for c in checksums}

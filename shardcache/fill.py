@@ -29,7 +29,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shardcache.checksums import Checksum, Verifier
+from shardcache.checksums import Checksum, Verifier, to_headers
 from shardcache.errors import CacheError, OriginChanged, OriginError, ShardcacheError, ShuttingDown
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
@@ -97,6 +97,8 @@ class Fill:
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
         self.is_prefetch = False  # started by the prefetch queue rather than a client
         self._finished = asyncio.Event()
+        self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
+        self._checksums_known = asyncio.Event()
         self._started = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -144,6 +146,11 @@ class Fill:
             assert self.error is not None
             raise self.error
         return self.state
+
+    async def wait_checksums(self) -> tuple[Checksum, ...]:
+        """The object's published checksums once the fill has learned them (or has ended)."""
+        await self._checksums_known.wait()
+        return self.checksums
 
     async def wait_finished(self) -> FillState:
         """Wait until the fill reached a final state and return it (never raises)."""
@@ -240,6 +247,7 @@ class Fill:
             self._fail(CacheError(f"internal error while filling: {exc}"))
         finally:
             await self._release_space()
+            self._checksums_known.set()
             self._finished.set()
 
     def _opener(self) -> SegmentedDownload:
@@ -283,7 +291,10 @@ class Fill:
     async def _verify_in_order(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
         fd = self._reservation.fd
-        checksums = await self._checksums(info)
+        try:
+            checksums = self.checksums = await self._checksums(info)
+        finally:
+            self._checksums_known.set()
         if not checksums:
             return
         verifier = Verifier(checksums)
@@ -314,7 +325,7 @@ class Fill:
 
     async def _commit(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
-        meta = EntryMeta(info.size_bytes, info.etag, info.content_type)
+        meta = EntryMeta(info.size_bytes, info.etag, info.content_type, to_headers(self.checksums))
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)
         except CacheError as exc:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from shardcache.body import ClientGone, FileSender, send_fill, send_stream
 from shardcache.cache import Lease, Result, ShardCache
+from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import BadRequest, RangeNotSatisfiable, ShardcacheError, ShuttingDown
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch import PrefetchQueue, parse_targets
@@ -106,8 +107,13 @@ def object_response(
     etag: str | None,
     content_type: str | None,
     byte_range: ByteRange | None,
+    checksums: tuple[Checksum, ...] = (),
 ) -> web.StreamResponse:
-    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place)."""
+    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
+
+    A whole-object answer republishes the checksums the cache verified (`Content-MD5`,
+    `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well.
+    """
     headers = {
         "Accept-Ranges": "bytes",
         "Content-Type": content_type or DEFAULT_CONTENT_TYPE,
@@ -115,6 +121,8 @@ def object_response(
     }
     if etag:
         headers["ETag"] = etag
+    if byte_range is None:
+        headers.update(to_headers(checksums))
     response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
     if byte_range is not None:
         response.headers["Content-Range"] = byte_range.content_range(size_bytes)
@@ -142,7 +150,12 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
         response = object_response(
-            lease.result, lease.size_bytes, lease.etag, lease.content_type, byte_range
+            lease.result,
+            lease.size_bytes,
+            lease.etag,
+            lease.content_type,
+            byte_range,
+            lease.checksums if lease.result is Result.HIT else (),
         )
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None
@@ -205,7 +218,9 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     cache = request.app[CACHE_KEY]
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     byte_range = parse_range(request.headers.get("Range"), info.size_bytes)
-    return object_response(result, info.size_bytes, info.etag, info.content_type, byte_range)
+    return object_response(
+        result, info.size_bytes, info.etag, info.content_type, byte_range, info.checksums
+    )
 
 
 async def delete_object(request: web.Request) -> web.Response:

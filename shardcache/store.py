@@ -22,7 +22,7 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ class EntryMeta:
     size_bytes: int
     etag: str | None = None
     content_type: str | None = None
+    checksum_headers: dict[str, str] = field(default_factory=dict)  # verified, re-published
 
 
 @dataclass(slots=True)

@@ -4,6 +4,8 @@ requests make one fetch from the real origin; ETag and Range pass through both t
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 
 import aiohttp
@@ -63,3 +65,10 @@ def test_node_tier_over_cluster_tier(origin: OriginServer, start_daemon, tmp_pat
     assert cold_range.status == 206 and cold_range.body == data[-100:]
     head = curl(f"{cold.url}/data/train/s_000.tar", "-I")
     assert head.headers["etag"] == origin.etags["train/s_000.tar"]
+
+    # The origin's Content-MD5 reached every tier: each one verified the whole object against it
+    # and republishes it, on HEAD and on a whole-object hit.
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    assert curl(f"{cluster.url}/data/train/s_000.tar", "-I").headers["content-md5"] == md5
+    assert curl(f"{nodes[1].url}/data/train/s_000.tar", "-I").headers["content-md5"] == md5
+    assert curl(f"{nodes[2].url}/data/train/s_000.tar").headers["content-md5"] == md5

@@ -69,8 +69,13 @@ async def test_miss_then_hit(cache: ShardCache, origin: FakeOrigin) -> None:
     await settle(cache)
     second = await cache.open("fake", "a.tar")
     assert second.result is Result.HIT
+    expected = [(c.algorithm, c.digest) for c in origin.checksums["a.tar"]]
+    assert [(c.algorithm, c.digest) for c in second.checksums] == expected  # kept, republished
     assert await read_all(second) == data
     assert origin.opens == [("a.tar", 0)]
+    result, info = await cache.head("fake", "a.tar")
+    assert result is Result.HIT
+    assert [(c.algorithm, c.digest) for c in info.checksums] == expected
 
 
 async def test_concurrent_readers_share_one_fetch(cache: ShardCache, origin: FakeOrigin) -> None:
