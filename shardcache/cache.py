@@ -6,6 +6,7 @@ client that disconnects never cancels a download other clients (or the cache) st
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import logging
@@ -25,6 +26,7 @@ from shardcache.segments import RetryPolicy
 from shardcache.store import Entry, EntryMeta, Store
 
 log = logging.getLogger("shardcache.cache")
+RECENT_FILLS = 65536
 
 
 def _info_of(meta: EntryMeta) -> ObjectInfo:
@@ -105,6 +107,9 @@ class ShardCache:
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
+        # How many fills have finished per cache key (recent keys only): lets a caller that
+        # awaited something notice that a fill came and went meanwhile.
+        self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Prefetched entries no client has read yet: cache key → size. They are pinned in
         # the store (not evictable) and count against the prefetch look-ahead budget.
         self._unread: dict[str, int] = {}
@@ -129,19 +134,30 @@ class ShardCache:
         """
         origin, url = self.cache_key(origin_name, key)
         in_flight = self.flights.get(url)
-        if url in self._unread:
-            self._mark_read(url)
-            if in_flight is not None and not in_flight.is_finished:
-                self._observer.prefetch_late(origin.name)
-        if in_flight is None:
+        while in_flight is None:
+            finished_before = self._finished.get(url, 0)
             entry = await asyncio.to_thread(self.store.lookup, url)
             if entry is not None:
+                # Unpin only now that the file is open: unpinned before, a reservation could
+                # evict it while the lookup runs (then the prefetch would be wasted, refetched).
+                self._read_prefetched(origin, url, None)
                 return Lease.of(Result.HIT, origin, _info_of(entry.meta), entry=entry)
+            # Race: (1) no fill in flight, (2) the store lookup runs on a thread, (3) meanwhile
+            # a fill (a prefetch, say) starts, commits and finishes. Starting a fill now would
+            # fetch the object twice: look again instead.
+            if self._finished.get(url, 0) == finished_before:
+                break
+            in_flight = self.flights.get(url)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if not joined:
             self._spawn(fill)
+        self._read_prefetched(origin, url, fill)
         state = await fill.wait_started()
         result = Result.COALESCED if joined else Result.MISS
+        if joined and fill.is_body_complete:
+            # Every byte is on local disk and verified; only the index write is pending (the
+            # fill is still registered until it commits). For the client that is a hit.
+            result = Result.HIT
         if state is FillState.PASSTHROUGH:
             stream = await origin.open(key) if joined else fill.take_passthrough()
             return Lease.of(result, origin, stream.info, stream=stream, is_cached=False)
@@ -179,6 +195,14 @@ class ShardCache:
     def unread_bytes(self) -> int:
         return sum(self._unread.values())
 
+    def _read_prefetched(self, origin: Origin, url: str, fill: Fill | None) -> None:
+        """A client is reading `url`: if it was prefetched, it is no longer unread; if its
+        prefetch is still running, the client came early (a late prefetch)."""
+        if url in self._unread:
+            self._mark_read(url)
+            if fill is not None and fill.is_prefetch and not fill.is_finished:
+                self._observer.prefetch_late(origin.name)
+
     def _mark_read(self, url: str) -> None:
         """A prefetched entry was read (or dropped): unpin it, free its look-ahead budget."""
         self._unread.pop(url, None)
@@ -201,8 +225,13 @@ class ShardCache:
             return PrefetchOutcome.JOINED, fill
         if await asyncio.to_thread(self.store.peek, url) is not None:
             return PrefetchOutcome.CACHED, None
+        finished_before = self._finished.get(url, 0)
         info = await origin.head(key)
         await admit(info.size_bytes)
+        # While we sized the object and waited for budget, a client may have fetched it (then
+        # a fill for it has finished since) or may be fetching it (join_or_start joins it).
+        if self._finished.get(url, 0) != finished_before:
+            return PrefetchOutcome.CACHED, None
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if joined:
             return PrefetchOutcome.JOINED, fill
@@ -250,6 +279,9 @@ class ShardCache:
             await fill.run()
         finally:
             self.flights.finish(fill)
+            self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
+            if len(self._finished) > RECENT_FILLS:
+                self._finished.popitem(last=False)  # forgotten keys only cost a second look
 
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified

@@ -15,6 +15,7 @@ such as `curl -f` must see a failed transfer, never a clean but short body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +25,13 @@ from aiohttp import web
 from shardcache.body import ClientGone, FileSender, send_fill, send_stream
 from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
-from shardcache.errors import BadRequest, RangeNotSatisfiable, ShardcacheError, ShuttingDown
+from shardcache.errors import (
+    BadRequest,
+    NotCached,
+    RangeNotSatisfiable,
+    ShardcacheError,
+    ShuttingDown,
+)
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch import PrefetchQueue, parse_targets
 from shardcache.ranges import ByteRange, parse_range
@@ -168,15 +175,23 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             log.debug("client left during %s", request.path)
             request.transport.abort()
             return response
-        except (ShardcacheError, OSError) as exc:
-            log.error(
+        except Exception as exc:  # any failure after the headers: never a clean short body
+            expected = isinstance(exc, ShardcacheError | OSError | EOFError)
+            log.log(
+                logging.ERROR,
                 "aborting %s after %d of %d bytes: %s",
                 request.path,
                 sender.sent_bytes,
                 end - start,
                 exc,
+                exc_info=not expected,
             )
-            request.transport.abort()  # never a clean but short body
+            if lease.result is Result.HIT and isinstance(exc, EOFError):
+                # The entry's file is shorter than its index says: drop it (before the client
+                # hears of the failure and retries), so the next request refetches.
+                with contextlib.suppress(NotCached):
+                    await cache.purge(request.match_info["origin"], request.match_info["key"])
+            request.transport.abort()
             return response
         finally:
             sender.close()
@@ -289,7 +304,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_page(request: web.Request) -> web.Response:
-    body = request.app[METRICS_KEY].render()
+    # Rendering reads the store's usage (SQLite, stat): off the event loop.
+    body = await asyncio.to_thread(request.app[METRICS_KEY].render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from diskcache.core import MODE_BINARY, UNKNOWN
 
 from shardcache.errors import CacheError
 
+log = logging.getLogger("shardcache.store")
 LAYOUT_VERSION = "v1"
 _LRU_BATCH = 64
 WAL_CHECKPOINT_PAGES = 64  # SQLite checkpoints (and truncates) its WAL at this many pages
@@ -262,13 +264,15 @@ class Store:
         """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
         with self._lock:
             self._pinned.add(key)
+        log.debug("pinned %s", key)
 
     def unpin(self, key: str) -> bool:
         """Make `key` an ordinary LRU entry again; return whether it was pinned."""
         with self._lock:
             was_pinned = key in self._pinned
             self._pinned.discard(key)
-            return was_pinned
+        log.debug("unpinned %s (was pinned: %s)", key, was_pinned)
+        return was_pinned
 
     def pinned_bytes(self) -> int:
         with self._lock:
@@ -299,6 +303,7 @@ class Store:
             if victim is None:
                 raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
             key, victim_size = victim
+            log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
             if self._index.delete(key, retry=True) and self._on_evict is not None:
                 self._on_evict(key, victim_size, False)
 

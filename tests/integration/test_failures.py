@@ -129,3 +129,27 @@ def test_crash_mid_fill_leaves_nothing_servable(
     assert not list(partial.iterdir()), "start-up must sweep partial files"
     result = curl(f"{restarted.url}/web/s.tar")
     assert result.headers["x-shardcache"] == "miss" and result.sha256 == sha256(data)
+
+
+def test_a_cache_file_truncated_under_the_daemon_aborts_the_hit(
+    origin: OriginServer, start_daemon, tmp_path
+) -> None:
+    """Disk trouble on a hit (here: the entry's file cut short behind the daemon's back) must
+    fail the transfer, not end it cleanly short."""
+    data = os.urandom(3 * 1024 * 1024)
+    origin.put("s.tar", data)
+    cache_dir = tmp_path / "cache"
+    daemon = start_daemon({"web": origin.url}, cache_dir=cache_dir)
+    assert curl(f"{daemon.url}/web/s.tar").sha256 == sha256(data)
+    deadline = time.monotonic() + 10
+    while not (entries := list((cache_dir / "v1" / "index").rglob("*.val"))):
+        assert time.monotonic() < deadline, "the fill never committed"  # commit follows the body
+        time.sleep(0.01)
+    os.truncate(entries[0], 1024 * 1024)
+
+    result = curl(f"{daemon.url}/web/s.tar")
+
+    assert result.headers["x-shardcache"] == "hit"
+    assert result.exit_code != 0 and len(result.body) == 1024 * 1024
+    again = curl(f"{daemon.url}/web/s.tar")  # the broken entry was dropped and refetched
+    assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)

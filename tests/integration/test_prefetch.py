@@ -141,13 +141,18 @@ def test_look_ahead_bound_and_no_thrash(origin: OriginServer, start_daemon, tmp_
     assert status["done"] == 3 and status["unread_bytes"] == 3 * MiB
     assert [origin.gets[f"s_{i:03d}.tar"] for i in range(10)] == [1, 1, 1] + [0] * 7
 
-    for key, data in blobs.items():  # the loader reads in order; prefetch keeps ahead
+    results = []
+    for key, data in blobs.items():  # the loader reads in order, as fast as it can
         result = curl(f"{daemon.url}/web/{key}")
         assert result.sha256 == sha256(data)
-        assert result.headers["x-shardcache"] in ("hit", "coalesced"), key
+        results.append(result.headers["x-shardcache"])
         assert disk_usage(cache_dir) <= 6 * MiB
+    # The first three were prefetched and read as hits: reading never waited on them.
+    assert results[:3] == ["hit"] * 3
+    # No thrash: no prefetched shard was evicted unread, and each was fetched exactly once
+    # (a loader that outruns the prefetcher gets an ordinary miss, never a second fetch).
     assert daemon.metric("shardcache_prefetch_wasted_total", origin="web") == 0
-    assert all(origin.gets[key] == 1 for key in blobs)
+    assert all(origin.gets[key] == 1 for key in blobs), origin.gets
 
 
 def test_read_ahead_follows_numbering_and_stops_at_the_end(
