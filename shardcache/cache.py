@@ -62,7 +62,6 @@ class Lease:
     fill: Fill | None = None
     fill_fd: int = -1
     stream: OriginStream | None = None
-    is_cached: bool = True
     checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
 
     @classmethod
@@ -77,6 +76,11 @@ class Lease:
             checksums=info.checksums,
             **body,
         )
+
+    @property
+    def is_cached(self) -> bool:
+        """False for an object streamed through uncached (larger than the cache)."""
+        return self.stream is None
 
     async def aclose(self) -> None:
         if self.entry is not None:
@@ -160,7 +164,7 @@ class ShardCache:
             result = Result.HIT
         if state is FillState.PASSTHROUGH:
             stream = await origin.open(key) if joined else fill.take_passthrough()
-            return Lease.of(result, origin, stream.info, stream=stream, is_cached=False)
+            return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
         info = fill.info
         return Lease.of(result, origin, info, fill=fill, fill_fd=fill.acquire_reader())

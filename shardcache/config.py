@@ -72,9 +72,6 @@ class Settings:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
 
-    def origin(self, name: str) -> OriginSpec | None:
-        return next((o for o in self.origins if o.name == name), None)
-
 
 # -- parsers: each takes the raw value (str from flags/env, any TOML type) -------------------
 

@@ -216,9 +216,7 @@ class Fill:
             first = await opener.open(0, self._policy.first_segment_bytes, None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                self._passthrough = _ContinuedStream(
-                    first, opener, self._policy.first_segment_bytes
-                )
+                self._passthrough = _ContinuedStream(first, opener)
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)
@@ -354,12 +352,11 @@ class _ContinuedStream:
     """An uncacheable object streamed through: the first segment's open stream, then the rest
     of the object from one more request (If-Match on the first response's ETag)."""
 
-    def __init__(self, first: OriginStream, opener: SegmentedDownload, first_end: int) -> None:
+    def __init__(self, first: OriginStream, opener: SegmentedDownload) -> None:
         self.info = first.info
         self._first = first
         self._rest: OriginStream | None = None
         self._opener = opener
-        self._first_end = min(first_end, first.info.size_bytes)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         position = 0

@@ -260,29 +260,26 @@ class Store:
 
     # -- eviction and pins -----------------------------------------------------------------
 
+    # pin() and unpin() run on the event loop, so they must not wait for `_lock`, which a
+    # reservation holds through its evictions (SQL and unlinks). Set add/discard/membership
+    # are atomic under the GIL, and no ordering is lost: a key is pinned before its fill can
+    # commit an entry for eviction to choose, and unpinning only widens the choice.
+
     def pin(self, key: str) -> None:
         """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
-        with self._lock:
-            self._pinned.add(key)
+        self._pinned.add(key)
         log.debug("pinned %s", key)
 
     def unpin(self, key: str) -> bool:
         """Make `key` an ordinary LRU entry again; return whether it was pinned."""
-        with self._lock:
-            was_pinned = key in self._pinned
-            self._pinned.discard(key)
+        was_pinned = key in self._pinned
+        self._pinned.discard(key)
         log.debug("unpinned %s (was pinned: %s)", key, was_pinned)
         return was_pinned
 
-    def pinned_bytes(self) -> int:
-        with self._lock:
-            keys = list(self._pinned)
-        return sum(meta.size_bytes for key in keys if (meta := self.peek(key)) is not None)
-
     def delete(self, key: str) -> bool:
         """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
-        with self._lock:
-            self._pinned.discard(key)
+        self._pinned.discard(key)
         return bool(self._index.delete(key, retry=True))
 
     def _flush_touches(self) -> None:
