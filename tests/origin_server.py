@@ -29,6 +29,8 @@ class Behaviour:
     content_md5: bytes | None = None  # publish this Content-MD5 instead of the real one
     chunk_bytes: int = 256 * 1024
     chunk_delay_s: float = 0.0  # pause after each chunk: a slow link
+    head_status: int | None = None  # answer every HEAD with this status
+    wrong_range: bool = False  # answer `Range: bytes=N-…` with bytes from 0, and say so
 
 
 @dataclass
@@ -60,6 +62,8 @@ class OriginServer:
         (self.heads if request.method == "HEAD" else self.gets)[key] += 1
         if how.delay_s:
             await asyncio.sleep(how.delay_s)
+        if request.method == "HEAD" and how.head_status is not None:
+            return web.Response(status=how.head_status, text="HEAD failed")
         if_match = request.headers.get("If-Match")
         if if_match is not None and if_match != etag:
             return web.Response(status=412)
@@ -71,6 +75,8 @@ class OriginServer:
             first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")
             start = int(first)
             stop = min(len(data), int(last) + 1) if last else len(data)
+            if how.wrong_range and start > 0:
+                start, stop = 0, stop - start
             status = 206
             headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
         else:

@@ -29,6 +29,24 @@ class ObjectInfo:
     checksums: tuple[Checksum, ...] = ()
     content_type: str | None = None
     accepts_ranges: bool = False  # the origin serves byte ranges: fetch in parallel segments
+    last_modified: float | None = None  # seconds since the epoch, when the origin says
+
+    def differs_from(self, other: ObjectInfo) -> str | None:
+        """Say how `other` (a later response for the same key) shows a different object than
+        this one, or return None. Validators are compared only where both responses carry
+        them: an origin that ignores `If-Match` still changes its ETag, its Last-Modified or
+        its length, and one changed validator is enough to refuse splicing two versions."""
+        if other.size_bytes != self.size_bytes:
+            return f"length changed from {self.size_bytes} to {other.size_bytes}"
+        if self.etag and other.etag and self.etag != other.etag:
+            return f"ETag changed from {self.etag} to {other.etag}"
+        if (
+            self.last_modified is not None
+            and other.last_modified is not None
+            and self.last_modified != other.last_modified
+        ):
+            return f"Last-Modified moved by {other.last_modified - self.last_modified:+.0f} s"
+        return None
 
 
 class OriginStream(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import re
 from collections.abc import AsyncIterator, Iterator
 from urllib.parse import quote
@@ -30,7 +31,7 @@ from shardcache.keys import join_url
 from shardcache.origins import Timeouts
 from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
 
-_CONTENT_RANGE_TOTAL = re.compile(r"^bytes \d+-\d+/(\d+)$")
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
 
 
@@ -62,12 +63,21 @@ def _raise_for_status(status: int, url: str) -> None:
         raise OriginUnavailable(f"{url}: origin answered {status}")
 
 
+def _last_modified(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None  # unparsable: not a validator we can compare
+
+
 def _info(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectInfo:
     if status == 206:
-        match = _CONTENT_RANGE_TOTAL.match(headers.get("Content-Range", ""))
+        match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
         if match is None:
             raise OriginUnavailable(f"{url}: 206 without a usable Content-Range")
-        size = int(match.group(1))
+        size = int(match.group(3))
         found: list[checksums.Checksum] = []  # a part's checksums are not the object's
     else:
         length = headers.get("Content-Length")
@@ -81,7 +91,39 @@ def _info(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectInfo:
         if (md5 := checksums.from_s3_etag(etag, sse)) is not None:
             found.append(md5)
     accepts_ranges = status == 206 or headers.get("Accept-Ranges", "").lower() == "bytes"
-    return ObjectInfo(size, etag, tuple(found), headers.get("Content-Type"), accepts_ranges)
+    return ObjectInfo(
+        size,
+        etag,
+        tuple(found),
+        headers.get("Content-Type"),
+        accepts_ranges,
+        _last_modified(headers.get("Last-Modified")),
+    )
+
+
+def check_range(
+    headers: CIMultiDictProxy[str], size_bytes: int, start: int, end: int | None, url: str
+) -> None:
+    """Raise OriginUnavailable unless a 206 carries exactly the bytes asked for.
+
+    RFC 9110 §14.4 lets the Content-Range name what was sent; an origin (or a cache in front
+    of it) that answers another range, or a Content-Length that disagrees with it, would
+    otherwise put those bytes at the wrong offset of the shard.
+    """
+    match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
+    assert match is not None  # _info() refused a 206 without one
+    first, last = int(match.group(1)), int(match.group(2))
+    want_last = min(size_bytes if end is None else end, size_bytes) - 1
+    if (first, last) != (start, want_last):
+        raise OriginUnavailable(
+            f"{url}: asked for bytes {start}-{want_last}, origin answered "
+            f"{headers.get('Content-Range')}"
+        )
+    length = headers.get("Content-Length")
+    if length is not None and length.isdigit() and int(length) != last - first + 1:
+        raise OriginUnavailable(
+            f"{url}: Content-Range {headers.get('Content-Range')} with Content-Length {length}"
+        )
 
 
 class HttpStream:
@@ -151,6 +193,8 @@ class HttpTransport:
             try:
                 _raise_for_status(response.status, label)
                 info = _info(response.headers, response.status, label)
+                if response.status == 206:
+                    check_range(response.headers, info.size_bytes, start, end, label)
                 if if_match is not None and info.etag not in (None, if_match):
                     raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
             except BaseException:

@@ -79,8 +79,14 @@ def _info(response: Mapping[str, Any], full: bool) -> ObjectInfo:
         md5 = checksums.from_s3_etag(response.get("ETag"), response.get("ServerSideEncryption"))
         if md5 is not None and response.get("SSECustomerAlgorithm") is None:
             found.append(md5)
+    modified = response.get("LastModified")
     return ObjectInfo(
-        size, response.get("ETag"), tuple(found), response.get("ContentType"), accepts_ranges=True
+        size,
+        response.get("ETag"),
+        tuple(found),
+        response.get("ContentType"),
+        accepts_ranges=True,
+        last_modified=modified.timestamp() if modified is not None else None,
     )
 
 
