@@ -136,11 +136,12 @@ async def send_stream(
 ) -> int:
     """Relay bytes [start, end) of an uncached origin stream; return the bytes sent.
 
-    The last chunk is held back until the stream has ended with the right length (and, for a
-    whole-object read, the published checksums), so a failure never yields a complete body.
+    The stream runs from the object's first byte to its last, whatever the range, so the
+    last chunk sent is held back until the stream has ended with the right length and the
+    published checksums matched: a failure never yields a complete response, whole or ranged.
     """
     info = stream.info
-    verifier = Verifier(info.checksums if (start, end) == (0, info.size_bytes) else ())
+    verifier = Verifier(info.checksums)
     loop = asyncio.get_running_loop()
     position = 0  # offset in the object of the next byte the stream yields
     sent = 0

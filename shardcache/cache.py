@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.checksums import Checksum, from_headers
-from shardcache.errors import NotCached, UnknownOrigin
+from shardcache.errors import CacheError, NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
 from shardcache.keys import validate_key
@@ -140,7 +140,7 @@ class ShardCache:
         in_flight = self.flights.get(url)
         while in_flight is None:
             finished_before = self._finished.get(url, 0)
-            entry = await asyncio.to_thread(self.store.lookup, url)
+            entry = await self._lookup(url)
             if entry is not None:
                 # Unpin only now that the file is open: unpinned before, a reservation could
                 # evict it while the lookup runs (then the prefetch would be wasted, refetched).
@@ -163,11 +163,37 @@ class ShardCache:
             # fill is still registered until it commits). For the client that is a hit.
             result = Result.HIT
         if state is FillState.PASSTHROUGH:
-            stream = await origin.open(key) if joined else fill.take_passthrough()
+            stream = await self._join_passthrough(origin, key, fill) if joined else None
+            stream = stream or fill.take_passthrough()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
         info = fill.info
         return Lease.of(result, origin, info, fill=fill, fill_fd=fill.acquire_reader())
+
+    async def _lookup(self, url: str) -> Entry | None:
+        """The committed entry for `url`, or None; a store that fails counts as a miss (the
+        object is then streamed through: a broken disk must not fail reads)."""
+        try:
+            return await asyncio.to_thread(self.store.lookup, url)
+        except CacheError as exc:
+            log.warning("treating %s as a miss: %s", url, exc)
+            return None
+
+    async def _peek(self, url: str) -> EntryMeta | None:
+        try:
+            return await asyncio.to_thread(self.store.peek, url)
+        except CacheError as exc:
+            log.warning("treating %s as not cached: %s", url, exc)
+            return None
+
+    async def _join_passthrough(self, origin: Origin, key: str, fill: Fill) -> OriginStream:
+        """A second reader of an uncacheable object gets its own whole-object GET, verified
+        against the checksums the starter learned when that GET is the same version."""
+        stream = await origin.open(key)
+        if not stream.info.checksums and fill.info is not None:
+            if fill.info.differs_from(stream.info) is None:
+                stream.info = dataclasses.replace(stream.info, checksums=fill.checksums)
+        return stream
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
         """Return what a GET would answer, without fetching the body or touching LRU order."""
@@ -178,7 +204,7 @@ class ShardCache:
             return Result.COALESCED, dataclasses.replace(
                 info, checksums=await fill.wait_checksums()
             )
-        meta = await asyncio.to_thread(self.store.peek, url)
+        meta = await self._peek(url)
         if meta is not None:
             return Result.HIT, _info_of(meta)
         return Result.MISS, await origin.head(key)
@@ -227,7 +253,7 @@ class ShardCache:
         fill = self.flights.get(url)
         if fill is not None:
             return PrefetchOutcome.JOINED, fill
-        if await asyncio.to_thread(self.store.peek, url) is not None:
+        if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         finished_before = self._finished.get(url, 0)
         info = await origin.head(key)

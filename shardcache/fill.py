@@ -3,37 +3,44 @@
 Lifecycle (an illegal transition raises; FAILED, PASSTHROUGH, COMMITTED, DISCARDED are final):
 
     STARTING ──► FILLING ──► VERIFIED ──► COMMITTED     indexed: later requests are hits
-        │           │            └──────► DISCARDED     verified but could not be indexed
+        │           │            ├──────► DISCARDED     verified but could not be indexed
+        │           │            └──────► FAILED        a bug while committing
         │           └──────────────────► FAILED        origin/verification/disk failure
         ├──────────────────────────────► FAILED        failed before the first byte
         └──────────────────────────────► PASSTHROUGH   not cacheable: the starter streams it
 
-Integrity: readers may send every byte as soon as it is on disk *except the object's last byte*,
-which waits for VERIFIED (full length and every published checksum matched). A fill that fails
-therefore never hands anyone a complete object: a reader that gets an error aborts its
-connection, and the client sees a short transfer. (A range ending before the object's end is
-sent as its bytes land; a shardcache tier below fetching segments relies on this, and its own
-fill fails if the final segment does.)
+FAILED is reachable from every non-final state, so no failure can strand a fill (or its file
+descriptor) half way.
+
+Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
+response*, which waits for VERIFIED: full length, every response the same object as the first
+(length, ETag, Last-Modified), and every published checksum matched. A fill that fails
+therefore never completes anyone's response, whole object or range: a reader that gets an
+error aborts its connection, and the client sees a failed transfer. Checksums come from the
+first response when it was the whole object, else from a HEAD (with the fill's retries); when
+the HEAD fails for good, so does the fill: "no checksums" is only believed from an origin
+that answered and published none (then the length is all that is checked).
 
 The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
 resuming on its own after a failure); a second task hashes the contiguous prefix in order for
-the verification.
+the verification and for the digest kept with the entry (`shardcache verify`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shardcache.checksums import Checksum, Verifier, to_headers
-from shardcache.errors import CacheError, OriginChanged, OriginError, ShardcacheError, ShuttingDown
+from shardcache.checksums import LOCAL_DIGEST, Checksum, Verifier, to_headers
+from shardcache.errors import CacheError, OriginChanged, ShardcacheError, ShuttingDown
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.segments import RetryPolicy, SegmentedDownload
+from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, Reservation, Store
 
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
@@ -54,7 +61,7 @@ class FillState(enum.Enum):
 _TRANSITIONS: dict[FillState, frozenset[FillState]] = {
     FillState.STARTING: frozenset({FillState.FILLING, FillState.PASSTHROUGH, FillState.FAILED}),
     FillState.FILLING: frozenset({FillState.VERIFIED, FillState.FAILED}),
-    FillState.VERIFIED: frozenset({FillState.COMMITTED, FillState.DISCARDED}),
+    FillState.VERIFIED: frozenset({FillState.COMMITTED, FillState.DISCARDED, FillState.FAILED}),
     FillState.COMMITTED: frozenset(),
     FillState.DISCARDED: frozenset(),
     FillState.PASSTHROUGH: frozenset(),
@@ -86,6 +93,7 @@ class Fill:
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
+        self._requests = OriginRequests(origin, origin_key, policy, observer)
         self._store = store
         self._policy = policy
         self._observer = observer
@@ -98,6 +106,7 @@ class Fill:
         self.is_prefetch = False  # started by the prefetch queue rather than a client
         self._finished = asyncio.Event()
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
+        self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self._checksums_known = asyncio.Event()
         self._started = asyncio.Event()
         self._progress = asyncio.Event()
@@ -185,9 +194,9 @@ class Fill:
     async def wait_readable(self, position: int, end: int) -> int:
         """Return how far (exclusive) a reader whose response ends at `end` may send now.
 
-        Blocks until that is past `position`. The object's final byte becomes readable only once
-        the body is verified, so no whole-object read completes before verification. Raises the
-        fill's error if it failed.
+        Blocks until that is past `position`. The response's final byte becomes readable only
+        once the body is verified, so no read, whole or ranged, completes before verification.
+        Raises the fill's error if it failed.
         """
         while True:
             if self.state in _BODY_COMPLETE:
@@ -195,10 +204,9 @@ class Fill:
             if self.state is FillState.FAILED:
                 assert self.error is not None
                 raise self.error
-            # The object's last byte waits for verification; a range ending earlier does not
-            # (a tier below this one fetching segments must not stall on every segment).
-            is_object_end = self.info is not None and end == self.info.size_bytes
-            limit = min(self.written_bytes, end - 1 if is_object_end else end)
+            # A range's bytes may be a splice of two versions, or corrupt, until the whole
+            # object verified: its last byte waits, so a failure aborts the reader's response.
+            limit = min(self.written_bytes, end - 1)
             if limit > position:
                 return limit
             await self._progress.wait()
@@ -208,30 +216,27 @@ class Fill:
     async def run(self) -> None:
         """Fetch, verify and commit the object; never raises except CancelledError."""
         started_at = self._clock()
+        first: OriginStream | None = None
         try:
             # The first request asks for the first segment only, so that no byte is fetched
             # twice; a full-object GET could not be cut short without discarding what the
             # network already carried.
-            opener = self._opener()
-            first = await opener.open(0, self._policy.first_segment_bytes, None)
+            first = await self._requests.open(0, self._policy.first_segment_bytes, None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                self._passthrough = _ContinuedStream(first, opener)
+                checksums = await self._learn_checksums(info)
+                self._know_checksums(checksums)
+                self._passthrough = _ContinuedStream(first, self._requests, checksums)
+                first = None  # the passthrough stream owns it now
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)
             assert self._reservation is not None
             self._download = SegmentedDownload(
-                self.origin,
-                self.origin_key,
-                info,
-                self._reservation.fd,
-                self._policy,
-                self._observer,
-                self._publish,
-                self._extra_slots,
+                self._requests, info, self._reservation.fd, self._publish, self._extra_slots
             )
-            await self._download_and_verify(first, info)
+            handed, first = first, None  # the download owns and closes it
+            await self._download_and_verify(handed, info)
             self._move(FillState.VERIFIED)
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
             await self._commit(info)
@@ -244,58 +249,62 @@ class Fill:
             log.exception("fill of %s crashed", self.cache_key)
             self._fail(CacheError(f"internal error while filling: {exc}"))
         finally:
+            if first is not None:
+                await first.aclose()
             await self._release_space()
             self._checksums_known.set()
             self._finished.set()
 
-    def _opener(self) -> SegmentedDownload:
-        """A download with no object yet, used for its retrying `open()`."""
-        unknown = ObjectInfo(size_bytes=0)
-        return SegmentedDownload(
-            self.origin, self.origin_key, unknown, -1, self._policy, self._observer, self._publish
-        )
-
     async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
         """Run the segmented download while a second task learns the object's checksums and
-        hashes the contiguous prefix, in order, as it grows (hashing releases the GIL)."""
-        hashing = asyncio.create_task(self._verify_in_order(info))
-        try:
-            assert self._download is not None
-            await self._download.run(first)
-            await hashing
-        finally:
-            if not hashing.done():
-                hashing.cancel()
-                await asyncio.gather(hashing, return_exceptions=True)
+        hashes the contiguous prefix, in order, as it grows (hashing releases the GIL).
 
-    async def _checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
+        Either task failing cancels the other at once; both results are always collected, so
+        no task's exception goes unretrieved.
+        """
+        assert self._download is not None
+        downloading = asyncio.create_task(self._download.run(first))
+        hashing = asyncio.create_task(self._verify_in_order(info))
+        pending = {downloading, hashing}
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()  # raises the first failure
+        finally:
+            for task in (downloading, hashing):
+                task.cancel()
+            await asyncio.gather(downloading, hashing, return_exceptions=True)
+            await first.aclose()  # closed already, unless the download was cancelled unstarted
+
+    async def _learn_checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
         """The object's published checksums: from the first response when it was the whole
-        object, otherwise from a HEAD (a ranged response carries none for the object)."""
+        object, otherwise from a HEAD (a ranged response carries none for the object).
+
+        Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
+        not said it publishes no checksum, so the fill must not go on unverified. Raises
+        OriginChanged when the HEAD describes another version than the first response.
+        """
         if info.checksums:
             return info.checksums
-        try:
-            head = await self.origin.head(self.origin_key)
-        except OriginChanged:
-            raise
-        except OriginError as exc:
-            log.warning(
-                "%s: no checksums (HEAD failed: %s); checking the length only", self.cache_key, exc
-            )
-            return ()
-        if head.etag and info.etag and head.etag != info.etag:
-            raise OriginChanged(f"ETag changed from {info.etag} to {head.etag} during the fill")
+        head = await self._requests.head()
+        change = info.differs_from(head)
+        if change is not None:
+            raise OriginChanged(f"{self.origin_key} changed during the fill: {change}")
         return head.checksums
+
+    def _know_checksums(self, checksums: tuple[Checksum, ...]) -> None:
+        self.checksums = checksums
+        self._checksums_known.set()
+        if not checksums:
+            log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
 
     async def _verify_in_order(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
         fd = self._reservation.fd
-        try:
-            checksums = self.checksums = await self._checksums(info)
-        finally:
-            self._checksums_known.set()
-        if not checksums:
-            return
-        verifier = Verifier(checksums)
+        checksums = await self._learn_checksums(info)
+        self._know_checksums(checksums)
+        verifier = Verifier(checksums, extra=() if checksums else (LOCAL_DIGEST,))
         hashed = 0
         while hashed < info.size_bytes:
             available = self.written_bytes
@@ -305,6 +314,7 @@ class Fill:
             else:
                 await self._progress.wait()
         verifier.verify()
+        self.digests = verifier.digests()
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
@@ -319,14 +329,27 @@ class Fill:
         except CacheFull as exc:
             log.warning("%s streamed through uncached: %s", self.cache_key, exc)
             return False
+        except CacheError as exc:  # a broken cache dir must not fail reads
+            log.warning(
+                "%s streamed through uncached, the cache is unusable: %s", self.cache_key, exc
+            )
+            return False
         return True
 
     async def _commit(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
-        meta = EntryMeta(info.size_bytes, info.etag, info.content_type, to_headers(self.checksums))
+        meta = EntryMeta(
+            info.size_bytes,
+            info.etag,
+            info.content_type,
+            to_headers(self.checksums),
+            digests=self.digests,
+            verified_by=["length", *(c.source for c in self.checksums)],
+        )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)
         except CacheError as exc:
+            # The body is verified and readers hold its fd: they finish; it is just not kept.
             log.error("verified %s but could not cache it: %s", self.cache_key, exc)
             self._move(FillState.DISCARDED)
             return
@@ -350,13 +373,18 @@ class Fill:
 
 class _ContinuedStream:
     """An uncacheable object streamed through: the first segment's open stream, then the rest
-    of the object from one more request (If-Match on the first response's ETag)."""
+    of the object from one more request (If-Match on the first response's ETag, and refused
+    if it is another version). Its `info` carries the object's published checksums, which
+    `body.send_stream` verifies before the last byte leaves."""
 
-    def __init__(self, first: OriginStream, opener: SegmentedDownload) -> None:
-        self.info = first.info
+    def __init__(
+        self, first: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
+    ) -> None:
+        self.info = dataclasses.replace(first.info, checksums=checksums)
         self._first = first
         self._rest: OriginStream | None = None
-        self._opener = opener
+        self._requests = requests
+        requests.count("ok")  # counted when opened: its body's fate is the client's to see
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         position = 0
@@ -364,7 +392,11 @@ class _ContinuedStream:
             yield chunk
             position += len(chunk)
         if position < self.info.size_bytes:
-            self._rest = await self._opener.open(position, None, self.info.etag)
+            self._rest = await self._requests.open(position, None, self.info.etag)
+            self._requests.count("ok")
+            change = self.info.differs_from(self._rest.info)
+            if change is not None:
+                raise OriginChanged(f"{self._requests.key} changed while streamed: {change}")
             async for chunk in self._rest:
                 yield chunk
 

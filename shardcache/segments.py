@@ -5,7 +5,9 @@ large shard is fetched as `segment_bytes` pieces by up to `connections` workers,
 own offset in the fill's file. Segments are claimed in order, so the bytes a reader needs next
 arrive first; `contiguous_bytes` is the prefix that is on disk without holes, which is all a
 reader may see. Each segment resumes on its own after a failure (Range from its first missing
-byte, `If-Match` on the object's ETag), with the fill's retry policy.
+byte, `If-Match` on the object's ETag), through `OriginRequests`, the one retry policy. Every
+response must be the same object as the first (length, ETag, Last-Modified): an origin that
+ignores If-Match must not get two versions spliced into one shard.
 """
 
 from __future__ import annotations
@@ -13,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from shardcache.errors import OriginChanged, OriginError, OriginUnavailable
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
 
 log = logging.getLogger("shardcache.fill")
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -74,25 +78,88 @@ def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Seg
     ]
 
 
+class OriginRequests:
+    """Every request a fill makes for one object, under its ONE retry policy.
+
+    `retrying()` is the only retry loop: the first GET, each segment's GET and the HEAD that
+    learns the checksums all go through it, so `--origin-retries N` means at most N+1 requests
+    per step. Each GET is counted once in `origin_request`, when it ends: by its error kind
+    if it failed (to open, or mid-body), "ok" once its body was read in full.
+    """
+
+    def __init__(self, origin: Origin, key: str, policy: RetryPolicy, observer: Observer) -> None:
+        self.origin = origin
+        self.key = key
+        self.policy = policy
+        self._observer = observer
+
+    def count(self, status: str) -> None:
+        self._observer.origin_request(self.origin.name, status)
+
+    def received(self, size_bytes: int) -> None:
+        self._observer.origin_bytes(self.origin.name, size_bytes)
+
+    async def retrying(
+        self, operation: Callable[[], Awaitable[T]], position: Callable[[], int] = lambda: 0
+    ) -> T:
+        """Run `operation`, again after back-off while it raises a retryable OriginError;
+        raise the last error when retries run out (or at once when it is not retryable)."""
+        attempt = 0
+        while True:
+            try:
+                return await operation()
+            except OriginError as exc:
+                attempt += 1
+                if not exc.is_retryable or attempt > self.policy.retries:
+                    raise
+                await self._back_off(attempt, exc, position())
+
+    async def open_once(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
+        """One GET of [start, end); a failure to open is counted here, the body's end by the
+        caller (`count`)."""
+        try:
+            return await self.origin.open(self.key, start, end, if_match)
+        except OriginError as exc:
+            self.count(exc.kind)
+            raise
+
+    async def open(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
+        """Open [start, end) with retries; the caller counts the body's outcome."""
+        return await self.retrying(lambda: self.open_once(start, end, if_match), lambda: start)
+
+    async def head(self) -> ObjectInfo:
+        """The object's info from a HEAD, with retries."""
+        return await self.retrying(lambda: self.origin.head(self.key))
+
+    async def _back_off(self, attempt: int, exc: OriginError, position: int) -> None:
+        delay = self.policy.delay_s(attempt)
+        self._observer.origin_retry(self.origin.name)
+        log.warning(
+            "origin %s: %s; retry %d/%d in %.2fs from byte %d",
+            self.origin.name,
+            exc,
+            attempt,
+            self.policy.retries,
+            delay,
+            position,
+        )
+        await asyncio.sleep(delay)
+
+
 class SegmentedDownload:
     def __init__(
         self,
-        origin: Origin,
-        key: str,
+        requests: OriginRequests,
         info: ObjectInfo,
         fd: int,
-        policy: RetryPolicy,
-        observer: Observer,
         on_progress: Callable[[], None],
         extra_slots: asyncio.Semaphore | None = None,
     ) -> None:
-        self.origin = origin
-        self.key = key
+        self.requests = requests
         self.info = info
-        self.segments = plan(info.size_bytes, policy, info.accepts_ranges)
+        self.segments = plan(info.size_bytes, requests.policy, info.accepts_ranges)
         self._fd = fd
-        self._policy = policy
-        self._observer = observer
+        self._policy = requests.policy
         self._on_progress = on_progress
         self._extra_slots = extra_slots
         self._next_segment = 0
@@ -111,7 +178,8 @@ class SegmentedDownload:
         return self.segments[self._first_incomplete].position
 
     async def run(self, first: OriginStream) -> None:
-        """Fetch every segment; `first` is the open stream from byte 0 (it serves segment 0).
+        """Fetch every segment; `first` is the open stream from byte 0 (it serves segment 0,
+        and this call owns and closes it).
 
         Raises the OriginError of a segment whose retries ran out; the other workers are
         cancelled first.
@@ -125,6 +193,7 @@ class SegmentedDownload:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await first.aclose()  # a no-op unless the first worker was cancelled unstarted
 
     def _claim(self) -> Segment | None:
         if self._next_segment >= len(self.segments):
@@ -145,68 +214,43 @@ class SegmentedDownload:
             await self._fetch(segment, stream)
             stream = None
 
-    async def open(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
-        """Open the origin at [start, end), retrying retryable failures with back-off."""
-        attempt = 0
-        while True:
-            try:
-                stream = await self.origin.open(self.key, start, end, if_match)
-            except OriginError as exc:
-                self._observer.origin_request(self.origin.name, exc.kind)
-                attempt += 1
-                if not exc.is_retryable or attempt > self._policy.retries:
-                    raise
-                await self.back_off(attempt, exc, start)
-                continue
-            self._observer.origin_request(self.origin.name, "ok")
-            return stream
-
-    async def back_off(self, attempt: int, exc: OriginError, position: int) -> None:
-        delay = self._policy.delay_s(attempt)
-        self._observer.origin_retry(self.origin.name)
-        log.warning(
-            "origin %s: %s; retry %d/%d in %.2fs from byte %d",
-            self.origin.name,
-            exc,
-            attempt,
-            self._policy.retries,
-            delay,
-            position,
-        )
-        await asyncio.sleep(delay)
-
     async def _fetch(self, segment: Segment, stream: OriginStream | None) -> None:
-        attempt = 0
-        while True:
+        """Fill `segment`, resuming from its first missing byte after each failure."""
+
+        async def once() -> None:
+            nonlocal stream
+            opened, stream = stream, None  # a retry opens a new request from the position
             try:
-                if stream is None:
-                    stream = await self.open(segment.position, segment.end, self.info.etag)
-                    self._check_same_object(stream.info)
-                await self._copy(segment, stream)
-                return
-            except OriginError as exc:
-                attempt += 1
-                if not exc.is_retryable or attempt > self._policy.retries:
+                if opened is None:
+                    opened = await self.requests.open_once(
+                        segment.position, segment.end, self.info.etag
+                    )
+                try:
+                    self._check_same_object(opened.info)
+                    await self._copy(segment, opened)
+                except OriginError as exc:
+                    self.requests.count(exc.kind)
                     raise
-                self._observer.origin_request(self.origin.name, exc.kind)
-                await self.back_off(attempt, exc, segment.position)
+                self.requests.count("ok")
             finally:
-                if stream is not None:
-                    await stream.aclose()
-                    stream = None
+                if opened is not None:
+                    await opened.aclose()
+
+        await self.requests.retrying(once, lambda: segment.position)
 
     def _check_same_object(self, info: ObjectInfo) -> None:
-        if info.size_bytes != self.info.size_bytes:
-            raise OriginChanged(
-                f"object size changed from {self.info.size_bytes} to {info.size_bytes}"
-            )
+        """Refuse a response for another version of the object than the first response's
+        (an origin may ignore If-Match): its bytes must not be spliced into this one."""
+        change = self.info.differs_from(info)
+        if change is not None:
+            raise OriginChanged(f"{self.requests.key} changed during the fill: {change}")
 
     async def _copy(self, segment: Segment, stream: OriginStream) -> None:
         async for chunk in with_read_timeout(stream, self._policy.read_timeout_s):
             piece = chunk[: segment.end - segment.position]  # a stream may run past its segment
             await asyncio.to_thread(_write_at, self._fd, piece, segment.position)
             segment.done_bytes += len(piece)
-            self._observer.origin_bytes(self.origin.name, len(piece))
+            self.requests.received(len(piece))
             self._on_progress()
             if segment.is_complete:
                 return

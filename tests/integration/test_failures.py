@@ -153,3 +153,51 @@ def test_a_cache_file_truncated_under_the_daemon_aborts_the_hit(
     assert result.exit_code != 0 and len(result.body) == 1024 * 1024
     again = curl(f"{daemon.url}/web/s.tar")  # the broken entry was dropped and refetched
     assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
+
+
+def test_a_failing_head_never_lets_a_corrupt_body_through(
+    origin: OriginServer, start_daemon
+) -> None:
+    """Issue 9.1: Content-MD5 published, HEAD answers 500, body corrupt: never a success."""
+    data = os.urandom(3 * 1024 * 1024)
+    origin.put("s.tar", data, content_md5=hashlib.md5(b"the real bytes").digest(), head_status=500)
+    daemon = start_daemon({"web": origin.url}, "--origin-retries", "1")
+
+    for _ in range(2):
+        result = curl(f"{daemon.url}/web/s.tar")
+        assert result.exit_code != 0 and len(result.body) < len(data)
+    assert origin.heads["s.tar"] == 4  # two fills, each a HEAD and one retry
+    assert "checking the length only" not in daemon.log()
+    assert "Traceback" not in daemon.log()
+
+
+def test_a_206_for_another_range_is_refused(origin: OriginServer, start_daemon) -> None:
+    """Issue 9.2: asked for bytes=2097152-, the origin sends bytes from 0 and says so."""
+    data = os.urandom(5 * 1024 * 1024)
+    origin.put("s.tar", data, wrong_range=True)
+    daemon = start_daemon({"web": origin.url}, "--origin-retries", "1")
+
+    result = curl(f"{daemon.url}/web/s.tar")
+
+    assert result.exit_code != 0 and result.sha256 != sha256(data)
+    assert "origin answered bytes 0-" in daemon.log()
+    origin.behaviour["s.tar"].wrong_range = False
+    again = curl(f"{daemon.url}/web/s.tar")
+    assert again.exit_code == 0 and again.sha256 == sha256(data)
+    assert again.headers["x-shardcache"] == "miss"  # the bad fill was never cached
+
+
+def test_objects_streamed_through_uncached_are_verified(origin: OriginServer, start_daemon) -> None:
+    """Issue 9.8: an 8 MiB object behind a 4 MiB cache, Content-MD5 published, body corrupt."""
+    data = os.urandom(8 * 1024 * 1024)
+    origin.put("big.tar", data, content_md5=hashlib.md5(b"the real bytes").digest())
+    daemon = start_daemon({"web": origin.url}, cache_size="4MiB")
+
+    for _ in range(2):
+        result = curl(f"{daemon.url}/web/big.tar")
+        assert result.exit_code != 0 and len(result.body) < len(data)
+    assert "does not match" in daemon.log()
+    origin.behaviour["big.tar"].content_md5 = None
+    good = curl(f"{daemon.url}/web/big.tar")
+    assert good.exit_code == 0 and good.sha256 == sha256(data)
+    assert good.headers["x-shardcache"] == "miss"

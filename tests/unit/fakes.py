@@ -54,6 +54,17 @@ class FakeOrigin:
     chunk_bytes: int = 4096
     accepts_ranges: bool = False
     ranges: list[tuple[str, int, int | None]] = field(default_factory=list)
+    head_failures: Counter[str] = field(default_factory=Counter)  # HEADs to answer 5xx
+    ignore_if_match: bool = False  # serve the current version whatever If-Match says
+    replace_on_open: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # after N opens
+    open_failures: Counter[str] = field(default_factory=Counter)  # opens to refuse
+    refuse_from: dict[str, int] = field(default_factory=dict)  # refuse every GET from here on
+
+    def corrupt(self, key: str, at: int) -> None:
+        """Flip one byte of the served body; the published checksum stays the original's."""
+        data = bytearray(self.objects[key])
+        data[at] ^= 0xFF
+        self.objects[key] = bytes(data)
 
     def put(self, key: str, data: bytes, *, with_md5: bool = True) -> None:
         self.objects[key] = data
@@ -77,6 +88,9 @@ class FakeOrigin:
 
     async def head(self, key: str) -> ObjectInfo:
         self.heads[key] += 1
+        if self.head_failures[key] > 0:
+            self.head_failures[key] -= 1
+            raise OriginUnavailable(f"{key}: origin answered 503 to HEAD")
         return self._info(key)
 
     async def open(
@@ -84,8 +98,18 @@ class FakeOrigin:
     ) -> FakeStream:
         self.opens.append((key, start))
         self.ranges.append((key, start, end))
+        if self.open_failures[key] > 0:
+            self.open_failures[key] -= 1
+            raise OriginUnavailable(f"{key}: connection refused")
+        if start >= self.refuse_from.get(key, start + 1):
+            raise OriginUnavailable(f"{key}: connection refused for bytes {start}-")
+        if key in self.replace_on_open:
+            after, replacement = self.replace_on_open[key]
+            if sum(1 for k, _ in self.opens if k == key) > after:
+                del self.replace_on_open[key]
+                self.put(key, replacement)
         info = self._info(key)
-        if if_match is not None and if_match != info.etag:
+        if if_match is not None and if_match != info.etag and not self.ignore_if_match:
             raise OriginChanged("etag changed")
         fail_at = None
         stop = len(self.objects[key]) if end is None else end
