@@ -40,6 +40,7 @@ from shardcache.store import Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
+STORE_CHECK_INTERVAL_S = 2.0
 
 
 def build_origins(
@@ -87,6 +88,7 @@ class Daemon:
         self.started_at = time.monotonic()
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
+        self._store_watch: asyncio.Task[None] | None = None
         self.state: dict[str, Any] = {
             "is_shutting_down": False,
             "read_timeout_s": settings.origin_read_timeout,
@@ -142,6 +144,7 @@ class Daemon:
                 f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
             ) from None
         self.prefetch.start()
+        self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")
         usage = self.store.usage()
         log.info(
             "shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; origins: %s",
@@ -212,6 +215,9 @@ class Daemon:
         return getattr(self, "_specs", {o.name: o for o in self.settings.origins})
 
     async def _close(self) -> None:
+        if self._store_watch is not None:
+            self._store_watch.cancel()
+            await asyncio.gather(self._store_watch, return_exceptions=True)
         if hasattr(self, "prefetch"):
             await self.prefetch.aclose()
         if hasattr(self, "cache"):
@@ -236,9 +242,24 @@ class Daemon:
         )
 
     def _check_ready(self) -> str | None:
-        if not os.access(self.settings.cache_dir, os.W_OK):
-            return f"cache dir {self.settings.cache_dir} is not writable"
-        return None
+        """Why the daemon is not fully ready (it still serves, uncached), or None."""
+        problem = self.store.problem()
+        return f"{problem}; serving uncached until it is usable" if problem else None
+
+    async def _watch_store(self) -> None:
+        """Check the cache directory every few seconds, so a replaced or repaired directory
+        is taken back into use without a restart (or a readiness probe) and a broken one is
+        logged once, when it breaks."""
+        reported: str | None = None
+        while True:
+            problem = await asyncio.to_thread(self.store.problem)
+            if problem != reported:
+                if problem:
+                    log.warning("the cache is unusable, serving uncached: %s", problem)
+                else:
+                    log.info("the cache dir %s is usable again", self.settings.cache_dir)
+                reported = problem
+            await asyncio.sleep(STORE_CHECK_INTERVAL_S)
 
     def _status(self) -> dict[str, object]:
         usage = self.store.usage()

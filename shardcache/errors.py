@@ -8,7 +8,7 @@
     ├── NotCached                       404     not_cached   purging a key that is not cached
     ├── RangeNotSatisfiable             416     range
     ├── ShuttingDown                    503     shutdown
-    ├── CacheError                      500     cache        the local store failed (disk full, I/O)
+    ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
@@ -73,7 +73,10 @@ class ShuttingDown(ShardcacheError):
 
 
 class CacheError(ShardcacheError):
-    status = 500
+    """The local store failed (full, read-only or deleted directory, a broken index): the
+    environment's fault, not a bug, so 503; reads stream through uncached meanwhile."""
+
+    status = 503
     kind = "cache"
 
 

@@ -7,23 +7,30 @@ is complete, verified by the caller and fsynced; diskcache deletes a file only a
 change commits, so a crash leaves either a whole entry or an orphan file that `open()` removes.
 
 Space: `reserve(n)` evicts least-recently-used, unpinned entries *before* a fill writes, so the
-index plus reservations never exceed `capacity_bytes`. All methods block: callers run them on a
-worker thread, one hop per logical operation. This module knows nothing of HTTP or origins.
+index plus reservations never exceed `capacity_bytes`, nor what the filesystem has free (a
+`--cache-size` larger than the disk is bounded by the disk). All methods block: callers run them
+on a worker thread, one hop per logical operation. Every failure of the index or the disk is a
+`CacheError` (`map_store_errors`): the caller streams through uncached. `problem()` says why the
+directory is unusable and reopens the store when its directory was replaced. This module knows
+nothing of HTTP or origins.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import fcntl
 import json
 import logging
 import os
+import sqlite3
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,24 @@ _LRU_BATCH = 64
 WAL_CHECKPOINT_PAGES = 64  # SQLite checkpoints (and truncates) its WAL at this many pages
 WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, with slack
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
+# Free space kept on the filesystem beyond a reservation: the index must still be writable
+# (its WAL, a new row) when the data files have taken the rest.
+FILESYSTEM_HEADROOM_BYTES = (1 << 20) + WAL_ALLOWANCE_BYTES
+FULL_WARNING_INTERVAL_S = 60.0
+
+
+@contextlib.contextmanager
+def map_store_errors(what: str) -> Iterator[None]:
+    """Translate SQLite, diskcache and OS errors into CacheError, so none escapes the store
+    (a full disk, a read-only or deleted directory all end as "stream it through")."""
+    try:
+        yield
+    except CacheError:
+        raise
+    except (sqlite3.Error, diskcache.Timeout) as exc:
+        raise CacheError(f"{what}: the index failed: {exc or exc.__class__.__name__}") from exc
+    except OSError as exc:
+        raise CacheError(f"{what}: {exc.strerror or exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +73,8 @@ class EntryMeta:
     etag: str | None = None
     content_type: str | None = None
     checksum_headers: dict[str, str] = field(default_factory=dict)  # verified, re-published
+    digests: dict[str, str] = field(default_factory=dict)  # algorithm → hex, for `verify`
+    verified_by: list[str] = field(default_factory=list)  # "length", "Content-MD5", "etag"…
 
 
 @dataclass(slots=True)
@@ -84,10 +111,11 @@ class CacheFull(CacheError):
     """No room can be made: reservations and pinned entries hold the rest of the capacity."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _AdoptFile:
     path: str
     size_bytes: int
+    adopted_as: str | None = None  # the file's path in the index tree, once renamed there
 
 
 class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
@@ -100,6 +128,7 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         filename, full_path = self.filename(key, value)
         os.makedirs(os.path.dirname(full_path), exist_ok=True)
         os.rename(value.path, full_path)
+        value.adopted_as = full_path
         return value.size_bytes, MODE_BINARY, filename, None
 
     def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
@@ -113,10 +142,12 @@ class Store:
         directory: Path,
         capacity_bytes: int,
         on_evict: Callable[[str, int, bool], None] | None = None,
+        repair: bool = True,
     ) -> None:
         """Open (creating) the store; sweep partials; drop index rows and files that disagree.
 
-        `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits.
+        `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits. With
+        `repair=False` (`shardcache verify`), nothing is created, swept or fixed.
         Raises CacheError if the directory is unusable or another daemon holds it.
         """
         self.capacity_bytes = capacity_bytes
@@ -124,63 +155,109 @@ class Store:
         self._lock = threading.Lock()
         self._reserved_bytes = 0
         self._pinned: set[str] = set()
-        root = directory / LAYOUT_VERSION
-        self._index_dir = root / "index"
-        self._partial_dir = root / "partial"
-        try:
-            self._partial_dir.mkdir(parents=True, exist_ok=True)
-            self._index_dir.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise CacheError(f"cannot use {directory}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._lock_fd)
-            raise CacheError(f"{directory} is in use by another shardcache daemon") from None
-        self.swept_partials = self._sweep_partials()
-        self._index = diskcache.Cache(
-            str(self._index_dir),
-            disk=_AdoptingDisk,
-            size_limit=2**62,  # eviction is ours (reserve), so diskcache never culls by itself
-            cull_limit=0,
-            # diskcache's LRU policy writes access_time in a transaction on every get: 32
-            # concurrent hits then queue on SQLite's write lock. Reads here are lock-free
-            # (policy "none"), and access times are batched in `_touched` and written in one
-            # transaction before each eviction (and at close).
-            eviction_policy="none",
-            statistics=0,
-            # Checkpoint the write-ahead log often and truncate it, so the index's own disk
-            # use (counted against the bound) stays small and predictable.
-            sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
-            sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
-        )
-        self._index._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
         self._touched: dict[str, float] = {}
-        for _ in range(3):  # drop rows without files and files without rows; a fix can
-            if not self._check_index(fix=True):  # leave an empty parent dir for the next pass
-                break
+        self._directory = directory
+        self._root = directory / LAYOUT_VERSION
+        self._index_dir = self._root / "index"
+        self._partial_dir = self._root / "partial"
+        self._last_usage = StoreUsage(0, 0, 0, capacity_bytes)
+        self._full_warned_at = -FULL_WARNING_INTERVAL_S
+        self._lock_fd = -1
+        if not repair and not (self._index_dir / "cache.db").is_file():
+            raise CacheError(f"{directory} holds no shardcache cache")
+        self.swept_partials = 0
+        self._open(repair)
+        self._warn_if_larger_than_filesystem()
+
+    def _open(self, repair: bool) -> None:
+        """Lock the directory and open the index (again, after the directory was replaced)."""
+        try:
+            if repair:
+                self._partial_dir.mkdir(parents=True, exist_ok=True)
+                self._index_dir.mkdir(parents=True, exist_ok=True)
+            lock_fd = os.open(self._root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise CacheError(f"cannot use {self._directory}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise CacheError(f"{self._directory} is in use by another shardcache daemon") from None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+        self._lock_fd = lock_fd
+        if repair:
+            self.swept_partials = self._sweep_partials()
+        with map_store_errors(f"cannot open the index in {self._directory}"):
+            self._index = diskcache.Cache(
+                str(self._index_dir),
+                disk=_AdoptingDisk,
+                size_limit=2**62,  # eviction is ours (reserve), so diskcache never culls
+                cull_limit=0,
+                # diskcache's LRU policy writes access_time in a transaction on every get: 32
+                # concurrent hits then queue on SQLite's write lock. Reads here are lock-free
+                # (policy "none"), and access times are batched in `_touched` and written in
+                # one transaction before each eviction (and at close).
+                eviction_policy="none",
+                statistics=0,
+                # Checkpoint the write-ahead log often and truncate it, so the index's own disk
+                # use (counted against the bound) stays small and predictable.
+                sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
+                sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
+            )
+            db = os.stat(self._index_dir / "cache.db")
+            self._db_identity = (db.st_dev, db.st_ino)
+            if repair:
+                self._index._sql(
+                    "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
+                )
+                for _ in range(3):  # drop rows without files and files without rows; a fix
+                    if not self._check_index(fix=True):  # can leave an empty dir for the next
+                        break
+        self._touched = {}
+
+    def _warn_if_larger_than_filesystem(self) -> None:
+        with contextlib.suppress(OSError):
+            fs = os.statvfs(self._root)
+            if fs.f_blocks * fs.f_frsize < self.capacity_bytes:
+                log.warning(
+                    "--cache-size %d bytes is more than the filesystem under %s holds (%d "
+                    "bytes): the cache will be bounded by the free space instead",
+                    self.capacity_bytes,
+                    self._directory,
+                    fs.f_blocks * fs.f_frsize,
+                )
 
     # -- reads ---------------------------------------------------------------------------
 
     def lookup(self, key: str) -> Entry | None:
         """Return the open entry for `key` and mark it used, or None. Caller must close it."""
-        fd, tag = self._index.get(key, default=None, read=True, tag=True, retry=True)
+        with map_store_errors(f"cannot look up {key}"):
+            fd, tag = self._index.get(key, default=None, read=True, tag=True)
         if fd is None:
             return None
         with self._lock:
             self._touched[key] = time.time()
-        return Entry(fd, EntryMeta(**json.loads(tag)))
+        return Entry(fd, _meta(tag))
 
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
-        rows = self._index._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
-        return EntryMeta(**json.loads(rows[0][0])) if rows else None
+        with map_store_errors(f"cannot look up {key}"):
+            rows = self._index._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
+        return _meta(rows[0][0]) if rows else None
 
     def usage(self) -> StoreUsage:
-        return StoreUsage(
-            self._used_bytes(), len(self._index), self._reserved_bytes, self.capacity_bytes
-        )
+        """What the cache holds; while the index cannot be read, the last figures known."""
+        try:
+            with map_store_errors("cannot read the index size"):
+                usage = StoreUsage(
+                    self._used_bytes(), len(self._index), self._reserved_bytes, self.capacity_bytes
+                )
+        except CacheError as exc:
+            log.debug("usage: %s", exc)
+            return dataclasses.replace(self._last_usage, reserved_bytes=self._reserved_bytes)
+        self._last_usage = usage
+        return usage
 
     def _used_bytes(self) -> int:
         """Bytes on disk as `du` counts them: entries, the index database, and allowances
@@ -202,11 +279,13 @@ class Store:
     def reserve(self, size_bytes: int) -> Reservation:
         """Make room for `size_bytes` by evicting LRU unpinned entries, and open a partial file.
 
-        Raises CacheFull when reservations and pinned entries leave no room; the caller should
-        then stream the object through uncached. The caller must `commit()` or `abort()`.
+        Raises CacheFull when reservations and pinned entries leave no room, CacheError when
+        the directory is unusable; the caller should then stream the object through uncached.
+        The caller must `commit()` or `abort()`.
         """
-        with self._lock:
+        with self._lock, map_store_errors("cannot make room"):
             self._evict_until_free(size_bytes)
+            self._evict_for_filesystem(size_bytes)
             self._reserved_bytes += size_bytes
         path = self._partial_dir / uuid.uuid4().hex
         try:
@@ -214,34 +293,59 @@ class Store:
         except OSError as exc:
             self._release(size_bytes)
             raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
+        reservation = Reservation(size_bytes, path, fd)
         try:
             # Claim the blocks now: a full disk fails the fill before its first byte (the
             # caller streams the object through instead), never halfway through a shard.
-            os.posix_fallocate(fd, 0, size_bytes) if size_bytes else None
+            self._allocate(reservation)
         except OSError as exc:
             os.close(fd)
-            self.abort(Reservation(size_bytes, path, -1))
+            self.abort(reservation)
             raise CacheFull(f"cannot allocate {size_bytes} bytes: {exc.strerror or exc}") from exc
-        return Reservation(size_bytes, path, fd)
+        return reservation
+
+    def _allocate(self, reservation: Reservation) -> None:
+        if not reservation.size_bytes:
+            return
+        try:
+            os.posix_fallocate(reservation.fd, 0, reservation.size_bytes)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # Concurrent reservations each saw room for themselves: make room again, once.
+            with self._lock, map_store_errors("cannot make room"):
+                self._evict_for_filesystem(reservation.size_bytes)
+            os.posix_fallocate(reservation.fd, 0, reservation.size_bytes)
 
     def commit(self, reservation: Reservation, key: str, meta: EntryMeta) -> None:
         """Make a complete, verified partial file the entry for `key`.
 
         fsyncs the data first, so a power loss cannot leave an indexed entry with missing
-        bytes. The reservation's fd stays open for readers; the caller closes it.
+        bytes. The reservation's fd stays open for readers; the caller closes it. Raises
+        CacheError (the partial file is gone then, and nothing is left in the index tree).
         """
+        adopt = _AdoptFile(str(reservation.path), meta.size_bytes)
         try:
-            os.fsync(reservation.fd)
-            self._index.set(
-                key,
-                _AdoptFile(str(reservation.path), meta.size_bytes),
-                tag=json.dumps(asdict(meta)),
-                retry=True,
-            )
-        except OSError as exc:
+            with map_store_errors(f"cannot commit {key}"):
+                os.fsync(reservation.fd)
+                self._index.set(key, adopt, tag=json.dumps(dataclasses.asdict(meta)))
+        except CacheError:
+            self._drop_unindexed(adopt)
             self.abort(reservation)
-            raise CacheError(f"cannot commit {key}: {exc.strerror or exc}") from exc
+            raise
         self._release_reservation(reservation)
+
+    def _drop_unindexed(self, adopt: _AdoptFile) -> None:
+        """After a failed commit, delete the file if it was moved into the index tree but no
+        row names it (an orphan that `du` would count and `usage()` would not)."""
+        if adopt.adopted_as is None:
+            return
+        filename = os.path.relpath(adopt.adopted_as, self._index_dir)
+        with contextlib.suppress(sqlite3.Error, diskcache.Timeout):
+            query = "SELECT 1 FROM Cache WHERE filename = ?"
+            if self._index._sql(query, (filename,)).fetchall():
+                return  # the row made it after all: the entry is whole
+        self._index._disk.remove(filename)  # the file, then its emptied directories
 
     def abort(self, reservation: Reservation) -> None:
         """Discard a fill's partial file and give its space back. Safe to call twice."""
@@ -280,13 +384,14 @@ class Store:
     def delete(self, key: str) -> bool:
         """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
         self._pinned.discard(key)
-        return bool(self._index.delete(key, retry=True))
+        with map_store_errors(f"cannot delete {key}"):
+            return bool(self._index.delete(key))
 
     def _flush_touches(self) -> None:
         """Write the batched access times in one transaction (called with self._lock held)."""
         touched, self._touched = self._touched, {}
         if touched:
-            with self._index.transact(retry=True):
+            with self._index.transact():
                 for key, at in touched.items():
                     self._index._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
 
@@ -296,13 +401,43 @@ class Store:
             raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
         self._flush_touches()
         while self._used_bytes() + self._reserved_bytes + size_bytes > self.capacity_bytes:
-            victim = self._least_recently_used()
-            if victim is None:
+            if not self._evict_one(size_bytes):
                 raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
-            key, victim_size = victim
-            log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
-            if self._index.delete(key, retry=True) and self._on_evict is not None:
-                self._on_evict(key, victim_size, False)
+
+    def _evict_for_filesystem(self, size_bytes: int) -> None:
+        """Evict until the filesystem has `size_bytes` free plus headroom for the index: the
+        bound when `--cache-size` is larger than the disk (or something else fills it).
+        Called with self._lock held; leaves the rest to fallocate (CacheFull when it fails)."""
+        needed = size_bytes + FILESYSTEM_HEADROOM_BYTES
+        free = _free_bytes(self._root)
+        if free >= needed:
+            return
+        now = time.monotonic()
+        if now - self._full_warned_at >= FULL_WARNING_INTERVAL_S:
+            self._full_warned_at = now
+            log.warning(
+                "the filesystem under %s has %d bytes free, too few for a %d-byte fill: "
+                "evicting to fit; --cache-size %d is more than the disk holds for the cache "
+                "(%d bytes cached now)",
+                self._directory,
+                free,
+                size_bytes,
+                self.capacity_bytes,
+                self._used_bytes(),
+            )
+        while free < needed and self._evict_one(size_bytes):
+            free = _free_bytes(self._root)
+
+    def _evict_one(self, size_bytes: int) -> bool:
+        """Evict the least recently used unpinned entry; False when there is none."""
+        victim = self._least_recently_used()
+        if victim is None:
+            return False
+        key, victim_size = victim
+        log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
+        if self._index.delete(key) and self._on_evict is not None:
+            self._on_evict(key, victim_size, False)
+        return True
 
     def _least_recently_used(self) -> tuple[str, int] | None:
         # diskcache has no public "oldest by access time" query; its Cache table and
@@ -312,6 +447,59 @@ class Store:
             "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
         ).fetchall()
         return next(((k, s) for k, s in rows if k not in self._pinned), None)
+
+    # -- health ------------------------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """Return why the cache directory cannot be used now, or None when it can.
+
+        When the directory was deleted and is back (or its index is gone), the store reopens
+        itself there, empty: fills are cached again without a restart. Until then, and while
+        the directory is read-only, fills stream through uncached (`reserve` fails).
+        """
+        with self._lock:
+            try:
+                db = os.stat(self._index_dir / "cache.db")
+                is_same = (db.st_dev, db.st_ino) == self._db_identity
+            except FileNotFoundError:
+                is_same = False
+            except OSError as exc:
+                return f"cache dir {self._directory}: {exc.strerror or exc}"
+            if not is_same:
+                if not self._directory.is_dir():
+                    return f"cache dir {self._directory} is missing"
+                try:
+                    self._open(repair=True)
+                except CacheError as exc:
+                    return f"cache dir {self._directory} cannot be reopened: {exc}"
+                log.warning("the cache dir %s was replaced: reopened it, empty", self._directory)
+        for path in (self._index_dir, self._partial_dir):
+            if not os.access(path, os.W_OK):
+                return f"cache dir {path} is not writable"
+        return None
+
+    # -- offline checks (`shardcache verify`) --------------------------------------------------
+
+    def entries(self) -> Iterator[tuple[str, Path, EntryMeta | None]]:
+        """Every indexed entry: key, file path, metadata (None when unreadable)."""
+        with map_store_errors("cannot list the index"):
+            rows = self._index._sql("SELECT key, filename, tag FROM Cache ORDER BY rowid")
+            listed = rows.fetchall()
+        for key, filename, tag in listed:
+            try:
+                meta: EntryMeta | None = _meta(tag)
+            except CacheError:
+                meta = None
+            yield str(key), self._index_dir / str(filename), meta
+
+    def partial_files(self) -> list[Path]:
+        return sorted(self._partial_dir.iterdir()) if self._partial_dir.is_dir() else []
+
+    def index_problems(self, fix: bool) -> list[str]:
+        """diskcache's check: rows without files, files without rows, wrong sizes, SQLite's
+        integrity check. With `fix`, rows without files and stray files are removed."""
+        with map_store_errors("cannot check the index"):
+            return self._check_index(fix)
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -327,7 +515,7 @@ class Store:
     def check(self) -> list[str]:
         """Return inconsistencies between index and files (empty when sound); for tests and
         post-mortems. Partial files are reported only when no reservation is open."""
-        problems = self._check_index(fix=False)
+        problems = self.index_problems(fix=False)
         if self._reserved_bytes == 0:
             problems += [f"stray partial file {p}" for p in self._partial_dir.iterdir()]
         return problems
@@ -337,10 +525,26 @@ class Store:
         # exception (or silenced) by the caller's warning filters.
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            return [str(w.message) for w in self._index.check(fix=fix, retry=True)]
+            return [str(w.message) for w in self._index.check(fix=fix)]
 
     def close(self) -> None:
-        with self._lock:
+        with contextlib.suppress(CacheError), self._lock, map_store_errors("cannot close"):
             self._flush_touches()  # the LRU order survives a restart
-        self._index.close()
+        with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep
+            self._index.close()
         os.close(self._lock_fd)
+
+
+def _meta(tag: object) -> EntryMeta:
+    """An entry's metadata from its index tag; CacheError when the tag is not one of ours."""
+    try:
+        fields = json.loads(str(tag))
+        return EntryMeta(**fields)
+    except (ValueError, TypeError) as exc:
+        raise CacheError(f"unreadable entry metadata: {exc}") from exc
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still allocate on `path`'s filesystem."""
+    fs = os.statvfs(path)
+    return fs.f_bavail * fs.f_frsize
