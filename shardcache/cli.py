@@ -1,4 +1,4 @@
-"""The command line: `serve`, `demo`, `url`, `prefetch` and `stats`.
+"""The command line: `serve`, `demo`, `url`, `prefetch`, `stats` and `verify`.
 
 A bad setting prints one line naming it on stderr and exits 2; never a traceback.
 """
@@ -67,6 +67,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"the daemon (default $SHARDCACHE_URL or {DEFAULT_DAEMON_URL})",
     )
+
+    verify = commands.add_parser(
+        "verify",
+        help="check every cached shard against its digest, offline (stop the daemon first)",
+        description="Check each entry's length and digest, and the index against the files. "
+        "Exit 0: clean; 1: damage found (dropped with --repair); 2: cannot check.",
+    )
+    verify.add_argument(
+        "--cache-dir", metavar="PATH", help="the cache to check (default: as `serve` would use)"
+    )
+    verify.add_argument("--config", metavar="FILE", help="TOML file to take --cache-dir from")
+    verify.add_argument(
+        "--repair", action="store_true", help="drop damaged entries, orphans and partial files"
+    )
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
     prefetch = commands.add_parser(
         "prefetch", help="queue shards on the running daemon, in the order given"
@@ -202,6 +217,40 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
     return 1 if batch["failed"] else 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from shardcache.verify import total_bytes, verify_cache
+
+    flags = {"cache_dir": args.cache_dir, "config": args.config}
+    directory = config.load_settings(flags, os.environ).cache_dir
+    show_progress = sys.stderr.isatty() and not args.json
+    try:
+        total = total_bytes(directory) if show_progress else 0
+        with tqdm(
+            total=total, unit="B", unit_scale=True, disable=not show_progress, leave=False
+        ) as bar:
+            report = verify_cache(directory, repair=args.repair, on_bytes=bar.update)
+    except ShardcacheError as exc:
+        print(f"shardcache: error: cannot verify {directory}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(
+            f"{directory}: {report.entries} entries, {format_size(report.checked_bytes)} read; "
+            f"{report.digest_checked} checked against a digest, {report.length_only} by length"
+        )
+        for problem in report.problems:
+            print(f"  {problem.kind}: {problem.key + ': ' if problem.key else ''}{problem.detail}")
+        if report.problems:
+            action = "dropped" if report.repaired else "run with --repair to drop them"
+            print(f"{len(report.problems)} problems found; {action}")
+        else:
+            print("no damage found")
+    return 0 if report.is_clean else 1
+
+
 def _serve(args: argparse.Namespace, extra_origins: Sequence[str] = ()) -> int:
     from shardcache import daemon, logs  # imported here so `--help` stays fast
 
@@ -246,6 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _prefetch(args)
         if args.command == "stats":
             return _stats(args)
+        if args.command == "verify":
+            return _verify(args)
         parser.print_help()
         return 2
     except ConfigError as exc:
