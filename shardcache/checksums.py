@@ -1,9 +1,10 @@
 """Incremental verifiers for the checksums an origin publishes (pure).
 
 Sources: an S3 single-part ETag (the hex MD5 of the body, unless the object is SSE-KMS/SSE-C
-encrypted or multipart, whose ETags are not an MD5), `Content-MD5`, and the full-object
-`x-amz-checksum-{sha256,sha1,crc32}` headers. Composite (per-part) checksums and algorithms this
-module cannot compute (CRC32C, CRC64NVME) are skipped: length is still checked by `fill`.
+encrypted), an S3 multipart ETag (`<md5 of the parts' MD5s>-<parts>`) once the origin has told
+the part size (`md5-parts`), `Content-MD5`, and the full-object `x-amz-checksum-{sha256,sha1,
+crc32}` headers. Composite (per-part) checksums and algorithms this module cannot compute
+(CRC32C, CRC64NVME) are skipped: length is still checked by `fill`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Literal, Protocol
 
 from shardcache.errors import IntegrityError
 
-Algorithm = Literal["md5", "sha1", "sha256", "crc32"]
+Algorithm = Literal["md5", "sha1", "sha256", "crc32", "md5-parts"]
 _HEX_MD5 = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
+_MULTIPART_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})-([1-9][0-9]{0,4})"?$')
 _AMZ_ALGORITHMS: dict[str, Algorithm] = {"sha256": "sha256", "sha1": "sha1", "crc32": "crc32"}
 
 
@@ -31,6 +33,7 @@ class Checksum:
     algorithm: Algorithm
     digest: bytes
     source: str
+    part_bytes: int = 0  # md5-parts only: the size of every part but the last
 
 
 class _Hasher(Protocol):
@@ -51,9 +54,37 @@ class _Crc32:
         return self._value.to_bytes(4, "big")
 
 
-def _new_hasher(algorithm: Algorithm) -> _Hasher:
+class _PartsMd5:
+    """An S3 multipart ETag: the MD5 of the concatenated MD5s of each `part_bytes` part; its
+    digest is that MD5 followed by the number of parts (4 bytes), as the ETag's `-N` says."""
+
+    def __init__(self, part_bytes: int) -> None:
+        self._part_bytes = part_bytes
+        self._part = hashlib.md5()
+        self._left = part_bytes
+        self._digests: list[bytes] = []
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        view = memoryview(data)
+        while view:
+            piece, view = view[: self._left], view[self._left :]
+            self._part.update(piece)
+            self._left -= len(piece)
+            if not self._left:
+                self._digests.append(self._part.digest())
+                self._part, self._left = hashlib.md5(), self._part_bytes
+
+    def digest(self) -> bytes:
+        digests = self._digests + ([self._part.digest()] if self._left < self._part_bytes else [])
+        parts = len(digests).to_bytes(4, "big")
+        return hashlib.md5(b"".join(digests)).digest() + parts
+
+
+def _new_hasher(algorithm: Algorithm, part_bytes: int = 0) -> _Hasher:
     if algorithm == "crc32":
         return _Crc32()
+    if algorithm == "md5-parts":
+        return _PartsMd5(part_bytes)
     return hashlib.new(algorithm)
 
 
@@ -73,7 +104,7 @@ class Verifier:
 
     def __init__(self, checksums: tuple[Checksum, ...], extra: tuple[Algorithm, ...] = ()) -> None:
         self.checksums = checksums
-        self._hashers = [_new_hasher(c.algorithm) for c in checksums]
+        self._hashers = [_new_hasher(c.algorithm, c.part_bytes) for c in checksums]
         checked = {c.algorithm for c in checksums}
         self._extra = {a: _new_hasher(a) for a in extra if a not in checked}
 
@@ -86,7 +117,9 @@ class Verifier:
     def digests(self) -> dict[str, str]:
         """Hex digest per algorithm of everything hashed so far (checked and extra)."""
         pairs = zip(self.checksums, self._hashers, strict=True)
-        found: dict[str, str] = {c.algorithm: h.digest().hex() for c, h in pairs}
+        found: dict[str, str] = {
+            c.algorithm: h.digest().hex() for c, h in pairs if c.algorithm in _HEADER_FOR
+        }
         found.update({a: h.digest().hex() for a, h in self._extra.items()})
         return found
 
@@ -109,6 +142,30 @@ def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) ->
     if match is None:  # multipart ETags look like "<hex>-<parts>"
         return None
     return Checksum("md5", bytes.fromhex(match.group(1)), "etag")
+
+
+def multipart_etag_parts(etag: str | None) -> int | None:
+    """The number of parts a multipart S3 ETag names, or None for any other ETag."""
+    match = _MULTIPART_ETAG.match((etag or "").strip())
+    return int(match.group(2)) if match else None
+
+
+def from_s3_multipart_etag(
+    etag: str, part_bytes: int, server_side_encryption: str | None = None
+) -> Checksum | None:
+    """The checksum a multipart ETag stands for when every part but the last has
+    `part_bytes` bytes (what aws s3 cp, boto3, s5cmd, rclone and mc upload), or None."""
+    match = _MULTIPART_ETAG.match(etag.strip())
+    if match is None or server_side_encryption not in (None, "", "AES256") or part_bytes <= 0:
+        return None
+    digest = bytes.fromhex(match.group(1)) + int(match.group(2)).to_bytes(4, "big")
+    return Checksum("md5-parts", digest, "etag (multipart)", part_bytes)
+
+
+def has_storable_digest(checksums: tuple[Checksum, ...]) -> bool:
+    """Whether one of `checksums` can be kept with an entry and rechecked on its own by
+    `shardcache verify` (a multipart ETag needs its part size, which is not kept)."""
+    return any(c.algorithm in _HEADER_FOR for c in checksums)
 
 
 def _b64(value: str) -> bytes | None:
@@ -139,7 +196,7 @@ def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
     return found
 
 
-_HEADER_FOR: dict[Algorithm, str] = {
+_HEADER_FOR: dict[str, str] = {
     "md5": "Content-MD5",
     "sha256": "x-amz-checksum-sha256",
     "sha1": "x-amz-checksum-sha1",
@@ -149,5 +206,10 @@ _HEADER_FOR: dict[Algorithm, str] = {
 
 def to_headers(checksums: tuple[Checksum, ...]) -> dict[str, str]:
     """The response headers that publish `checksums` (what `from_headers` reads back), so a
-    shardcache tier below, or any client, can verify the whole object end to end."""
-    return {_HEADER_FOR[c.algorithm]: base64.b64encode(c.digest).decode() for c in checksums}
+    shardcache tier below, or any client, can verify the whole object end to end. A multipart
+    ETag is published as the ETag itself."""
+    return {
+        _HEADER_FOR[c.algorithm]: base64.b64encode(c.digest).decode()
+        for c in checksums
+        if c.algorithm in _HEADER_FOR
+    }

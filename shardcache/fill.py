@@ -36,7 +36,13 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shardcache.checksums import LOCAL_DIGEST, Checksum, Verifier, to_headers
+from shardcache.checksums import (
+    LOCAL_DIGEST,
+    Checksum,
+    Verifier,
+    has_storable_digest,
+    to_headers,
+)
 from shardcache.errors import CacheError, OriginChanged, ShardcacheError, ShuttingDown
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
@@ -304,7 +310,8 @@ class Fill:
         fd = self._reservation.fd
         checksums = await self._learn_checksums(info)
         self._know_checksums(checksums)
-        verifier = Verifier(checksums, extra=() if checksums else (LOCAL_DIGEST,))
+        extra = () if has_storable_digest(checksums) else (LOCAL_DIGEST,)
+        verifier = Verifier(checksums, extra=extra)
         hashed = 0
         while hashed < info.size_bytes:
             available = self.written_bytes

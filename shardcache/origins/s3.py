@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +37,7 @@ from shardcache.origins import Timeouts
 from shardcache.origins.base import ObjectInfo
 from shardcache.origins.http import HttpStream, HttpTransport
 
+log = logging.getLogger("shardcache.origins")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 _CHANGED = {"PreconditionFailed", "412"}
@@ -120,13 +123,36 @@ class S3Origin:
     async def head(self, key: str) -> ObjectInfo:
         url = self.url_for(key)
         with map_botocore_errors(url):
-            response = await asyncio.to_thread(
-                self._client.head_object,
-                Bucket=self.bucket,
-                Key=self._object_key(key),
-                ChecksumMode="ENABLED",
-            )
-        return _info(response, full=True)
+            response = await asyncio.to_thread(self._head, key)
+            info = _info(response, full=True)
+            parts = checksums.multipart_etag_parts(info.etag)
+            encrypted = response.get("ServerSideEncryption") not in (None, "", "AES256")
+            if parts and not info.checksums and not encrypted:
+                found = await asyncio.to_thread(self._multipart_checksum, key, info, parts)
+                if found is not None:
+                    return dataclasses.replace(info, checksums=(found,))
+        return info
+
+    def _head(self, key: str, part_number: int | None = None) -> Mapping[str, Any]:
+        extra: dict[str, Any] = {"PartNumber": part_number} if part_number else {}
+        return self._client.head_object(
+            Bucket=self.bucket, Key=self._object_key(key), ChecksumMode="ENABLED", **extra
+        )
+
+    def _multipart_checksum(
+        self, key: str, info: ObjectInfo, parts: int
+    ) -> checksums.Checksum | None:
+        """The multipart ETag as a checksum, when the part layout can be derived: the first
+        and last parts' sizes (HEAD with PartNumber) must account for the whole length with
+        equal parts before the last, as every common uploader makes them. Otherwise None
+        (the object is then checked by length only)."""
+        assert info.etag is not None
+        first = int(self._head(key, 1)["ContentLength"])
+        last = int(self._head(key, parts)["ContentLength"]) if parts > 1 else first
+        if not 0 < last <= first or first * (parts - 1) + last != info.size_bytes:
+            log.info("%s: multipart layout not derivable; checking the length only", key)
+            return None
+        return checksums.from_s3_multipart_etag(info.etag, first)
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None

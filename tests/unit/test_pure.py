@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import zlib
 
 import pytest
 
-from shardcache.checksums import Checksum, Verifier, from_headers, from_s3_etag
+from shardcache.checksums import (
+    Checksum,
+    Verifier,
+    from_headers,
+    from_s3_etag,
+    from_s3_multipart_etag,
+    multipart_etag_parts,
+)
 from shardcache.errors import IntegrityError, InvalidKey, RangeNotSatisfiable
 from shardcache.keys import validate_key, validate_origin_name
 from shardcache.ranges import ByteRange, parse_range
@@ -118,3 +126,22 @@ def test_composite_checksums_are_skipped() -> None:
     assert (
         from_headers({"x-amz-checksum-type": "COMPOSITE", "x-amz-checksum-crc32": "AAAAAA=="}) == []
     )
+
+
+def test_multipart_etag_is_the_md5_of_the_parts_md5s() -> None:
+    parts = [os.urandom(1000), os.urandom(1000), os.urandom(10)]
+    md5s = b"".join(hashlib.md5(p).digest() for p in parts)
+    etag = f'"{hashlib.md5(md5s).hexdigest()}-3"'
+    assert multipart_etag_parts(etag) == 3 and multipart_etag_parts('"abc"') is None
+    checksum = from_s3_multipart_etag(etag, 1000)
+    assert checksum is not None
+    body = b"".join(parts)
+    for cut in (1, 999, 1000, 1500, 2005):  # chunk edges that do and do not meet part edges
+        verifier = Verifier((checksum,))
+        verifier.update(body[:cut])
+        verifier.update(body[cut:])
+        verifier.verify()
+    wrong_layout = Verifier((from_s3_multipart_etag(etag, 999),))  # type: ignore[arg-type]
+    wrong_layout.update(body)
+    with pytest.raises(IntegrityError):
+        wrong_layout.verify()
