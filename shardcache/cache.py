@@ -63,6 +63,7 @@ class Lease:
     fill_fd: int = -1
     stream: OriginStream | None = None
     checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
+    verified_by: tuple[str, ...] = ()  # what a cached entry was verified against, for hits
 
     @classmethod
     def of(cls, result: Result, origin: Origin, info: ObjectInfo, **body: Any) -> Lease:
@@ -145,7 +146,9 @@ class ShardCache:
                 # Unpin only now that the file is open: unpinned before, a reservation could
                 # evict it while the lookup runs (then the prefetch would be wasted, refetched).
                 self._read_prefetched(origin, url, None)
-                return Lease.of(Result.HIT, origin, _info_of(entry.meta), entry=entry)
+                verified_by = tuple(entry.meta.verified_by)
+                info = _info_of(entry.meta)
+                return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
             # Race: (1) no fill in flight, (2) the store lookup runs on a thread, (3) meanwhile
             # a fill (a prefetch, say) starts, commits and finishes. Starting a fill now would
             # fetch the object twice: look again instead.

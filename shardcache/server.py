@@ -115,11 +115,13 @@ def object_response(
     content_type: str | None,
     byte_range: ByteRange | None,
     checksums: tuple[Checksum, ...] = (),
+    verified_by: tuple[str, ...] = (),
 ) -> web.StreamResponse:
     """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
 
     A whole-object answer republishes the checksums the cache verified (`Content-MD5`,
-    `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well.
+    `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well; a hit says
+    what its entry was verified against (`X-Shardcache-Verified: length, Content-MD5`).
     """
     headers = {
         "Accept-Ranges": "bytes",
@@ -128,6 +130,8 @@ def object_response(
     }
     if etag:
         headers["ETag"] = etag
+    if verified_by:
+        headers["X-Shardcache-Verified"] = ", ".join(verified_by)
     if byte_range is None:
         headers.update(to_headers(checksums))
     response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
@@ -163,6 +167,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             lease.content_type,
             byte_range,
             lease.checksums if lease.result is Result.HIT else (),
+            lease.verified_by,
         )
         writer = await response.prepare(request)
         assert writer is not None and request.transport is not None

@@ -67,3 +67,36 @@ def test_s3_multipart_object_and_per_origin_endpoint(
     result = curl(f"{daemon.url}/minio/big.tar")
     assert result.exit_code == 0 and result.sha256 == sha256(b"".join(parts))
     assert "-2" in result.headers["etag"]
+
+
+def test_s3_multipart_etags_verify_when_the_part_layout_is_derivable(
+    s3_client, s3_env, start_daemon
+) -> None:
+    """aws s3 cp's layout (equal parts, a shorter last one) is verified against the ETag."""
+    s3_client.create_bucket(Bucket="parts")
+    parts = [os.urandom(5 * MiB), os.urandom(5 * MiB), os.urandom(MiB + 7)]
+    upload = s3_client.create_multipart_upload(Bucket="parts", Key="big.tar")
+    etags = [
+        s3_client.upload_part(
+            Bucket="parts", Key="big.tar", PartNumber=n + 1, UploadId=upload["UploadId"], Body=p
+        )["ETag"]
+        for n, p in enumerate(parts)
+    ]
+    s3_client.complete_multipart_upload(
+        Bucket="parts",
+        Key="big.tar",
+        UploadId=upload["UploadId"],
+        MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n + 1} for n, e in enumerate(etags)]},
+    )
+    s3_client.put_object(Bucket="parts", Key="single.tar", Body=parts[2])
+    daemon = start_daemon({"lake": "s3://parts"}, "--readahead", "0", env=s3_env)
+
+    for key, data, source in (
+        ("big.tar", b"".join(parts), "etag (multipart)"),
+        ("single.tar", parts[2], "etag"),
+    ):
+        assert curl(f"{daemon.url}/lake/{key}").sha256 == sha256(data)
+        hit = curl(f"{daemon.url}/lake/{key}")
+        assert hit.headers["x-shardcache"] == "hit" and hit.sha256 == sha256(data)
+        verified_by = hit.headers["x-shardcache-verified"].split(", ")
+        assert verified_by[0] == "length" and source in verified_by, verified_by
