@@ -13,6 +13,7 @@
         ├── OriginNotFound              404     not_found
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
+        │   └── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
 
@@ -101,6 +102,13 @@ class OriginTimeout(OriginError):
 
 class OriginUnavailable(OriginError):
     kind = "unavailable"
+
+
+class OriginHeadUnsupported(OriginUnavailable):
+    """The origin answers HEAD with 405 or 501: a definite answer, not a transient failure,
+    so a fill checks such an origin's objects by length (and validators) only."""
+
+    is_retryable = False
 
 
 class OriginDenied(OriginUnavailable):

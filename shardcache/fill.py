@@ -43,7 +43,13 @@ from shardcache.checksums import (
     has_storable_digest,
     to_headers,
 )
-from shardcache.errors import CacheError, OriginChanged, ShardcacheError, ShuttingDown
+from shardcache.errors import (
+    CacheError,
+    OriginChanged,
+    OriginHeadUnsupported,
+    ShardcacheError,
+    ShuttingDown,
+)
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
@@ -288,12 +294,17 @@ class Fill:
         object, otherwise from a HEAD (a ranged response carries none for the object).
 
         Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
-        not said it publishes no checksum, so the fill must not go on unverified. Raises
+        not said it publishes no checksum, so the fill must not go on unverified (one that
+        answers 405/501, HEAD unsupported, has said so: length only). Raises
         OriginChanged when the HEAD describes another version than the first response.
         """
         if info.checksums:
             return info.checksums
-        head = await self._requests.head()
+        try:
+            head = await self._requests.head()
+        except OriginHeadUnsupported as exc:
+            log.info("%s: %s; checking the length only", self.cache_key, exc)
+            return ()
         change = info.differs_from(head)
         if change is not None:
             raise OriginChanged(f"{self.origin_key} changed during the fill: {change}")

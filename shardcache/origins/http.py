@@ -23,6 +23,7 @@ from shardcache.errors import (
     OriginChanged,
     OriginDenied,
     OriginError,
+    OriginHeadUnsupported,
     OriginNotFound,
     OriginTimeout,
     OriginUnavailable,
@@ -176,6 +177,10 @@ class HttpTransport:
         """HEAD `url`; `label` names the object in errors (never a signed URL)."""
         with map_aiohttp_errors(label):
             async with self._client().head(url, allow_redirects=True) as response:
+                if response.status in (405, 501):
+                    raise OriginHeadUnsupported(
+                        f"{label}: origin answered {response.status} to HEAD"
+                    )
                 _raise_for_status(response.status, label)
                 return _info(response.headers, response.status, label)
 

@@ -201,3 +201,15 @@ def test_objects_streamed_through_uncached_are_verified(origin: OriginServer, st
     good = curl(f"{daemon.url}/web/big.tar")
     assert good.exit_code == 0 and good.sha256 == sha256(data)
     assert good.headers["x-shardcache"] == "miss"
+
+
+def test_an_origin_without_head_is_checked_by_length(origin: OriginServer, start_daemon) -> None:
+    """405 to HEAD is a definite answer (no checksums that way), not a failure to retry."""
+    data = os.urandom(3 * 1024 * 1024)
+    origin.put("s.tar", data, head_status=405)
+    daemon = start_daemon({"web": origin.url})
+
+    assert curl(f"{daemon.url}/web/s.tar").sha256 == sha256(data)
+    hit = curl(f"{daemon.url}/web/s.tar")
+    assert hit.headers["x-shardcache"] == "hit" and hit.headers["x-shardcache-verified"] == "length"
+    assert origin.heads["s.tar"] == 1
