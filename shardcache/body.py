@@ -36,7 +36,8 @@ class FileSender:
         self._transport = transport
         self._write = write
         self._loop = asyncio.get_running_loop()
-        self.sent_bytes = 0
+        self.sent_bytes = 0  # every body byte of the response so far
+        self.bypassed_bytes = 0  # those sent with sendfile, which aiohttp's writer never saw
         sock = transport.get_extra_info("socket")
         is_plain = sock is not None and transport.get_extra_info("sslcontext") is None
         self._socket_fd = sock.fileno() if is_plain else -1
@@ -67,6 +68,7 @@ class FileSender:
             offset += sent
             count -= sent
             self.sent_bytes += sent
+            self.bypassed_bytes += sent
 
     async def _flush_transport(self) -> None:
         # Headers (and any earlier body bytes) sit in the transport's buffer until the socket
@@ -97,6 +99,10 @@ class FileSender:
             count -= len(data)
             self.sent_bytes += len(data)
 
+    def count_written(self, size_bytes: int) -> None:
+        """Bytes written through aiohttp by someone else (a stream relayed by `send_stream`)."""
+        self.sent_bytes += size_bytes
+
     def close(self) -> None:
         if self._poll_fd >= 0:
             os.close(self._poll_fd)
@@ -118,6 +124,9 @@ async def send_fill(
     """
     loop = asyncio.get_running_loop()
     position = start
+    if start == end:  # an empty object: no last byte to hold back, so wait for the verdict
+        await fill.wait_finished()
+        await fill.wait_readable(start, end)  # raises the fill's error if it failed
     while position < end:
         began = loop.time()
         limit = await fill.wait_readable(position, end)
@@ -133,8 +142,9 @@ async def send_stream(
     end: int,
     read_timeout_s: float,
     on_wait: Callable[[float], None],
-) -> int:
-    """Relay bytes [start, end) of an uncached origin stream; return the bytes sent.
+    on_sent: Callable[[int], None],
+) -> None:
+    """Relay bytes [start, end) of an uncached origin stream; `on_sent(n)` counts them.
 
     The stream runs from the object's first byte to its last, whatever the range, so the
     last chunk sent is held back until the stream has ended with the right length and the
@@ -144,7 +154,6 @@ async def send_stream(
     verifier = Verifier(info.checksums)
     loop = asyncio.get_running_loop()
     position = 0  # offset in the object of the next byte the stream yields
-    sent = 0
     pending = b""
     began = loop.time()
     async for chunk in with_read_timeout(stream, read_timeout_s):
@@ -155,11 +164,11 @@ async def send_stream(
         if piece:
             if pending:
                 await write(pending)
-                sent += len(pending)
+                on_sent(len(pending))
             pending = piece
         began = loop.time()
     if position != info.size_bytes:
         raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
     verifier.verify()
     await write(pending)
-    return sent + len(pending)
+    on_sent(len(pending))

@@ -13,7 +13,8 @@
         ├── OriginNotFound              404     not_found
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
-        │   └── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
+        │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
+        │   └── OriginNotResumable      502     unavailable  failed mid-body, no validator to resume
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
 
@@ -107,6 +108,13 @@ class OriginUnavailable(OriginError):
 class OriginHeadUnsupported(OriginUnavailable):
     """The origin answers HEAD with 405 or 501: a definite answer, not a transient failure,
     so a fill checks such an origin's objects by length (and validators) only."""
+
+    is_retryable = False
+
+
+class OriginNotResumable(OriginUnavailable):
+    """A body failed part-way and the origin gives no ETag or Last-Modified: resuming could
+    splice two versions, so the fill fails (the next request starts afresh)."""
 
     is_retryable = False
 

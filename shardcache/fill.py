@@ -234,6 +234,8 @@ class Fill:
             # twice; a full-object GET could not be cut short without discarding what the
             # network already carried.
             first = await self._requests.open(0, self._policy.first_segment_bytes, None)
+            if first.info.etag is None and first.info.last_modified is None:
+                first = await self._whole_object(first)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
                 checksums = await self._learn_checksums(info)
@@ -266,6 +268,15 @@ class Fill:
             await self._release_space()
             self._checksums_known.set()
             self._finished.set()
+
+    async def _whole_object(self, first: OriginStream) -> OriginStream:
+        """An object whose responses carry no validator: nothing could tell a later ranged
+        request's version from the first one's, so fetch it in one request (no segments)."""
+        if first.info.size_bytes > self._policy.first_segment_bytes:
+            await first.aclose()
+            self._requests.count("ok")
+            first = await self._requests.open(0, None, None)
+        return _WithInfo(first, dataclasses.replace(first.info, accepts_ranges=False))
 
     async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
         """Run the segmented download while a second task learns the object's checksums and
@@ -398,6 +409,8 @@ class _ContinuedStream:
     def __init__(
         self, first: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
     ) -> None:
+        # `first` yields exactly what its response announced (a 206's range, or a 200's whole
+        # object): the origin adapters refuse a body longer or shorter than that.
         self.info = dataclasses.replace(first.info, checksums=checksums)
         self._first = first
         self._rest: OriginStream | None = None
@@ -422,6 +435,20 @@ class _ContinuedStream:
         await self._first.aclose()
         if self._rest is not None:
             await self._rest.aclose()
+
+
+class _WithInfo:
+    """A stream with its info replaced (here: one that must not be fetched in segments)."""
+
+    def __init__(self, stream: OriginStream, info: ObjectInfo) -> None:
+        self.info = info
+        self._stream = stream
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return aiter(self._stream)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardcache.errors import OriginChanged, OriginError, OriginUnavailable
+from shardcache.errors import OriginChanged, OriginError, OriginNotResumable, OriginUnavailable
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
 
@@ -157,6 +157,9 @@ class SegmentedDownload:
     ) -> None:
         self.requests = requests
         self.info = info
+        # With no validator to compare, a second request could be another version: one
+        # request for the whole object, and no resuming it part-way.
+        self.is_resumable = info.etag is not None or info.last_modified is not None
         self.segments = plan(info.size_bytes, requests.policy, info.accepts_ranges)
         self._fd = fd
         self._policy = requests.policy
@@ -230,6 +233,10 @@ class SegmentedDownload:
                     await self._copy(segment, opened)
                 except OriginError as exc:
                     self.requests.count(exc.kind)
+                    if segment.done_bytes and not self.is_resumable:
+                        raise OriginNotResumable(
+                            f"{exc}; no ETag or Last-Modified to resume {self.requests.key} safely"
+                        ) from exc
                     raise
                 self.requests.count("ok")
             finally:
@@ -246,6 +253,8 @@ class SegmentedDownload:
             raise OriginChanged(f"{self.requests.key} changed during the fill: {change}")
 
     async def _copy(self, segment: Segment, stream: OriginStream) -> None:
+        if segment.is_complete:  # an empty object: nothing to copy
+            return
         async for chunk in with_read_timeout(stream, self._policy.read_timeout_s):
             piece = chunk[: segment.end - segment.position]  # a stream may run past its segment
             await asyncio.to_thread(_write_at, self._fd, piece, segment.position)

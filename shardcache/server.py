@@ -73,6 +73,12 @@ class InFlight:
         return True
 
 
+def _abort(request: web.Request) -> None:
+    """Abort the connection (never a clean short body); it may be gone already."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
@@ -170,15 +176,16 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             lease.verified_by,
         )
         writer = await response.prepare(request)
-        assert writer is not None and request.transport is not None
+        if writer is None or request.transport is None:
+            return response  # the client left before the headers went out
         metrics.requests.labels(lease.origin, lease.result.value).inc()
         metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
         sender = FileSender(request.transport, response.write)
         try:
             await _send_body(lease, sender, response, start, end, request, metrics)
-        except ClientGone:
+        except (ClientGone, ConnectionResetError):  # origin errors are OriginErrors, never these
             log.debug("client left during %s", request.path)
-            request.transport.abort()
+            _abort(request)
             return response
         except Exception as exc:  # any failure after the headers: never a clean short body
             expected = isinstance(exc, ShardcacheError | OSError | EOFError)
@@ -196,13 +203,13 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
                 # hears of the failure and retries), so the next request refetches.
                 with contextlib.suppress(NotCached):
                     await cache.purge(request.match_info["origin"], request.match_info["key"])
-            request.transport.abort()
+            _abort(request)
             return response
         finally:
             sender.close()
             source = "cache" if lease.result is Result.HIT else "origin"
             metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
-            writer.output_size += sender.sent_bytes  # for the access log
+            writer.output_size += sender.bypassed_bytes  # for the access log
         await response.write_eof()
         metrics.duration.labels(lease.result.value).observe(loop.time() - began)
         return response
@@ -229,8 +236,8 @@ async def _send_body(
         await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait)
     elif lease.stream is not None:
         read_timeout = request.app[STATE_KEY]["read_timeout_s"]
-        sender.sent_bytes += await send_stream(
-            lease.stream, response.write, start, end, read_timeout, on_wait
+        await send_stream(
+            lease.stream, response.write, start, end, read_timeout, on_wait, sender.count_written
         )
 
 

@@ -31,6 +31,9 @@ class Behaviour:
     chunk_delay_s: float = 0.0  # pause after each chunk: a slow link
     head_status: int | None = None  # answer every HEAD with this status
     wrong_range: bool = False  # answer `Range: bytes=N-…` with bytes from 0, and say so
+    overlong: int = 0  # answer ranges chunked (no Content-Length) with this many extra bytes
+    no_etag: bool = False  # send no validator at all
+    no_md5: bool = False  # publish no checksum
 
 
 @dataclass
@@ -70,20 +73,29 @@ class OriginServer:
         start, stop = 0, len(data)
         status = 200
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
+        if how.no_etag:
+            del headers["ETag"]
         if "Range" in request.headers:
             self.ranges.append((key, request.headers["Range"]))
             first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")
+            if int(first) >= len(data):  # RFC 9110 §15.5.17
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{len(data)}"})
             start = int(first)
             stop = min(len(data), int(last) + 1) if last else len(data)
             if how.wrong_range and start > 0:
                 start, stop = 0, stop - start
             status = 206
             headers["Content-Range"] = f"bytes {start}-{stop - 1}/{len(data)}"
-        else:
+        elif not how.no_md5:
             md5 = how.content_md5 or hashlib.md5(data).digest()
             headers["Content-MD5"] = base64.b64encode(md5).decode()
         response = web.StreamResponse(status=status, headers=headers)
-        response.content_length = stop - start
+        if how.overlong and status == 206:
+            response.enable_chunked_encoding()
+            data = data[:stop] + b"\xee" * how.overlong + data[stop:]
+            stop += how.overlong
+        else:
+            response.content_length = stop - start
         await response.prepare(request)
         if request.method == "HEAD":
             return response

@@ -74,7 +74,9 @@ class Origin(Protocol):
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> OriginStream:
         """Start reading bytes [start, end) of `key` (to the end when `end` is None); the
-        caller must `aclose()` the stream. A stream may yield past `end`; callers cut it.
+        caller must `aclose()` the stream. A stream may yield past `end` (an origin that
+        answers a range with the whole object), never past what its response announced, and
+        raises when its body ends early; callers cut it.
 
         With `if_match`, raise OriginChanged if the object's ETag is no longer that value.
         Errors before the first byte raise here; errors mid-body raise from iteration.

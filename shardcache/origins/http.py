@@ -128,17 +128,30 @@ def check_range(
 
 
 class HttpStream:
+    """A response body that must be exactly `body_bytes` long: what Content-Length or, for a
+    chunked 206, Content-Range announced. A body running past that, or ending before it,
+    raises OriginUnavailable; nothing beyond it is ever yielded."""
+
     def __init__(
-        self, info: ObjectInfo, response: aiohttp.ClientResponse, skip: int, url: str
+        self,
+        info: ObjectInfo,
+        response: aiohttp.ClientResponse,
+        skip: int,
+        url: str,
+        body_bytes: int,
     ) -> None:
         self.info = info
         self._response = response
         self._skip = skip  # bytes to drop when a server answered a Range request with 200
         self._url = url
+        self._left = body_bytes
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with map_aiohttp_errors(self._url):
             async for chunk in self._response.content.iter_chunked(CHUNK_BYTES):
+                if len(chunk) > self._left:
+                    raise OriginUnavailable(f"{self._url}: body longer than announced")
+                self._left -= len(chunk)
                 if self._skip:
                     dropped = min(self._skip, len(chunk))
                     self._skip -= dropped
@@ -146,6 +159,8 @@ class HttpStream:
                     if not chunk:
                         continue
                 yield chunk
+        if self._left:
+            raise OriginUnavailable(f"{self._url}: body ended {self._left} bytes short")
 
     async def aclose(self) -> None:
         self._response.close()
@@ -191,22 +206,32 @@ class HttpTransport:
         headers = {}
         if start or end is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
-        if if_match is not None:
+        # RFC 9110 §13.1.1: If-Match compares strongly, so a weak ETag never matches; the
+        # validators of each response are compared by the caller instead.
+        if if_match is not None and not if_match.startswith("W/"):
             headers["If-Match"] = if_match
         with map_aiohttp_errors(label):
             response = await self._client().get(url, headers=headers)
+            if response.status == 416 and start == 0 and "Range" in headers:
+                # An empty object has no byte 0 to range over: ask for all of it.
+                response.close()
+                del headers["Range"]
+                response = await self._client().get(url, headers=headers)
             try:
                 _raise_for_status(response.status, label)
                 info = _info(response.headers, response.status, label)
                 if response.status == 206:
                     check_range(response.headers, info.size_bytes, start, end, label)
-                if if_match is not None and info.etag not in (None, if_match):
+                if if_match is not None and info.etag not in (None, if_match):  # If-Match ignored
                     raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
             except BaseException:
                 response.close()
                 raise
         skip = start if response.status == 200 else 0
-        return HttpStream(info, response, skip, label)
+        body_bytes = info.size_bytes
+        if response.status == 206:
+            body_bytes = min(info.size_bytes if end is None else end, info.size_bytes) - start
+        return HttpStream(info, response, skip, label, body_bytes)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -59,6 +59,7 @@ class FakeOrigin:
     replace_on_open: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # after N opens
     open_failures: Counter[str] = field(default_factory=Counter)  # opens to refuse
     refuse_from: dict[str, int] = field(default_factory=dict)  # refuse every GET from here on
+    without_validators: set[str] = field(default_factory=set)  # keys served with no ETag
 
     def corrupt(self, key: str, at: int) -> None:
         """Flip one byte of the served body; the published checksum stays the original's."""
@@ -81,7 +82,7 @@ class FakeOrigin:
             raise OriginNotFound(f"{key} not found")
         return ObjectInfo(
             len(self.objects[key]),
-            self.etags[key],
+            None if key in self.without_validators else self.etags[key],
             self.checksums[key],
             accepts_ranges=self.accepts_ranges,
         )

@@ -182,7 +182,9 @@ async def test_objects_streamed_through_uncached_are_verified(
             sent.extend(chunk)
 
         with pytest.raises(IntegrityError):
-            await send_stream(lease.stream, write, 0, len(data), 5.0, lambda s: None)
+            await send_stream(
+                lease.stream, write, 0, len(data), 5.0, lambda s: None, lambda n: None
+            )
         assert len(sent) < len(data)
         await lease.aclose()
     finally:
@@ -279,3 +281,56 @@ async def test_no_task_exception_is_left_unretrieved(
         gc.collect()
         await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text
+
+
+async def test_an_object_without_validators_is_fetched_in_one_request(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """No ETag, no Last-Modified: a second request could be another version unnoticed."""
+    old, new = os.urandom(MiB), os.urandom(MiB)
+    origin.put("a.tar", old, with_md5=False)
+    origin.without_validators.add("a.tar")
+    origin.replace_on_open["a.tar"] = (1, new)  # replaced right after the first GET
+
+    body = await read_all(await cache.open("fake", "a.tar"))
+    assert body in (old, new)  # one version, never a splice of both
+    assert [end for _, _, end in origin.ranges][1:] == [None]  # then one whole-object GET
+
+
+async def test_a_body_failing_without_validators_is_not_resumed(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    data = os.urandom(200 * 1024)
+    origin.put("a.tar", data, with_md5=False)
+    origin.without_validators.add("a.tar")
+    origin.fail_at["a.tar"] = 100_000
+    origin.failures_left["a.tar"] = 1
+
+    with pytest.raises(OriginUnavailable, match="no ETag or Last-Modified"):
+        await read_all(await cache.open("fake", "a.tar"))
+    await settle(cache)
+    assert len(origin.opens) == 1
+    assert await read_all(await cache.open("fake", "a.tar")) == data  # afresh, whole
+
+
+def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -> None:
+    from shardcache.store import EntryMeta
+
+    directory = tmp_path / "cache"
+    store = Store(directory, 8 * MiB)
+    for key, size in (("bad-tag", 10), ("short-file", 10), ("good", 10)):
+        reservation = store.reserve(size)
+        os.pwrite(reservation.fd, b"x" * size, 0)
+        store.commit(reservation, key, EntryMeta(size))
+        os.close(reservation.fd)
+    store._index._sql("UPDATE Cache SET tag = ? WHERE key = ?", ('{"size_bytes": "x"}', "bad-tag"))
+    with pytest.raises(CacheError):
+        store.lookup("bad-tag")
+    (path,) = [p for k, p, _ in store.entries() if k == "short-file"]
+    os.truncate(path, 3)
+    store.close()
+
+    reopened = Store(directory, 8 * MiB)  # drops both instead of "fixing" the size column
+    assert sorted(k for k, _, _ in reopened.entries()) == ["good"]
+    assert reopened.check() == []
+    reopened.close()
