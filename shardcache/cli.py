@@ -233,6 +233,8 @@ def _verify(args: argparse.Namespace) -> int:
             report = verify_cache(directory, repair=args.repair, on_bytes=bar.update)
     except ShardcacheError as exc:
         print(f"shardcache: error: cannot verify {directory}: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"directory": str(directory), "error": str(exc)}))
         return 2
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
@@ -243,9 +245,13 @@ def _verify(args: argparse.Namespace) -> int:
         )
         for problem in report.problems:
             print(f"  {problem.kind}: {problem.key + ': ' if problem.key else ''}{problem.detail}")
+        if report.partial_files:
+            done = "removed" if args.repair else "the daemon removes them at start"
+            print(f"{len(report.partial_files)} partial files of interrupted fills ({done})")
         if report.problems:
             action = "dropped" if report.repaired else "run with --repair to drop them"
-            print(f"{len(report.problems)} problems found; {action}")
+            count = len(report.problems)
+            print(f"{count} problem{'s' if count > 1 else ''} found; {action}")
         else:
             print("no damage found")
     return 0 if report.is_clean else 1

@@ -49,6 +49,7 @@ ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of 
 # (its WAL, a new row) when the data files have taken the rest.
 FILESYSTEM_HEADROOM_BYTES = (1 << 20) + WAL_ALLOWANCE_BYTES
 FULL_WARNING_INTERVAL_S = 60.0
+FILESYSTEM_FULL_BYTES = WAL_ALLOWANCE_BYTES // 2  # less free than this: the index cannot grow
 
 
 @contextlib.contextmanager
@@ -126,6 +127,8 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         if not isinstance(value, _AdoptFile):
             raise TypeError("the shardcache index only adopts finished files")
         filename, full_path = self.filename(key, value)
+        if not os.path.isdir(self._directory):  # deleted under us: never recreate it here
+            raise FileNotFoundError(errno.ENOENT, "the index directory is gone", self._directory)
         os.makedirs(os.path.dirname(full_path), exist_ok=True)
         os.rename(value.path, full_path)
         value.adopted_as = full_path
@@ -156,6 +159,7 @@ class Store:
         self._reserved_bytes = 0
         self._pinned: set[str] = set()
         self._touched: dict[str, float] = {}
+        self._unlink_later: set[Path] = set()  # partial files a read-only dir kept
         self._directory = directory
         self._root = directory / LAYOUT_VERSION
         self._index_dir = self._root / "index"
@@ -163,10 +167,15 @@ class Store:
         self._last_usage = StoreUsage(0, 0, 0, capacity_bytes)
         self._full_warned_at = -FULL_WARNING_INTERVAL_S
         self._lock_fd = -1
-        if not repair and not (self._index_dir / "cache.db").is_file():
+        if not repair and not directory.is_dir():
+            raise CacheError(f"{directory} does not exist or is not a directory")
+        if not repair and not all(
+            path.is_file() for path in (self._index_dir / "cache.db", self._root / "lock")
+        ):
             raise CacheError(f"{directory} holds no shardcache cache")
         self.swept_partials = 0
         self._open(repair)
+        self._directory_device = os.stat(directory).st_dev
         self._warn_if_larger_than_filesystem()
 
     def _open(self, repair: bool) -> None:
@@ -175,7 +184,8 @@ class Store:
             if repair:
                 self._partial_dir.mkdir(parents=True, exist_ok=True)
                 self._index_dir.mkdir(parents=True, exist_ok=True)
-            lock_fd = os.open(self._root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            create = os.O_CREAT if repair else 0  # `verify` never writes into a stranger's dir
+            lock_fd = os.open(self._root / "lock", os.O_RDWR | create | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise CacheError(f"cannot use {self._directory}: {exc.strerror or exc}") from None
         try:
@@ -211,10 +221,24 @@ class Store:
                 self._index._sql(
                     "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
                 )
+                self._drop_damaged_entries()
                 for _ in range(3):  # drop rows without files and files without rows; a fix
                     if not self._check_index(fix=True):  # can leave an empty dir for the next
                         break
         self._touched = {}
+
+    def _drop_damaged_entries(self) -> None:
+        """Drop entries whose metadata is unreadable or whose file has another size than
+        the entry says, before diskcache's check would "fix" the size to the damaged file."""
+        rows = self._index._sql("SELECT key, filename, tag FROM Cache").fetchall()
+        for key, filename, tag in rows:
+            try:
+                is_sound = _meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
+            except (CacheError, FileNotFoundError):
+                is_sound = False
+            if not is_sound:
+                log.warning("dropping damaged entry %s", key)
+                self._index.delete(key)
 
     def _warn_if_larger_than_filesystem(self) -> None:
         with contextlib.suppress(OSError):
@@ -236,9 +260,14 @@ class Store:
             fd, tag = self._index.get(key, default=None, read=True, tag=True)
         if fd is None:
             return None
+        try:
+            meta = _meta(tag)
+        except CacheError:
+            os.close(fd)
+            raise
         with self._lock:
             self._touched[key] = time.time()
-        return Entry(fd, _meta(tag))
+        return Entry(fd, meta)
 
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
@@ -348,10 +377,18 @@ class Store:
         self._index._disk.remove(filename)  # the file, then its emptied directories
 
     def abort(self, reservation: Reservation) -> None:
-        """Discard a fill's partial file and give its space back. Safe to call twice."""
-        with contextlib.suppress(FileNotFoundError):  # already committed or swept
+        """Discard a fill's partial file and give its space back. Safe to call twice; never
+        raises: the space is given back even when the file cannot be removed now (a
+        read-only directory), and removing it is tried again by `problem()`."""
+        try:
             os.unlink(reservation.path)
-        self._release_reservation(reservation)
+        except FileNotFoundError:  # already committed or swept
+            pass
+        except OSError as exc:
+            log.warning("cannot remove %s now (%s); will retry", reservation.path, exc.strerror)
+            self._unlink_later.add(reservation.path)
+        finally:
+            self._release_reservation(reservation)
 
     def _release_reservation(self, reservation: Reservation) -> None:
         if not reservation.is_released:
@@ -435,7 +472,17 @@ class Store:
             return False
         key, victim_size = victim
         log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
-        if self._index.delete(key) and self._on_evict is not None:
+        try:
+            deleted = self._index.delete(key)
+        except sqlite3.OperationalError:
+            # A disk filled to the last block (by something else) leaves SQLite no room to
+            # write the deletion: free the victim's file first, then delete its row. A row
+            # whose file is gone reads as a miss, and start-up drops it if this fails too.
+            rows = self._index._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
+            for (filename,) in rows.fetchall():
+                self._index._disk.remove(filename)
+            deleted = self._index.delete(key)
+        if deleted and self._on_evict is not None:
             self._on_evict(key, victim_size, False)
         return True
 
@@ -466,8 +513,17 @@ class Store:
             except OSError as exc:
                 return f"cache dir {self._directory}: {exc.strerror or exc}"
             if not is_same:
-                if not self._directory.is_dir():
+                try:
+                    device = os.stat(self._directory).st_dev
+                except OSError:
                     return f"cache dir {self._directory} is missing"
+                if device != self._directory_device:
+                    # Unmounted: recreating the cache on the filesystem underneath would fill
+                    # a disk nobody sized for it.
+                    return (
+                        f"cache dir {self._directory} is on another filesystem than at start "
+                        "(unmounted?); mount it back, or restart to use it where it is"
+                    )
                 try:
                     self._open(repair=True)
                 except CacheError as exc:
@@ -476,6 +532,13 @@ class Store:
         for path in (self._index_dir, self._partial_dir):
             if not os.access(path, os.W_OK):
                 return f"cache dir {path} is not writable"
+        with contextlib.suppress(OSError):
+            if (free := _free_bytes(self._root)) < FILESYSTEM_FULL_BYTES:
+                return f"the filesystem under {self._directory} is full ({free} bytes free)"
+        for path in list(self._unlink_later):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            self._unlink_later.discard(path)
         return None
 
     # -- offline checks (`shardcache verify`) --------------------------------------------------
@@ -538,10 +601,22 @@ class Store:
 def _meta(tag: object) -> EntryMeta:
     """An entry's metadata from its index tag; CacheError when the tag is not one of ours."""
     try:
-        fields = json.loads(str(tag))
-        return EntryMeta(**fields)
+        meta = EntryMeta(**json.loads(str(tag)))
     except (ValueError, TypeError) as exc:
         raise CacheError(f"unreadable entry metadata: {exc}") from exc
+    text = (str, type(None))
+    is_sound = (
+        type(meta.size_bytes) is int
+        and meta.size_bytes >= 0
+        and isinstance(meta.etag, text)
+        and isinstance(meta.content_type, text)
+        and all(isinstance(v, str) for v in meta.checksum_headers.values())
+        and all(isinstance(v, str) for v in meta.digests.values())
+        and all(isinstance(v, str) for v in meta.verified_by)
+    )
+    if not is_sound:
+        raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")
+    return meta
 
 
 def _free_bytes(path: Path) -> int:

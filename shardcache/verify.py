@@ -5,7 +5,8 @@ Digests are the ones kept at commit time (`EntryMeta.digests`, computed while th
 in, so checking costs one read of each file) and the verified checksums an entry republishes;
 an entry committed before digests were kept is checked for its length only. Run it with the
 daemon stopped: the store's lock keeps a running daemon and a repair apart. `repair` drops what
-is damaged (entries, orphan files, rows without files, partial files); nothing else changes.
+is damaged (entries, orphan files, rows without files) and the partial files of interrupted
+fills (listed, not counted as damage: the daemon sweeps them at start); nothing else changes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from shardcache.checksums import Algorithm, Checksum, Verifier, from_headers
 from shardcache.errors import IntegrityError
 from shardcache.store import LAYOUT_VERSION, EntryMeta, Store
 
-ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index", "partial"]
+ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index"]
 READ_BYTES = 4 << 20
 _ALGORITHMS: frozenset[str] = frozenset(get_args(Algorithm)) - {"md5-parts"}  # needs a part size
 
@@ -40,6 +41,8 @@ class Report:
     digest_checked: int = 0  # entries whose bytes were hashed against a kept digest
     length_only: int = 0  # entries with no digest to check (committed by an older version)
     problems: list[Problem] = field(default_factory=list)
+    # Fills a crash interrupted: not damage (the daemon sweeps them at start), but listed.
+    partial_files: list[str] = field(default_factory=list)
     repaired: bool = False
 
     @property
@@ -73,10 +76,8 @@ def verify_cache(
             if not any(path in message for path in named):  # reported above already
                 report.problems.append(Problem("index", message))
         partials = store.partial_files()
-        report.problems += [
-            Problem("partial", f"left by an interrupted fill: {p}") for p in partials
-        ]
-        if repair and report.problems:
+        report.partial_files = [str(p) for p in partials]
+        if repair and (report.problems or partials):
             for key in damaged:
                 store.delete(key)
             for _ in range(3):  # a removed file can leave an empty directory for the next pass
@@ -84,7 +85,7 @@ def verify_cache(
                     break
             for leftover in partials:
                 leftover.unlink(missing_ok=True)
-            report.repaired = True
+            report.repaired = bool(report.problems)
         return report
     finally:
         store.close()

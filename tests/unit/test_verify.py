@@ -78,7 +78,8 @@ def test_damage_is_found_and_repair_drops_it(cached: tuple[Path, dict[str, Path]
 
     report = verify_cache(directory)
     kinds = sorted(p.kind for p in report.problems)
-    assert kinds == ["corrupt", "corrupt", "index", "partial", "wrong_size"], report.problems
+    assert kinds == ["corrupt", "corrupt", "index", "wrong_size"], report.problems
+    assert [Path(p).name for p in report.partial_files] == ["leftover"]  # listed, not damage
     assert {p.key for p in report.problems if p.kind == "corrupt"} == {
         "fake://fake/md5.tar",
         "fake://fake/plain.tar",
@@ -87,7 +88,7 @@ def test_damage_is_found_and_repair_drops_it(cached: tuple[Path, dict[str, Path]
     repaired = verify_cache(directory, repair=True)
     assert repaired.repaired and not repaired.is_clean  # it reports what it found
     after = verify_cache(directory)
-    assert after.is_clean and after.entries == 0
+    assert after.is_clean and after.entries == 0 and after.partial_files == []
     assert not orphan.exists()
 
 
@@ -112,7 +113,11 @@ def test_the_command_line_refuses_what_it_cannot_check(
     tmp_path: Path, cached: tuple[Path, dict[str, Path]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(["verify", "--cache-dir", str(tmp_path / "nothing")]) == 2
-    assert "holds no shardcache cache" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    assert cli.main(["verify", "--cache-dir", str(tmp_path / "other"), "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["error"].endswith("holds no shardcache cache")
+    assert not (tmp_path / "other" / "v1").exists()  # nothing written into a stranger's dir
     directory, _ = cached
     running = Store(directory, MiB)  # a daemon holds the directory
     try:
