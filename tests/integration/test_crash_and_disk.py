@@ -15,6 +15,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -367,3 +368,101 @@ def test_a_commit_that_finds_the_disk_full_strands_nothing(
         assert code == 0, daemon.log()[-4000:]
         assert_no_crash(daemon.log(), seen)
         _assert_verify_clean(cache_dir)
+
+
+# -- 5. what an attack on the fixes found ------------------------------------------------------
+
+
+def test_a_commit_refused_by_a_read_only_dir_gives_its_space_back(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """The directory turns read-only while a fill is in flight: the client still gets the
+    verified bytes, and the fill's reservation and partial file do not outlive it."""
+    data = os.urandom(2 * MiB)
+    body_released = threading.Event()
+    origin.put("s.tar", data, hold=body_released)
+    origin.put("t.tar", os.urandom(MiB))
+    cache_dir = tmp_path / "cache"
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_dir=cache_dir)
+    results: dict[str, CurlResult] = {}
+    client = _in_background(f"{daemon.url}/web/s.tar", results)
+    wait_for("the fill's partial file", lambda: bool(partial_files(cache_dir)))
+    with read_only(cache_dir):
+        body_released.set()
+        client.join(60)
+        (result,) = results.values()
+        assert (result.exit_code, result.status) == (0, 200) and result.sha256 == sha256(data)
+        wait_for("the fill's end", lambda: "could not cache it" in daemon.log())
+    wait_for("/readyz once writable again", lambda: readyz(daemon.url)[0] == 200)
+    wait_for("the reservation given back", lambda: _cache_status(daemon)["reserved_bytes"] == 0)
+    wait_for("the partial file removed", lambda: not partial_files(cache_dir))
+    seen = [result]
+    for key in ("s.tar", "t.tar"):  # space is not held by a dead reservation: both cache
+        seen.append(_read_exactly(daemon, f"/web/{key}", origin.objects[key]))
+        again = _read_exactly(daemon, f"/web/{key}", origin.objects[key])
+        assert again.headers["x-shardcache"] == "hit", f"{key} was not cached"
+        seen.append(again)
+    assert daemon.stop() == 0, daemon.log()[-4000:]
+    assert_no_crash(daemon.log(), seen)
+    _assert_verify_clean(cache_dir)
+
+
+def test_a_disk_full_to_the_last_block_still_evicts(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """Something else fills the disk to zero: SQLite cannot write an eviction, yet cached
+    entries are the room a new fill needs; /readyz says the disk is full meanwhile."""
+    blobs = {f"s_{i}.tar": os.urandom(2 * MiB) for i in range(5)}
+    for key, data in blobs.items():
+        origin.put(key, data)
+    seen: list[CurlResult] = []
+    with tmpfs(tmp_path / "cache", 16 * MiB) as cache_dir:
+        daemon = start_daemon(
+            {"web": origin.url}, "--readahead", "0", cache_dir=cache_dir, cache_size="1GiB"
+        )
+        try:
+            for key in ("s_0.tar", "s_1.tar", "s_2.tar"):
+                seen.append(_read_exactly(daemon, f"/web/{key}", blobs[key]))
+            wait_for("three entries", lambda: _cache_status(daemon)["entries"] == 3)
+            fill_up(cache_dir / "ballast")  # kept: only evictions can make room now
+            wait_for("/readyz to name the full disk", lambda: readyz(daemon.url)[0] == 503)
+            assert "full" in str(readyz(daemon.url)[1]["error"])
+            first = _read_exactly(daemon, "/web/s_3.tar", blobs["s_3.tar"])
+            again = _read_exactly(daemon, "/web/s_3.tar", blobs["s_3.tar"])
+            assert (first.headers["x-shardcache"], again.headers["x-shardcache"]) == (
+                "miss",
+                "hit",
+            )
+            seen += [first, again]
+            (cache_dir / "ballast").unlink()
+        finally:
+            code = daemon.stop()
+        assert code == 0, daemon.log()[-4000:]
+        assert_no_crash(daemon.log(), seen)
+        _assert_verify_clean(cache_dir)
+
+
+def test_an_unmounted_cache_dir_is_not_recreated_on_the_disk_underneath(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    data = os.urandom(MiB)
+    origin.put("s.tar", data)
+    mount_point = tmp_path / "cache"
+    seen: list[CurlResult] = []
+    with tmpfs(mount_point, 16 * MiB):
+        daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_dir=mount_point)
+        seen.append(_read_exactly(daemon, "/web/s.tar", data))
+        subprocess.run(["umount", "-l", str(mount_point)], check=True)
+        try:
+            wait_for("/readyz to say unmounted", lambda: readyz(daemon.url)[0] == 503)
+            assert "another filesystem" in str(readyz(daemon.url)[1]["error"])
+            for _ in range(2):  # served, streamed through, never written underneath
+                result = _read_exactly(daemon, "/web/s.tar", data)
+                assert result.headers["x-shardcache"] == "miss"
+                seen.append(result)
+            assert list(mount_point.iterdir()) == []
+            assert daemon.stop() == 0, daemon.log()[-4000:]
+        finally:
+            daemon.stop()
+            subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mount_point)], check=True)
+    assert_no_crash(daemon.log(), seen)
