@@ -88,40 +88,33 @@ def _new_hasher(algorithm: Algorithm, part_bytes: int = 0) -> _Hasher:
     return hashlib.new(algorithm)
 
 
-# The digest kept per entry when the origin published no checksum, for `shardcache verify`:
-# it detects what happens to a file on local disk (bit rot, truncation, a torn write) and costs
-# a third of SHA-256's CPU (about 2.3 GB/s here, with the GIL released).
+# The digest kept per entry when no published checksum can be rechecked on its own, for
+# `shardcache verify`: it detects what happens to a file on local disk (bit rot, truncation, a
+# torn write). The fill's writer threads take it as the bytes land, per segment, combined with
+# `crc32_combine` (about 2.3 GB/s with the GIL released; a third of SHA-256's CPU).
 LOCAL_DIGEST: Algorithm = "crc32"
 
 
 class Verifier:
-    """Feeds every body byte, in order, to one hasher per expected checksum, and to one per
-    `extra` algorithm whose digest is only recorded (`digests()`), not checked.
+    """Feeds every body byte, in order, to one hasher per expected checksum.
 
     `update()` releases the GIL for large buffers (hashlib and zlib do), so callers run it in
     a worker thread.
     """
 
-    def __init__(self, checksums: tuple[Checksum, ...], extra: tuple[Algorithm, ...] = ()) -> None:
+    def __init__(self, checksums: tuple[Checksum, ...]) -> None:
         self.checksums = checksums
         self._hashers = [_new_hasher(c.algorithm, c.part_bytes) for c in checksums]
-        checked = {c.algorithm for c in checksums}
-        self._extra = {a: _new_hasher(a) for a in extra if a not in checked}
 
     def update(self, data: bytes | memoryview) -> None:
         for hasher in self._hashers:
             hasher.update(data)
-        for hasher in self._extra.values():
-            hasher.update(data)
 
     def digests(self) -> dict[str, str]:
-        """Hex digest per algorithm of everything hashed so far (checked and extra)."""
+        """Hex digest per algorithm of everything hashed so far (a multipart ETag's is left
+        out: it cannot be rechecked without its part size)."""
         pairs = zip(self.checksums, self._hashers, strict=True)
-        found: dict[str, str] = {
-            c.algorithm: h.digest().hex() for c, h in pairs if c.algorithm in _HEADER_FOR
-        }
-        found.update({a: h.digest().hex() for a, h in self._extra.items()})
-        return found
+        return {c.algorithm: h.digest().hex() for c, h in pairs if c.algorithm in _HEADER_FOR}
 
     def verify(self) -> None:
         """Raise IntegrityError naming the first checksum that does not match."""
@@ -142,6 +135,44 @@ def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) ->
     if match is None:  # multipart ETags look like "<hex>-<parts>"
         return None
     return Checksum("md5", bytes.fromhex(match.group(1)), "etag")
+
+
+_CRC32_POLY = 0xEDB88320  # reflected, as zlib
+
+
+def _multmodp(a: int, b: int) -> int:
+    """a·b modulo the CRC-32 polynomial, in zlib's reflected bit order (crc32.c)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _CRC32_POLY if b & 1 else b >> 1
+
+
+def _x2n_table() -> list[int]:
+    table, p = [], 1 << 30  # x^1
+    for _ in range(32):
+        table.append(p)
+        p = _multmodp(p, p)
+    return table
+
+
+_X2N = _x2n_table()
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of A+B from crc32(A), crc32(B) and len(B), as zlib's crc32_combine (which
+    Python's zlib does not expose): segments fetched in parallel each keep their own CRC."""
+    p, k = 1 << 31, 3  # x^0; x^(8·len2) is built from x^(2^k), bytes to bits
+    while len2:
+        if len2 & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        len2 >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 def multipart_etag_parts(etag: str | None) -> int | None:

@@ -58,6 +58,7 @@ from shardcache.store import CacheFull, EntryMeta, Reservation, Store
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 
 log = logging.getLogger("shardcache.fill")
+HASH_BATCH_BYTES = 8 << 20  # hash the verified prefix in steps this large (fewer thread hops)
 
 
 class FillState(enum.Enum):
@@ -251,6 +252,7 @@ class Fill:
             )
             handed, first = first, None  # the download owns and closes it
             await self._download_and_verify(handed, info)
+            self._keep_digest()
             self._move(FillState.VERIFIED)
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
             await self._commit(info)
@@ -328,22 +330,33 @@ class Fill:
             log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
 
     async def _verify_in_order(self, info: ObjectInfo) -> None:
-        assert self._reservation is not None
+        """Learn the checksums; when there are any, hash the contiguous prefix in order as it
+        grows, in batches (one thread hop per HASH_BATCH_BYTES, not per chunk)."""
+        assert self._reservation is not None and self._download is not None
         fd = self._reservation.fd
         checksums = await self._learn_checksums(info)
         self._know_checksums(checksums)
-        extra = () if has_storable_digest(checksums) else (LOCAL_DIGEST,)
-        verifier = Verifier(checksums, extra=extra)
+        if not checksums:
+            return
+        verifier = Verifier(checksums)
         hashed = 0
         while hashed < info.size_bytes:
-            available = self.written_bytes
-            if available > hashed:
-                await asyncio.to_thread(_hash_range, fd, hashed, available - hashed, verifier)
-                hashed = available
-            else:
+            batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
+            while self.written_bytes - hashed < batch:
                 await self._progress.wait()
+            available = self.written_bytes
+            await asyncio.to_thread(_hash_range, fd, hashed, available - hashed, verifier)
+            hashed = available
         verifier.verify()
         self.digests = verifier.digests()
+
+    def _keep_digest(self) -> None:
+        """The digest kept with the entry for `shardcache verify`: the verified checksum, and
+        the CRC-32 the writers took as the bytes landed when no checksum can be rechecked on
+        its own (none published, or only a multipart ETag)."""
+        assert self._download is not None
+        if not has_storable_digest(self.checksums):
+            self.digests = {**self.digests, LOCAL_DIGEST: f"{self._download.crc32():08x}"}
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
@@ -452,9 +465,10 @@ class _WithInfo:
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:
-    """Feed bytes [offset, offset+count) of `fd` to the verifier, in 4 MiB reads."""
+    """Feed bytes [offset, offset+count) of `fd` to the verifier, in 1 MiB reads (a bounded
+    buffer per fill: sixteen fills at once must not cost a 4 MiB buffer each)."""
     while count:
-        data = os.pread(fd, min(count, 4 << 20), offset)
+        data = os.pread(fd, min(count, 1 << 20), offset)
         if not data:
             raise CacheError("the partial file is shorter than what was written")
         verifier.update(data)

@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "origins.http": {"config", "errors", "keys", "origins", "origins.base", "checksums"},
     "origins.s3": {"config", "errors", "origins", "origins.base", "origins.http", "checksums"},
     "store": {"errors"},
-    "segments": {"origins.base", "errors", "observer"},
+    "segments": {"origins.base", "errors", "observer", "checksums"},
     "fill": {"store", "origins.base", "checksums", "errors", "observer", "segments"},
     "flights": {"fill"},
     "cache": {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import random
 import zlib
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from shardcache.checksums import (
     Checksum,
     Verifier,
+    crc32_combine,
     from_headers,
     from_s3_etag,
     from_s3_multipart_etag,
@@ -145,3 +147,10 @@ def test_multipart_etag_is_the_md5_of_the_parts_md5s() -> None:
     wrong_layout.update(body)
     with pytest.raises(IntegrityError):
         wrong_layout.verify()
+
+
+def test_crc32_combine_matches_zlib_over_the_whole() -> None:
+    rng = random.Random(9)
+    for _ in range(200):
+        a, b = rng.randbytes(rng.randint(0, 3000)), rng.randbytes(rng.randint(0, 3000))
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
