@@ -37,14 +37,13 @@ import random
 import re
 import socket
 import struct
-import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
 
 from aiohttp import web
 
-from tests.ports import free_port
+from tests.app_thread import AppThread
 
 FAULT_KINDS = (
     "get_5xx",
@@ -304,31 +303,19 @@ class FaultOrigin:
         )
         return response
 
+    def _app(self) -> web.Application:
+        self._stopping = asyncio.Event()
+        app = web.Application()
+        app.router.add_route("GET", "/{key:.*}", self._handle)
+        app.router.add_route("HEAD", "/{key:.*}", self._handle)
+        return app
+
     def start(self) -> None:
-        ready = threading.Event()
-        self.port = free_port()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._stopping = asyncio.Event()
-            app = web.Application()
-            app.router.add_route("GET", "/{key:.*}", self._handle)
-            app.router.add_route("HEAD", "/{key:.*}", self._handle)
-            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            self._loop.run_until_complete(site.start())
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True, name="fault-origin")
-        self._thread.start()
-        assert ready.wait(10), "fault origin did not start"
+        self._server = AppThread(self._app, "fault-origin")
+        self._server.start()
+        self.port = self._server.port
 
     def stop(self) -> None:
         """Stop serving; stalled handlers end at once."""
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(15)
+        self._server.call_soon(self._stopping.set)
+        self._server.stop()

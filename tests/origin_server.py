@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from tests.ports import free_port
+from tests.app_thread import AppThread
 
 
 @dataclass
@@ -124,31 +124,19 @@ class OriginServer:
         await response.write_eof()
         return response
 
+    def _app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("GET", "/{key:.*}", self._handle)
+        app.router.add_route("HEAD", "/{key:.*}", self._handle)
+        return app
+
     def start(self) -> None:
-        ready = threading.Event()
-        self.port = free_port()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            app = web.Application()
-            app.router.add_route("GET", "/{key:.*}", self._handle)
-            app.router.add_route("HEAD", "/{key:.*}", self._handle)
-            self._runner = web.AppRunner(app, access_log=None)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            self._loop.run_until_complete(site.start())
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True)
-        self._thread.start()
-        assert ready.wait(10), "test origin did not start"
+        self._server = AppThread(self._app, "test-origin")
+        self._server.start()
+        self.port = self._server.port
 
     def stop(self) -> None:
         for how in self.behaviour.values():
             if how.hold is not None:
                 how.hold.set()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._server.stop()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from collections import Counter
 from collections.abc import Callable
 
@@ -29,8 +28,8 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from tests.app_thread import AppThread
 from tests.fault_origin import FaultInjector, Faults, reset, send_body
-from tests.ports import free_port
 
 _HOP_BY_HOP = {
     "connection",
@@ -179,44 +178,32 @@ class S3FaultProxy:
         await send_body(request, response, body, fault, injector, self._stopping, changer)
         return response
 
+    def _app(self) -> web.Application:
+        self._stopping = asyncio.Event()
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+
+        async def open_session(app: web.Application) -> None:
+            self._session = aiohttp.ClientSession(
+                auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=64),
+                timeout=aiohttp.ClientTimeout(total=60),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            )
+
+        async def close_session(app: web.Application) -> None:
+            await self._session.close()
+
+        app.on_startup.append(open_session)
+        app.on_cleanup.append(close_session)
+        return app
+
     def start(self) -> None:
-        ready = threading.Event()
-        self.port = free_port()
-
-        def run() -> None:
-            self._loop = asyncio.new_event_loop()
-            self._stopping = asyncio.Event()
-            app = web.Application(client_max_size=64 << 20)
-            app.router.add_route("*", "/{tail:.*}", self._handle)
-
-            async def open_session(app: web.Application) -> None:
-                self._session = aiohttp.ClientSession(
-                    auto_decompress=False,
-                    connector=aiohttp.TCPConnector(limit=64),
-                    timeout=aiohttp.ClientTimeout(total=60),
-                    skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-                )
-
-            async def close_session(app: web.Application) -> None:
-                await self._session.close()
-
-            app.on_startup.append(open_session)
-            app.on_cleanup.append(close_session)
-            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            self._loop.run_until_complete(site.start())
-            ready.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=run, daemon=True, name="s3-fault-proxy")
-        self._thread.start()
-        assert ready.wait(10), "S3 fault proxy did not start"
+        self._server = AppThread(self._app, "s3-fault-proxy")
+        self._server.start()
+        self.port = self._server.port
 
     def stop(self) -> None:
         """Stop serving; stalled handlers end at once."""
-        self._loop.call_soon_threadsafe(self._stopping.set)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(15)
+        self._server.call_soon(self._stopping.set)
+        self._server.stop()

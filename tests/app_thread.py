@@ -1,0 +1,57 @@
+"""An aiohttp app served on a free loopback port from its own thread and event loop.
+
+The test origins and the S3 fault proxy run this way: beside the daemon (its own process) and
+the test's own code, without sharing either's loop, and stopped when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+from aiohttp import web
+
+from tests.ports import free_port
+
+
+class AppThread:
+    def __init__(self, make_app: Callable[[], web.Application], name: str) -> None:
+        """`make_app()` runs on the new thread, so the app's events belong to its loop."""
+        self._make_app = make_app
+        self._name = name
+        self.port = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        ready = threading.Event()
+        self.port = free_port()
+
+        def run() -> None:
+            loop = self.loop = asyncio.new_event_loop()
+            runner = web.AppRunner(self._make_app(), access_log=None, shutdown_timeout=5)
+            loop.run_until_complete(runner.setup())
+            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, daemon=True, name=self._name)
+        self._thread.start()
+        assert ready.wait(10), f"{self._name} did not start"
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        """Run `callback` on the app's loop (thread-safe)."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(callback)
+
+    def stop(self) -> None:
+        """Stop the loop; handlers still running are cancelled by the runner's cleanup."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(15)
