@@ -3,8 +3,8 @@
 Sources: an S3 single-part ETag (the hex MD5 of the body, unless the object is SSE-KMS/SSE-C
 encrypted), an S3 multipart ETag (`<md5 of the parts' MD5s>-<parts>`) once the origin has told
 the part size (`md5-parts`), `Content-MD5`, and the full-object `x-amz-checksum-{sha256,sha1,
-crc32}` headers. Composite (per-part) checksums and algorithms this module cannot compute
-(CRC32C, CRC64NVME) are skipped: length is still checked by `fill`.
+crc32,crc32c}` headers. Composite (per-part) checksums and algorithms this module cannot compute
+(CRC64NVME) are skipped: length is still checked by `fill`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import google_crc32c
+
 from shardcache.errors import IntegrityError
 
-Algorithm = Literal["md5", "sha1", "sha256", "crc32", "md5-parts"]
+Algorithm = Literal["md5", "sha1", "sha256", "crc32", "crc32c", "md5-parts"]
 _HEX_MD5 = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
 _MULTIPART_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})-([1-9][0-9]{0,4})"?$')
-_AMZ_ALGORITHMS: dict[str, Algorithm] = {"sha256": "sha256", "sha1": "sha1", "crc32": "crc32"}
+_AMZ_ALGORITHMS: dict[str, Algorithm] = {
+    "sha256": "sha256",
+    "sha1": "sha1",
+    "crc32": "crc32",
+    "crc32c": "crc32c",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,19 @@ class _Crc32:
 
     def update(self, data: bytes | memoryview, /) -> None:
         self._value = zlib.crc32(data, self._value)
+
+    def digest(self) -> bytes:
+        return self._value.to_bytes(4, "big")
+
+
+class _Crc32c:
+    """CRC-32C (Castagnoli) with the CPU's crc32 instruction, through google-crc32c."""
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        self._value = google_crc32c.extend(self._value, data)
 
     def digest(self) -> bytes:
         return self._value.to_bytes(4, "big")
@@ -83,6 +103,8 @@ class _PartsMd5:
 def _new_hasher(algorithm: Algorithm, part_bytes: int = 0) -> _Hasher:
     if algorithm == "crc32":
         return _Crc32()
+    if algorithm == "crc32c":
+        return _Crc32c()
     if algorithm == "md5-parts":
         return _PartsMd5(part_bytes)
     return hashlib.new(algorithm)
@@ -91,8 +113,14 @@ def _new_hasher(algorithm: Algorithm, part_bytes: int = 0) -> _Hasher:
 # The digest kept per entry when no published checksum can be rechecked on its own, for
 # `shardcache verify`: it detects what happens to a file on local disk (bit rot, truncation, a
 # torn write). The fill's writer threads take it as the bytes land, per segment, combined with
-# `crc32_combine` (about 2.3 GB/s with the GIL released; a third of SHA-256's CPU).
-LOCAL_DIGEST: Algorithm = "crc32"
+# `crc32c_combine`: CRC-32C runs on the CPU's crc32 instruction (8.4 GB/s here, against 2.6 for
+# zlib's CRC-32, which cost a capped miss 12% of its throughput on two cores).
+LOCAL_DIGEST: Algorithm = "crc32c"
+
+
+def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
+    """The running CRC-32C of `data` after `crc` (what `_Crc32c` computes)."""
+    return int(google_crc32c.extend(crc, data))
 
 
 class Verifier:
@@ -138,10 +166,11 @@ def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) ->
 
 
 _CRC32_POLY = 0xEDB88320  # reflected, as zlib
+_CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
 
 
-def _multmodp(a: int, b: int) -> int:
-    """a·b modulo the CRC-32 polynomial, in zlib's reflected bit order (crc32.c)."""
+def _multmodp(a: int, b: int, poly: int) -> int:
+    """a·b modulo a CRC-32 polynomial, in zlib's reflected bit order (crc32.c)."""
     m, p = 1 << 31, 0
     while True:
         if a & m:
@@ -149,30 +178,40 @@ def _multmodp(a: int, b: int) -> int:
             if not a & (m - 1):
                 return p
         m >>= 1
-        b = (b >> 1) ^ _CRC32_POLY if b & 1 else b >> 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
 
 
-def _x2n_table() -> list[int]:
+def _x2n_table(poly: int) -> list[int]:
     table, p = [], 1 << 30  # x^1
     for _ in range(32):
         table.append(p)
-        p = _multmodp(p, p)
+        p = _multmodp(p, p, poly)
     return table
 
 
-_X2N = _x2n_table()
+_X2N = {_CRC32_POLY: _x2n_table(_CRC32_POLY), _CRC32C_POLY: _x2n_table(_CRC32C_POLY)}
+
+
+def _combine(crc1: int, crc2: int, len2: int, poly: int) -> int:
+    p, k = 1 << 31, 3  # x^0; x^(8·len2) is built from x^(2^k), bytes to bits
+    while len2:
+        if len2 & 1:
+            p = _multmodp(_X2N[poly][k & 31], p, poly)
+        len2 >>= 1
+        k += 1
+    return _multmodp(p, crc1, poly) ^ crc2
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """The CRC-32 of A+B from crc32(A), crc32(B) and len(B), as zlib's crc32_combine (which
-    Python's zlib does not expose): segments fetched in parallel each keep their own CRC."""
-    p, k = 1 << 31, 3  # x^0; x^(8·len2) is built from x^(2^k), bytes to bits
-    while len2:
-        if len2 & 1:
-            p = _multmodp(_X2N[k & 31], p)
-        len2 >>= 1
-        k += 1
-    return _multmodp(p, crc1) ^ crc2
+    Python's zlib does not expose)."""
+    return _combine(crc1, crc2, len2, _CRC32_POLY)
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32C of A+B from crc32c(A), crc32c(B) and len(B): segments fetched in parallel
+    each keep their own CRC, combined in order at the end."""
+    return _combine(crc1, crc2, len2, _CRC32C_POLY)
 
 
 def multipart_etag_parts(etag: str | None) -> int | None:
@@ -228,6 +267,7 @@ def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
 
 
 _HEADER_FOR: dict[str, str] = {
+    "crc32c": "x-amz-checksum-crc32c",
     "md5": "Content-MD5",
     "sha256": "x-amz-checksum-sha256",
     "sha1": "x-amz-checksum-sha1",

@@ -352,11 +352,11 @@ class Fill:
 
     def _keep_digest(self) -> None:
         """The digest kept with the entry for `shardcache verify`: the verified checksum, and
-        the CRC-32 the writers took as the bytes landed when no checksum can be rechecked on
+        the CRC-32C the writers took as the bytes landed when no checksum can be rechecked on
         its own (none published, or only a multipart ETag)."""
         assert self._download is not None
         if not has_storable_digest(self.checksums):
-            self.digests = {**self.digests, LOCAL_DIGEST: f"{self._download.crc32():08x}"}
+            self.digests = {**self.digests, LOCAL_DIGEST: f"{self._download.crc32c():08x}"}
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:

@@ -15,12 +15,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardcache.checksums import crc32_combine
+from shardcache.checksums import crc32c, crc32c_combine
 from shardcache.errors import OriginChanged, OriginError, OriginNotResumable, OriginUnavailable
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
@@ -34,7 +33,7 @@ class Segment:
     start: int
     end: int  # exclusive
     done_bytes: int = 0
-    crc32: int = 0  # of the bytes done so far, computed by the thread that writes them
+    crc32c: int = 0  # of the bytes done so far, computed by the thread that writes them
 
     @property
     def position(self) -> int:
@@ -183,11 +182,11 @@ class SegmentedDownload:
             return self.info.size_bytes
         return self.segments[self._first_incomplete].position
 
-    def crc32(self) -> int:
-        """The CRC-32 of the whole object, once every segment is complete."""
+    def crc32c(self) -> int:
+        """The CRC-32C of the whole object, once every segment is complete."""
         crc = 0
         for segment in self.segments:
-            crc = crc32_combine(crc, segment.crc32, segment.end - segment.start)
+            crc = crc32c_combine(crc, segment.crc32c, segment.end - segment.start)
         return crc
 
     async def run(self, first: OriginStream) -> None:
@@ -267,8 +266,8 @@ class SegmentedDownload:
             return
         async for chunk in with_read_timeout(stream, self._policy.read_timeout_s):
             piece = chunk[: segment.end - segment.position]  # a stream may run past its segment
-            segment.crc32 = await asyncio.to_thread(
-                _write_at, self._fd, piece, segment.position, segment.crc32
+            segment.crc32c = await asyncio.to_thread(
+                _write_at, self._fd, piece, segment.position, segment.crc32c
             )
             segment.done_bytes += len(piece)
             self.requests.received(len(piece))
@@ -278,13 +277,13 @@ class SegmentedDownload:
         raise OriginUnavailable(f"body ended at byte {segment.position}, expected {segment.end}")
 
 
-def _write_at(fd: int, chunk: bytes, offset: int, crc32: int) -> int:
-    """Write `chunk` at `offset`; return the running CRC-32 taken on the way, while the bytes
-    are hot in this thread's cache (zlib releases the GIL), so keeping an entry's digest costs
-    no second read of the object."""
+def _write_at(fd: int, chunk: bytes, offset: int, crc: int) -> int:
+    """Write `chunk` at `offset`; return the running CRC-32C taken on the way, while the bytes
+    are hot in this thread's cache, so keeping an entry's digest costs no second read of the
+    object."""
     view = memoryview(chunk)
     while view:
         written = os.pwrite(fd, view, offset)
         offset += written
         view = view[written:]
-    return zlib.crc32(chunk, crc32)
+    return crc32c(chunk, crc)

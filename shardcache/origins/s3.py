@@ -42,7 +42,12 @@ _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 _CHANGED = {"PreconditionFailed", "412"}
 PRESIGNED_URL_TTL_S = 3600  # signed per request, so only a long-stalled fill could outlive it
-_CHECKSUM_FIELDS = {"ChecksumSHA256": "sha256", "ChecksumSHA1": "sha1", "ChecksumCRC32": "crc32"}
+_CHECKSUM_FIELDS = {
+    "ChecksumSHA256": "sha256",
+    "ChecksumSHA1": "sha1",
+    "ChecksumCRC32": "crc32",
+    "ChecksumCRC32C": "crc32c",
+}
 
 
 @contextlib.contextmanager

@@ -14,6 +14,8 @@ from shardcache.checksums import (
     Checksum,
     Verifier,
     crc32_combine,
+    crc32c,
+    crc32c_combine,
     from_headers,
     from_s3_etag,
     from_s3_multipart_etag,
@@ -149,8 +151,23 @@ def test_multipart_etag_is_the_md5_of_the_parts_md5s() -> None:
         wrong_layout.verify()
 
 
-def test_crc32_combine_matches_zlib_over_the_whole() -> None:
+def test_crc_combine_matches_the_crc_of_the_whole() -> None:
     rng = random.Random(9)
     for _ in range(200):
         a, b = rng.randbytes(rng.randint(0, 3000)), rng.randbytes(rng.randint(0, 3000))
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+        assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
+    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value (RFC 3720 B.4)
+
+
+def test_s3_crc32c_checksums_are_verified() -> None:
+    data = b"shard bytes" * 1000
+    published = base64.b64encode(crc32c(data).to_bytes(4, "big")).decode()
+    (checksum,) = from_headers({"x-amz-checksum-crc32c": published})
+    verifier = Verifier((checksum,))
+    verifier.update(data)
+    verifier.verify()
+    corrupt = Verifier((checksum,))
+    corrupt.update(data[:-1] + b"x")
+    with pytest.raises(IntegrityError):
+        corrupt.verify()

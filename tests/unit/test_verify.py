@@ -45,7 +45,7 @@ async def cached(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
         directory,
         {
             "md5.tar": (os.urandom(MiB), True),  # verified against Content-MD5
-            "plain.tar": (os.urandom(MiB), False),  # no checksum: a local crc32 is kept
+            "plain.tar": (os.urandom(MiB), False),  # no checksum: a local CRC-32C is kept
             "third.tar": (os.urandom(1000), True),
         },
     )
