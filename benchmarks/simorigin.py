@@ -47,6 +47,7 @@ class Content:
     def __init__(self) -> None:
         block = random.Random(20261121).randbytes(BLOCK_BYTES)
         self._double = memoryview(block + block)
+        self._etags: dict[tuple[str, int], str] = {}
 
     @staticmethod
     def offset(key: str) -> int:
@@ -60,12 +61,17 @@ class Content:
     def multipart_etag(self, key: str, size: int) -> str:
         """The ETag S3 gives an object uploaded in BLOCK_BYTES parts (aws s3 cp's 8 MiB): the
         MD5 of the parts' MD5s, `-N`. Every full part is the same bytes here (one block from
-        the key's offset), so this costs two MD5s of a block, not a read of the object."""
+        the key's offset), so this costs two MD5s of a block, once per object: it must not hold
+        the origin's loop on every request."""
+        if (key, size) in self._etags:
+            return self._etags[key, size]
         parts = max(1, -(-size // BLOCK_BYTES))
         full = hashlib.md5(self.read(key, 0, min(BLOCK_BYTES, size))).digest()
         last = size - (parts - 1) * BLOCK_BYTES
         last_md5 = hashlib.md5(self.read(key, 0, last)).digest() if last < BLOCK_BYTES else full
-        return f'"{hashlib.md5(full * (parts - 1) + last_md5).hexdigest()}-{parts}"'
+        etag = f'"{hashlib.md5(full * (parts - 1) + last_md5).hexdigest()}-{parts}"'
+        self._etags[key, size] = etag
+        return etag
 
     def digest(self, key: str, size: int) -> str:
         """sha256 of the whole object, for the benchmark's correctness checks."""
