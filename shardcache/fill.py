@@ -40,6 +40,7 @@ from shardcache.checksums import (
     LOCAL_DIGEST,
     Checksum,
     Verifier,
+    cheapest,
     has_storable_digest,
     to_headers,
 )
@@ -304,7 +305,8 @@ class Fill:
 
     async def _learn_checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
         """The object's published checksums: from the first response when it was the whole
-        object, otherwise from a HEAD (a ranged response carries none for the object).
+        object, otherwise from a HEAD (a ranged response carries none for the object); of
+        several, the cheapest to compute.
 
         Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
         not said it publishes no checksum, so the fill must not go on unverified (one that
@@ -312,7 +314,7 @@ class Fill:
         OriginChanged when the HEAD describes another version than the first response.
         """
         if info.checksums:
-            return info.checksums
+            return cheapest(info.checksums)
         try:
             head = await self._requests.head()
         except OriginHeadUnsupported as exc:
@@ -321,7 +323,7 @@ class Fill:
         change = info.differs_from(head)
         if change is not None:
             raise OriginChanged(f"{self.origin_key} changed during the fill: {change}")
-        return head.checksums
+        return cheapest(head.checksums)
 
     def _know_checksums(self, checksums: tuple[Checksum, ...]) -> None:
         self.checksums = checksums

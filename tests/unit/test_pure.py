@@ -171,3 +171,14 @@ def test_s3_crc32c_checksums_are_verified() -> None:
     corrupt.update(data[:-1] + b"x")
     with pytest.raises(IntegrityError):
         corrupt.verify()
+
+
+def test_the_cheapest_published_checksum_is_the_one_verified() -> None:
+    from shardcache.checksums import cheapest
+
+    md5 = Checksum("md5", bytes(16), "etag")
+    crc = Checksum("crc32", bytes(4), "x-amz-checksum-crc32")
+    sha = Checksum("sha256", bytes(32), "x-amz-checksum-sha256")
+    assert cheapest((md5, sha, crc)) == (crc,)
+    assert cheapest((md5, sha)) == (sha,)
+    assert cheapest(()) == ()
