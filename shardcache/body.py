@@ -124,15 +124,29 @@ async def send_fill(
     """
     loop = asyncio.get_running_loop()
     position = start
-    if start == end:  # an empty object: no last byte to hold back, so wait for the verdict
-        await fill.wait_finished()
-        await fill.wait_readable(start, end)  # raises the fill's error if it failed
     while position < end:
         began = loop.time()
         limit = await fill.wait_readable(position, end)
         on_wait(loop.time() - began)
         await sender.send(fd, position, limit - position)
         position = limit
+
+
+async def settle_empty(
+    fill: Fill | None, stream: OriginStream | None, read_timeout_s: float
+) -> None:
+    """For an empty object, wait for the verdict before any header is sent: an empty
+    response has no last byte to hold back, so a failure could not be shown after the headers.
+    Raises the fill's or the stream's error."""
+    if fill is not None:
+        await fill.wait_finished()
+        await fill.wait_readable(0, 0)  # raises the fill's error if it failed
+    if stream is not None:
+
+        async def discard(chunk: bytes) -> None:
+            return None
+
+        await send_stream(stream, discard, 0, 0, read_timeout_s, lambda s: None, lambda n: None)
 
 
 async def send_stream(

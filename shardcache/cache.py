@@ -170,8 +170,13 @@ class ShardCache:
             stream = stream or fill.take_passthrough()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
-        info = fill.info
-        return Lease.of(result, origin, info, fill=fill, fill_fd=fill.acquire_reader())
+        if result is Result.HIT:  # verified, not yet indexed: answer as a hit would
+            info = dataclasses.replace(fill.info, checksums=fill.checksums)
+            verified_by = fill.verified_by
+        else:
+            info, verified_by = fill.info, ()
+        fd = fill.acquire_reader()
+        return Lease.of(result, origin, info, fill=fill, fill_fd=fd, verified_by=verified_by)
 
     async def _lookup(self, url: str) -> Entry | None:
         """The committed entry for `url`, or None; a store that fails counts as a miss (the

@@ -14,7 +14,7 @@
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
-        │   └── OriginNotResumable      502     unavailable  failed mid-body, no validator to resume
+        │   └── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
 
@@ -113,8 +113,8 @@ class OriginHeadUnsupported(OriginUnavailable):
 
 
 class OriginNotResumable(OriginUnavailable):
-    """A body failed part-way and the origin gives no ETag or Last-Modified: resuming could
-    splice two versions, so the fill fails (the next request starts afresh)."""
+    """A body failed part-way and the origin gives no ETag: resuming could splice two
+    versions, so the fill fails (the next request starts afresh)."""
 
     is_retryable = False
 

@@ -145,6 +145,11 @@ class Fill:
         return self._download.contiguous_bytes if self._download is not None else 0
 
     @property
+    def verified_by(self) -> tuple[str, ...]:
+        """What the body is checked against: its length and the checksum used."""
+        return ("length", *(c.source for c in self.checksums))
+
+    @property
     def is_finished(self) -> bool:
         return not _TRANSITIONS[self.state]
 
@@ -236,7 +241,7 @@ class Fill:
             # twice; a full-object GET could not be cut short without discarding what the
             # network already carried.
             first = await self._requests.open(0, self._policy.first_segment_bytes, None)
-            if first.info.etag is None and first.info.last_modified is None:
+            if first.info.etag is None:
                 first = await self._whole_object(first)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
@@ -273,7 +278,7 @@ class Fill:
             self._finished.set()
 
     async def _whole_object(self, first: OriginStream) -> OriginStream:
-        """An object whose responses carry no validator: nothing could tell a later ranged
+        """An object whose responses carry no ETag: nothing could reliably tell a later ranged
         request's version from the first one's, so fetch it in one request (no segments)."""
         if first.info.size_bytes > self._policy.first_segment_bytes:
             await first.aclose()
@@ -388,7 +393,7 @@ class Fill:
             info.content_type,
             to_headers(self.checksums),
             digests=self.digests,
-            verified_by=["length", *(c.source for c in self.checksums)],
+            verified_by=list(self.verified_by),
         )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)

@@ -159,9 +159,10 @@ class SegmentedDownload:
     ) -> None:
         self.requests = requests
         self.info = info
-        # With no validator to compare, a second request could be another version: one
-        # request for the whole object, and no resuming it part-way.
-        self.is_resumable = info.etag is not None or info.last_modified is not None
+        # Without an ETag a second request could be another version unnoticed (Last-Modified
+        # has one-second steps and survives copies): one request for the whole object, and
+        # no resuming it part-way.
+        self.is_resumable = info.etag is not None
         self.segments = plan(info.size_bytes, requests.policy, info.accepts_ranges)
         self._fd = fd
         self._policy = requests.policy
@@ -244,7 +245,7 @@ class SegmentedDownload:
                     self.requests.count(exc.kind)
                     if segment.done_bytes and not self.is_resumable:
                         raise OriginNotResumable(
-                            f"{exc}; no ETag or Last-Modified to resume {self.requests.key} safely"
+                            f"{exc}; no ETag to resume {self.requests.key} safely"
                         ) from exc
                     raise
                 self.requests.count("ok")

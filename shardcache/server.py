@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.body import ClientGone, FileSender, send_fill, send_stream
+from shardcache.body import ClientGone, FileSender, send_fill, send_stream, settle_empty
 from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
@@ -166,6 +166,8 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     try:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
+        if start == end:  # an empty object (ranges of it are 416)
+            await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY]["read_timeout_s"])
         response = object_response(
             lease.result,
             lease.size_bytes,
@@ -230,6 +232,8 @@ async def _send_body(
         if seconds > 0:
             metrics.client_wait.labels(lease.origin).inc(seconds)
 
+    if start == end:
+        return  # settled before the headers
     if lease.entry is not None:
         await sender.send(lease.entry.fd, start, end - start)
     elif lease.fill is not None:

@@ -478,6 +478,9 @@ class Store:
             # A disk filled to the last block (by something else) leaves SQLite no room to
             # write the deletion: free the victim's file first, then delete its row. A row
             # whose file is gone reads as a miss, and start-up drops it if this fails too.
+            log.warning(
+                "the index cannot record evicting %s (disk full): removing its file first", key
+            )
             rows = self._index._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
             for (filename,) in rows.fetchall():
                 self._index._disk.remove(filename)

@@ -34,6 +34,7 @@ class Behaviour:
     overlong: int = 0  # answer ranges chunked (no Content-Length) with this many extra bytes
     no_etag: bool = False  # send no validator at all
     no_md5: bool = False  # publish no checksum
+    last_modified: str | None = None  # a Last-Modified header to send
 
 
 @dataclass
@@ -75,6 +76,8 @@ class OriginServer:
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
         if how.no_etag:
             del headers["ETag"]
+        if how.last_modified is not None:
+            headers["Last-Modified"] = how.last_modified
         if "Range" in request.headers:
             self.ranges.append((key, request.headers["Range"]))
             first, _, last = request.headers["Range"].removeprefix("bytes=").partition("-")

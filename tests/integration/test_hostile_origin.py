@@ -3,10 +3,13 @@ each test fails on the code before its fix."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 import time
+
+import pytest
 
 from tests.integration.helpers import curl, sha256
 from tests.origin_server import OriginServer
@@ -30,11 +33,15 @@ def test_a_chunked_206_longer_than_its_range_is_refused_when_streamed_through(
     assert "Traceback" not in daemon.log()
 
 
-def test_an_object_without_validators_is_never_spliced(origin: OriginServer, start_daemon) -> None:
-    """No ETag, no Last-Modified, no checksum; the object is replaced during the fill."""
+@pytest.mark.parametrize("last_modified", [None, "Sat, 21 Nov 2026 00:00:00 GMT"])
+def test_an_object_without_an_etag_is_never_spliced(
+    origin: OriginServer, start_daemon, last_modified: str | None
+) -> None:
+    """No ETag, no checksum, at most a Last-Modified that the rewrite keeps (same second, or
+    a copy that keeps mtimes); the object is replaced during the fill."""
     old, new = os.urandom(5 * MiB), os.urandom(5 * MiB)
     release = threading.Event()
-    origin.put("s.tar", old, no_etag=True, no_md5=True, hold=release)
+    origin.put("s.tar", old, no_etag=True, no_md5=True, hold=release, last_modified=last_modified)
     daemon = start_daemon({"web": origin.url}, "--segment-size", "1MiB")
     results = []
     reader = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
@@ -85,3 +92,18 @@ def test_a_client_that_leaves_during_a_miss_is_no_error(origin: OriginServer, st
     assert hit.sha256 == sha256(data)
     log = daemon.log()
     assert "Traceback" not in log and "unhandled error" not in log and '" 500 ' not in log
+
+
+def test_an_empty_object_that_fails_verification_is_an_error_not_a_200(
+    origin: OriginServer, start_daemon, tmp_path
+) -> None:
+    """An empty response has no last byte to hold back: the verdict comes before headers,
+    cached (a fill) or streamed through (a cache too small for even the index)."""
+    origin.put("empty.tar", b"", content_md5=hashlib.md5(b"not empty").digest())
+    for cache_size in ("1GiB", "1"):
+        daemon = start_daemon(
+            {"web": origin.url}, cache_dir=tmp_path / cache_size, cache_size=cache_size
+        )
+        result = curl(f"{daemon.url}/web/empty.tar")
+        assert result.exit_code != 0 and result.status == 502, (cache_size, result.status)
+        assert "Traceback" not in daemon.log()

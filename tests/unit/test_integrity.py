@@ -306,7 +306,7 @@ async def test_a_body_failing_without_validators_is_not_resumed(
     origin.fail_at["a.tar"] = 100_000
     origin.failures_left["a.tar"] = 1
 
-    with pytest.raises(OriginUnavailable, match="no ETag or Last-Modified"):
+    with pytest.raises(OriginUnavailable, match="no ETag to resume"):
         await read_all(await cache.open("fake", "a.tar"))
     await settle(cache)
     assert len(origin.opens) == 1
@@ -334,3 +334,31 @@ def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -
     assert sorted(k for k, _, _ in reopened.entries()) == ["good"]
     assert reopened.check() == []
     reopened.close()
+
+
+async def test_a_fill_verified_but_not_yet_indexed_answers_as_a_hit_would(
+    cache: ShardCache, origin: FakeOrigin, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between VERIFIED and COMMITTED a joiner is told "hit": with the checksum the fill
+    verified and what it was verified against, as a hit from the index would say."""
+    import threading
+
+    data = os.urandom(MiB)
+    origin.put("a.tar", data)
+    commit_may_go, real_commit = threading.Event(), store.commit
+
+    def slow_commit(*args: object) -> None:
+        commit_may_go.wait(10)
+        real_commit(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "commit", slow_commit)
+    first = await cache.open("fake", "a.tar")
+    assert first.fill is not None
+    while first.fill.state is not FillState.VERIFIED:
+        await asyncio.sleep(0.001)
+    joiner = await cache.open("fake", "a.tar")
+    commit_may_go.set()
+    assert joiner.result is Result.HIT
+    assert joiner.verified_by == ("length", "fake")
+    assert joiner.checksums == first.fill.checksums
+    assert await read_all(joiner) == data and await read_all(first) == data
