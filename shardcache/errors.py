@@ -7,6 +7,7 @@
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
     ├── RangeNotSatisfiable             416     range
+    ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
@@ -14,7 +15,8 @@
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
-        │   └── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
+        │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
+        │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
 
@@ -69,6 +71,13 @@ class RangeNotSatisfiable(ShardcacheError):
         self.size_bytes = size_bytes
 
 
+class QueueFull(ShardcacheError):
+    """The prefetch queue holds its maximum: try again later (429 with Retry-After)."""
+
+    status = 429
+    kind = "queue_full"
+
+
 class ShuttingDown(ShardcacheError):
     status = 503
     kind = "shutdown"
@@ -115,6 +124,13 @@ class OriginHeadUnsupported(OriginUnavailable):
 class OriginNotResumable(OriginUnavailable):
     """A body failed part-way and the origin gives no ETag: resuming could splice two
     versions, so the fill fails (the next request starts afresh)."""
+
+    is_retryable = False
+
+
+class OriginRedirected(OriginUnavailable):
+    """The origin answered 3xx and the redirect may not be followed (another host, or the
+    origin does not allow redirects): asking again gets the same answer."""
 
     is_retryable = False
 

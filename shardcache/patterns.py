@@ -2,18 +2,104 @@
 
 `expand("shards_{000..099}.tar")` follows WebDataset's expansion (the braceexpand library, which
 WebDataset itself uses), so a pattern means the same shards to the loader and to the daemon.
-`next_keys("shards_000123.tar", 2)` gives the shards a sequential reader will want next.
+`count()` sizes a pattern without expanding it (braceexpand materialises each range before the
+product: `{000000000..999999999}` is 24 GB), so a pattern past the limit is refused in
+microseconds. `next_keys("shards_000123.tar", 2)` gives the shards a sequential reader will want
+next.
 """
 
 from __future__ import annotations
 
 import re
 
-from braceexpand import UnbalancedBracesError, braceexpand  # type: ignore[attr-defined]
+from braceexpand import (  # type: ignore[attr-defined]
+    UnbalancedBracesError,
+    alphabet,
+    braceexpand,
+    char_range_re,
+    int_range_re,
+)
 
 from shardcache.errors import InvalidKey
 
-MAX_EXPANSION = 1_000_000
+MAX_EXPANSION = 100_000  # names one pattern (and one prefetch request) may denote
+MAX_PATTERN_CHARS = 4096
+MAX_NESTING = 16
+
+
+def count(pattern: str, limit: int = MAX_EXPANSION) -> int:
+    """Return how many names `pattern` denotes, without expanding it; past `limit`, any
+    number above it (the count stops growing there). Mirrors braceexpand's grammar.
+
+    Raises InvalidKey for unbalanced braces, a pattern over MAX_PATTERN_CHARS, or braces
+    nested deeper than MAX_NESTING.
+    """
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise InvalidKey(f"a pattern of {len(pattern)} characters (at most {MAX_PATTERN_CHARS})")
+    return _count_pattern(pattern, limit, 0)
+
+
+def _count_pattern(pattern: str, limit: int, nesting: int) -> int:
+    if nesting > MAX_NESTING:
+        raise InvalidKey(f"braces nested deeper than {MAX_NESTING}")
+    start = pos = depth = 0
+    total = 1
+    while pos < len(pattern):
+        char = pattern[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            if depth == 0:
+                start = pos
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                expression = pattern[start + 1 : pos]
+                found = _count_expression(expression, limit, nesting + 1)
+                if found is None:  # literal braces around a pattern
+                    found = _count_pattern(expression, limit, nesting + 1)
+                total = min(total * found, limit + 1)
+                start = pos + 1
+        pos += 1
+    if depth != 0:
+        raise InvalidKey(f"unbalanced braces in {pattern[:100]!r}")
+    return total
+
+
+def _count_expression(expression: str, limit: int, nesting: int) -> int | None:
+    """Names in one `{…}`: a numeric or letter range, a comma list, or None (literal)."""
+    if (match := int_range_re.match(expression)) is not None:
+        first, last, step = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
+        step = step or 1
+        return len(range(first, last + 1, step) if first < last else range(first, last - 1, -step))
+    if (match := char_range_re.match(expression)) is not None:
+        first, last = alphabet.index(match.group(1)), alphabet.index(match.group(2))
+        step = int(match.group(3) or 1) or 1
+        if first < last:
+            return len(alphabet[first : last + 1 : step])
+        return len(alphabet[first : (last or -len(alphabet)) - 1 : -step])
+    items, start, pos, depth = [], 0, 0, 0
+    while pos < len(expression):
+        char = expression[pos]
+        if char == "\\":
+            pos += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(expression[start:pos])
+            start = pos + 1
+        pos += 1
+    if depth != 0 or not items:
+        return None
+    items.append(expression[start:])
+    return min(sum(_count_pattern(item, limit, nesting) for item in items), limit + 1)
+
+
 _OF_TOTAL = re.compile(r"(\d+)-of-(\d+)")
 _DIGITS = re.compile(r"\d+")
 
@@ -21,15 +107,13 @@ _DIGITS = re.compile(r"\d+")
 def expand(pattern: str) -> list[str]:
     """Return every string `pattern` denotes (`{000..999}`, `{a,b}`), in order.
 
-    Raises InvalidKey for unbalanced braces or a pattern of more than a million names.
+    Raises InvalidKey for unbalanced braces or a pattern of more than MAX_EXPANSION names,
+    counted before anything is expanded.
     """
+    if count(pattern) > MAX_EXPANSION:
+        raise InvalidKey(f"{pattern[:100]!r} denotes more than {MAX_EXPANSION} names")
     try:
-        names = []
-        for name in braceexpand(pattern):
-            names.append(name)
-            if len(names) > MAX_EXPANSION:
-                raise InvalidKey(f"{pattern!r} expands to more than {MAX_EXPANSION} names")
-        return names
+        return list(braceexpand(pattern))
     except UnbalancedBracesError:
         raise InvalidKey(f"unbalanced braces in {pattern!r}") from None
 

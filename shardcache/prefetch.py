@@ -19,13 +19,14 @@ import logging
 from dataclasses import dataclass, field
 
 from shardcache.cache import PrefetchOutcome, ShardCache
-from shardcache.errors import BadRequest, OriginNotFound, ShardcacheError
+from shardcache.errors import BadRequest, OriginNotFound, QueueFull, ShardcacheError
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.patterns import MAX_EXPANSION, expand, next_keys
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
+MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 
 
 def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
@@ -143,7 +144,13 @@ class PrefetchQueue:
         """Queue `targets` (origin, key) in order; already cached or queued ones are counted.
 
         The caller validates keys and origins first, so that a bad body queues nothing.
+        Raises QueueFull when the queue would hold more than MAX_PENDING items.
         """
+        if len(self._pending) + len(targets) > MAX_PENDING:
+            raise QueueFull(
+                f"the prefetch queue holds {len(self._pending)} items; {len(targets)} more "
+                f"would pass its bound of {MAX_PENDING}"
+            )
         urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
         cached = await asyncio.to_thread(
             lambda: {url for url in urls if self.cache.store.peek(url) is not None}
@@ -165,6 +172,8 @@ class PrefetchQueue:
 
     def on_client_read(self, origin: str, key: str) -> None:
         """Queue the next keys of a numbered run a client has started reading."""
+        if len(self._pending) >= MAX_PENDING:
+            return  # best effort: a full queue takes no read-ahead
         for successor in next_keys(key, self.readahead):
             if (origin, successor) not in self._queued:
                 self._push(Item(origin, successor, is_readahead=True))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +29,7 @@ from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
     BadRequest,
     NotCached,
+    QueueFull,
     RangeNotSatisfiable,
     ShardcacheError,
     ShuttingDown,
@@ -38,6 +40,8 @@ from shardcache.ranges import ByteRange, parse_range
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
+_BODY_HEADERS = {"content-type", "content-length"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CACHE_KEY = web.AppKey("cache", ShardCache)
 PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
@@ -91,14 +95,16 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except RangeNotSatisfiable as exc:
         # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
         return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
-    except ShuttingDown as exc:
+    except (ShuttingDown, QueueFull) as exc:
         return json_error(exc.status, str(exc), {"Retry-After": "5"})
     except ShardcacheError as exc:
         _count_error(request, exc)
         return json_error(exc.status, str(exc))
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
-            return json_error(exc.status, exc.reason, dict(exc.headers))
+            # Its own Content-Type and length describe the text body it would have sent.
+            kept = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+            return json_error(exc.status, exc.reason, kept)
         raise
     except (asyncio.CancelledError, ConnectionError):
         raise
@@ -263,11 +269,10 @@ async def delete_object(request: web.Request) -> web.Response:
 
 async def post_prefetch(request: web.Request) -> web.Response:
     queue = request.app[PREFETCH_KEY]
-    try:
-        body = await request.json()
-    except ValueError:
-        raise BadRequest("the body is not JSON") from None
-    targets = parse_targets(body, set(request.app[CACHE_KEY].origins))
+    raw = await request.read()  # at most MAX_BODY_BYTES: aiohttp answers 413 beyond
+    origins = set(request.app[CACHE_KEY].origins)
+    # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
+    targets = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
     submitted = await queue.submit(targets)
     return web.json_response(
         {
@@ -278,6 +283,14 @@ async def post_prefetch(request: web.Request) -> web.Response:
         },
         status=202,
     )
+
+
+def _parse_prefetch_body(raw: bytes, origins: set[str]) -> list[tuple[str, str]]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        raise BadRequest("the body is not JSON (or is nested too deep)") from None
+    return parse_targets(body, origins)
 
 
 async def get_prefetch(request: web.Request) -> web.Response:
@@ -334,7 +347,7 @@ def make_app(
 ) -> web.Application:
     """Return the aiohttp application; `state` holds `read_timeout_s`, `check_ready()`,
     `status()`, `origin_urls` and the `is_shutting_down` flag the daemon sets."""
-    app = web.Application(middlewares=[errors_as_json], client_max_size=64 << 20)
+    app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY_BYTES)
     app[CACHE_KEY] = cache
     app[PREFETCH_KEY] = prefetch
     app[METRICS_KEY] = metrics

@@ -182,3 +182,45 @@ def test_the_cheapest_published_checksum_is_the_one_verified() -> None:
     assert cheapest((md5, sha, crc)) == (crc,)
     assert cheapest((md5, sha)) == (sha,)
     assert cheapest(()) == ()
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "a",
+        "{a,b}",
+        "x{1..10}y",
+        "{07..10}",
+        "{a..g..2}",
+        "{4..1}",
+        "{2..-1}",
+        r"{1\{2,3}",
+        "{a,{b,c}}",
+        "{}",
+        "{a}",
+        "{{a,b},{c,d}}{e,f}",
+        "{1..10..3}",
+        "{z..a..5}",
+        "{a,}",
+        "a{b{c,d}e,f}g",
+        "{1..3}{a..c}{x,y,z}",
+    ],
+)
+def test_count_agrees_with_braceexpand(pattern: str) -> None:
+    from braceexpand import braceexpand
+
+    from shardcache.patterns import count
+
+    assert count(pattern, 10**9) == len(list(braceexpand(pattern)))
+
+
+def test_count_refuses_what_it_cannot_size_cheaply() -> None:
+    from shardcache.patterns import MAX_EXPANSION, count, expand
+
+    assert count("s_{000000000..999999999}.tar") == MAX_EXPANSION + 1  # capped, in microseconds
+    with pytest.raises(InvalidKey):
+        expand("s_{000000000..999999999}.tar")
+    with pytest.raises(InvalidKey):
+        count("{" * 20 + "a" + "}" * 20)
+    with pytest.raises(InvalidKey):
+        count("{a,b")

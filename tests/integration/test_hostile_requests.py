@@ -1,0 +1,99 @@
+"""Hostile requests against a running daemon (issue 10, bounded work per request): each is
+answered with its 4xx quickly, without the memory or event-loop time it asks for, and the
+daemon keeps serving. Each case failed on the code before (a 500, or a daemon killed by OOM)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_process import Daemon
+from tests.origin_server import OriginServer
+
+BRACE_BOMBS = [
+    "shards_{000000000..999999999}.tar",  # the range alone was 24 GB once expanded
+    "{a,b}" * 21,  # 2 M names through nested products: 29 s on the loop
+    "x{1..100000}{1..100000}",
+    "{" * 20 + "a" + "}" * 20,  # nesting
+    "a" * 5000,  # length
+]
+
+
+def _request(
+    daemon: Daemon, method: str, path: str, body: bytes | None = None
+) -> tuple[int, dict[str, str], dict[str, object]]:
+    request = urllib.request.Request(daemon.url + path, data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read() or b"{}")
+
+
+def _rss_bytes(daemon: Daemon) -> int:
+    for line in Path(f"/proc/{daemon.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def daemon(origin: OriginServer, start_daemon) -> Daemon:
+    origin.put("s_000.tar", b"x" * 1000)
+    return start_daemon({"web": origin.url}, "--readahead", "0")
+
+
+@pytest.mark.parametrize(
+    "pattern", BRACE_BOMBS, ids=["range", "products", "two-ranges", "nesting", "length"]
+)
+def test_brace_bombs_are_refused_at_once(daemon: Daemon, pattern: str) -> None:
+    rss_before = _rss_bytes(daemon)
+    body = json.dumps({"origin": "web", "keys": [pattern]}).encode()
+    began = time.monotonic()
+    status, _, answer = _request(daemon, "POST", "/_/prefetch", body)
+    elapsed = time.monotonic() - began
+    assert status == 400 and "error" in answer, (status, answer)
+    assert elapsed < 0.5, f"{elapsed:.2f} s to refuse {pattern[:40]!r}"
+    assert _rss_bytes(daemon) - rss_before < 50 << 20
+    assert _request(daemon, "GET", "/healthz")[0] == 200
+
+
+def test_the_prefetch_queue_is_bounded(daemon: Daemon) -> None:
+    from shardcache.patterns import MAX_EXPANSION
+    from shardcache.prefetch import MAX_PENDING
+
+    body = json.dumps({"origin": "web", "keys": [f"nope/{{1..{MAX_EXPANSION}}}.tar"]}).encode()
+    answers = [_request(daemon, "POST", "/_/prefetch", body) for _ in range(3)]
+    statuses = [status for status, _, _ in answers]
+    assert statuses[:2] == [202, 202] and statuses[2] == 429, statuses
+    assert answers[2][1].get("Retry-After") == "5"
+    assert MAX_PENDING == 2 * MAX_EXPANSION
+    status, _, answer = _request(daemon, "DELETE", "/_/prefetch")
+    assert status == 200 and int(answer["dropped"]) > 0  # type: ignore[call-overload]
+    assert _request(daemon, "GET", "/healthz")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("POST", "/_/prefetch", b"[" * 100_000 + b"]" * 100_000, 400),  # RecursionError
+        ("POST", "/_/prefetch", b"{" + b" " * (5 << 20) + b"}", 413),
+        ("POST", "/_/prefetch", b"not json", 400),
+        ("GET", "/_/nothing-here", None, 404),
+        ("PUT", "/web/s_000.tar", b"x", 405),
+        ("PATCH", "/web/s_000.tar", b"x", 405),
+        ("DELETE", "/web/s_000.tar", None, 405),
+    ],
+    ids=["deep-json", "huge-body", "not-json", "unknown-path", "put", "patch", "delete-shard"],
+)
+def test_bad_requests_get_a_json_4xx(
+    daemon: Daemon, method: str, path: str, body: bytes | None, status: int
+) -> None:
+    got, _, answer = _request(daemon, method, path, body)
+    assert got == status and "error" in answer, (got, answer)
+    assert "Traceback" not in daemon.log() and "unhandled error" not in daemon.log()
