@@ -30,12 +30,17 @@ _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 @dataclass(frozen=True, slots=True)
 class OriginSpec:
-    """One configured origin. Header values may hold secrets, so `repr` never shows them."""
+    """One configured origin. Header values may hold secrets, so `repr` never shows them.
+
+    `follow_redirects` (http(s) origins only, TOML only): follow a 3xx whose target has the
+    origin URL's own scheme, host and port; any other redirect is an error either way.
+    """
 
     name: str
     url: str
     endpoint_url: str | None = None
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    follow_redirects: bool = False
 
     @property
     def scheme(self) -> str:
@@ -256,7 +261,7 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
         at = f"{where} [origins.{name}]"
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
             raise ConfigError(f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…"')
-        unknown = set(body) - {"url", "endpoint_url", "headers"}
+        unknown = set(body) - {"url", "endpoint_url", "headers", "follow_redirects"}
         if unknown:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
         headers = body.get("headers", {})
@@ -265,10 +270,17 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
         endpoint = body.get("endpoint_url")
         if endpoint is not None and not isinstance(endpoint, str):
             raise ConfigError(f"{at}: endpoint_url must be a string")
+        follow_redirects = body.get("follow_redirects", False)
+        if not isinstance(follow_redirects, bool):
+            raise ConfigError(f"{at}: follow_redirects must be true or false")
+        url = parse_origin_url(name, body["url"], at)
+        if follow_redirects and urlsplit(url).scheme not in ("http", "https"):
+            raise ConfigError(f"{at}: follow_redirects applies to http(s) origins only")
         origins[name] = OriginSpec(
             name=_checked_name(name, at),
-            url=parse_origin_url(name, body["url"], at),
+            url=url,
             endpoint_url=endpoint,
+            follow_redirects=follow_redirects,
             headers=tuple(
                 (str(k), _expand_env(v, environ, f"{at} headers.{k}")) for k, v in headers.items()
             ),
@@ -336,7 +348,8 @@ def load_settings(
 
 
 def _merge(from_file: OriginSpec | None, override: OriginSpec) -> OriginSpec:
-    """A flag or env origin replaces the URL; a file's endpoint and headers stay if the URL does."""
+    """A flag or env origin replaces the URL; a file's endpoint, headers and follow_redirects
+    stay if the URL does."""
     if from_file is None or from_file.url != override.url:
         return override
     return from_file

@@ -35,6 +35,7 @@ class Behaviour:
     no_etag: bool = False  # send no validator at all
     no_md5: bool = False  # publish no checksum
     last_modified: str | None = None  # a Last-Modified header to send
+    redirect_to: str | None = None  # answer every request 302 with this Location
 
 
 @dataclass
@@ -64,6 +65,8 @@ class OriginServer:
             return web.Response(status=404, text="no such object")
         data, etag, how = self.objects[key], self.etags[key], self.behaviour[key]
         (self.heads if request.method == "HEAD" else self.gets)[key] += 1
+        if how.redirect_to is not None:
+            return web.Response(status=302, headers={"Location": how.redirect_to})
         if how.delay_s:
             await asyncio.sleep(how.delay_s)
         if request.method == "HEAD" and how.head_status is not None:

@@ -3,20 +3,25 @@
 The ETag is derived from mtime and size, so a file rewritten in place during a resumed fill is
 detected as OriginChanged. Reads go through aiofiles (a worker thread per read) so a hung NFS
 server stalls only that fill, which `fill`'s read timeout then gives up on.
+
+Nothing outside the root is ever served: symbolic links that stay inside the root are followed,
+one whose target (direct, relative, through a linked directory or a chain) lies outside reads as
+missing, and the file is opened so that a link swapped in after the check cannot escape either
+(`open_beneath`). Hard links cannot be told apart from the file itself and are not refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import stat as stat_mode
 from collections.abc import AsyncIterator, Iterator
+from io import BufferedReader
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import aiofiles
-import aiofiles.os
 from aiofiles.threadpool.binary import AsyncBufferedReader
 
 from shardcache.config import OriginSpec
@@ -29,6 +34,12 @@ from shardcache.errors import (
 from shardcache.keys import join_url
 from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
 
+# O_NOFOLLOW on every component: a component that became a link since `realpath` fails (ELOOP)
+# instead of being followed. O_NONBLOCK: opening a FIFO must not hang a worker thread (regular
+# files ignore it); O_DIRECTORY: a file where a directory was is refused.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
 
 @contextlib.contextmanager
 def map_os_errors(path: Path) -> Iterator[None]:
@@ -40,6 +51,8 @@ def map_os_errors(path: Path) -> Iterator[None]:
     except PermissionError as exc:
         raise OriginDenied(f"{path}: permission denied") from exc
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link loop, or a link swapped in under open_beneath
+            raise OriginNotFound(f"{path} does not exist") from None
         raise OriginUnavailable(f"{path}: {exc.strerror or exc}") from exc
 
 
@@ -49,6 +62,60 @@ def _info(stat: os.stat_result) -> ObjectInfo:
         etag=f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"',
         accepts_ranges=True,
     )
+
+
+def resolve_inside(root: Path, key: str) -> tuple[str, str] | None:
+    """Return (real root, real path of `root/key`), or None when the real path is not strictly
+    inside the real root. Blocking (one lstat per component): call it in a worker thread."""
+    real_root = os.path.realpath(root)
+    # Not strict: a missing or unreadable component must not tell an outside path's existence
+    # apart from a missing key; open_beneath reports what is missing inside the root.
+    real = os.path.realpath(os.path.join(real_root, key))
+    if real == real_root or os.path.commonpath((real_root, real)) != real_root:
+        return None
+    return real_root, real
+
+
+def open_beneath(real_root: str, real: str) -> int:
+    """Open `real` (a path `resolve_inside` returned) read-only by walking down from `real_root`
+    one component at a time without following any link; return the file descriptor.
+
+    The race this closes, with only a check of the real path:
+      1. resolve_inside("d/f") finds ROOT/d/f, a plain file inside the root;
+      2. a writer to the root replaces directory ROOT/d with a link to /etc;
+      3. open("ROOT/d/f") would follow it. Here the open of component "d" fails with ELOOP.
+    Raises OSError (ELOOP, ENOTDIR, ENOENT…); the caller must close the descriptor.
+    """
+    parts = os.path.relpath(real, real_root).split(os.sep)
+    directory = os.open(real_root, _DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, _DIR_FLAGS, dir_fd=directory)
+            os.close(directory)
+            directory = inner
+        return os.open(parts[-1], _FILE_FLAGS, dir_fd=directory)
+    finally:
+        os.close(directory)
+
+
+def _open_regular(root: Path, key: str, path: Path) -> tuple[int, os.stat_result]:
+    """Open the regular file `root/key` without leaving the root; return (fd, its fstat).
+
+    Raises OriginNotFound alike for a missing key, one that is not a regular file and one
+    that leads outside the root, so that an answer never reveals what exists outside."""
+    resolved = resolve_inside(root, key)
+    if resolved is None:
+        raise OriginNotFound(f"{path} does not exist")
+    with map_os_errors(path):
+        fd = open_beneath(*resolved)
+    try:
+        stat = os.fstat(fd)
+        if not stat_mode.S_ISREG(stat.st_mode):
+            raise OriginNotFound(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, stat
 
 
 class FileStream:
@@ -85,31 +152,42 @@ class FileOrigin:
     def _path(self, key: str) -> Path:
         return self.root / key  # keys are validated: no '..', no empty segments
 
+    def _stat(self, key: str) -> os.stat_result:
+        fd, stat = _open_regular(self.root, key, self._path(key))
+        os.close(fd)
+        return stat
+
     async def head(self, key: str) -> ObjectInfo:
+        return _info(await asyncio.to_thread(self._stat, key))
+
+    def _open(
+        self, key: str, start: int, if_match: str | None
+    ) -> tuple[ObjectInfo, BufferedReader]:
         path = self._path(key)
-        with map_os_errors(path):
-            stat = await aiofiles.os.stat(path)
-        if not stat_mode.S_ISREG(stat.st_mode):
-            raise OriginNotFound(f"{path} is not a regular file")
-        return _info(stat)
+        fd, stat = _open_regular(self.root, key, path)
+        try:
+            file = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # the file owns the descriptor from here
+            info = _info(stat)
+            if if_match is not None and info.etag != if_match:
+                raise OriginChanged(f"{path} changed: ETag {info.etag} is not {if_match}")
+            with map_os_errors(path):
+                file.seek(start)
+        except BaseException:
+            file.close()
+            raise
+        return info, file
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> FileStream:
-        path = self._path(key)
-        with map_os_errors(path):
-            reader = await aiofiles.open(path, "rb")
-            try:
-                info = _info(await asyncio.to_thread(os.fstat, reader.fileno()))
-                if if_match is not None and info.etag != if_match:
-                    raise OriginChanged(f"{path} changed: ETag {info.etag} is not {if_match}")
-                if start:
-                    await reader.seek(start)
-            except BaseException:
-                await reader.close()
-                raise
+        info, file = await asyncio.to_thread(self._open, key, start, if_match)
+        reader = AsyncBufferedReader(file, loop=asyncio.get_running_loop(), executor=None)
         stop = info.size_bytes if end is None else min(end, info.size_bytes)
-        return FileStream(info, reader, path, stop - start)
+        return FileStream(info, reader, self._path(key), stop - start)
 
     async def aclose(self) -> None:
         return None

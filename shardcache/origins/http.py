@@ -1,8 +1,11 @@
 """An HTTP(S) server as an origin, through one pooled aiohttp client session per origin.
 
 Bodies are taken as raw bytes (no transparent decompression), with optional per-origin headers
-such as an `Authorization` token. Checksums: `Content-MD5` and `x-amz-checksum-*` on full reads,
-and the ETag as an MD5 only when the server is S3 itself (it sends `x-amz-request-id`).
+such as an `Authorization` token. Redirects are not followed unless the origin sets
+`follow_redirects`, and then only to the origin's own scheme, host and port: a 3xx elsewhere
+would serve another host's bytes as the shard. Checksums: `Content-MD5` and `x-amz-checksum-*`
+on full reads, and the ETag as an MD5 only when the server is S3 itself (it sends
+`x-amz-request-id`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import contextlib
 import email.utils
 import re
 from collections.abc import AsyncIterator, Iterator
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 import aiohttp
 from multidict import CIMultiDictProxy
@@ -25,6 +28,7 @@ from shardcache.errors import (
     OriginError,
     OriginHeadUnsupported,
     OriginNotFound,
+    OriginRedirected,
     OriginTimeout,
     OriginUnavailable,
 )
@@ -34,6 +38,9 @@ from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
+_REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 10
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @contextlib.contextmanager
@@ -62,6 +69,46 @@ def _raise_for_status(status: int, url: str) -> None:
         raise OriginDenied(f"{url}: origin answered {status}")
     if status not in (200, 206):
         raise OriginUnavailable(f"{url}: origin answered {status}")
+
+
+def _site(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
+
+
+def _host(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
+
+
+def redirect_target(
+    url: str, status: int, location: str | None, label: str, follow_within: str | None
+) -> str:
+    """Return the absolute URL a 3xx answer to `url` redirects to, if it may be followed.
+
+    It may when `follow_within` (the origin's URL) is given and the target has its scheme, host
+    and port. Raises OriginRedirected otherwise, naming the target's host (never its path or
+    query, which may carry a signature); `label` names the object.
+    """
+    if status not in _REDIRECTS or not location:
+        raise OriginRedirected(f"{label}: origin answered {status} without a redirect to follow")
+    target = urljoin(url, location)  # RFC 9110 §10.2.2: a relative Location is relative to url
+    try:
+        _site(target)
+    except ValueError:  # a port out of range, a malformed IPv6 literal
+        raise OriginRedirected(f"{label}: origin redirects ({status}) to an unusable URL") from None
+    if follow_within is None:
+        raise OriginRedirected(
+            f"{label}: origin redirects ({status}) to {_host(target)}; redirects are not "
+            "followed (see follow_redirects)"
+        )
+    if _site(target) != _site(follow_within):
+        raise OriginRedirected(
+            f"{label}: origin redirects ({status}) to another host, {_host(target)}; only "
+            f"redirects within {_site(follow_within)[0]}://{_host(follow_within)} are followed"
+        )
+    return target
 
 
 def _last_modified(value: str | None) -> float | None:
@@ -168,10 +215,20 @@ class HttpStream:
 
 class HttpTransport:
     """One pooled aiohttp client session: HEAD and ranged GET of full URLs, raw bytes, errors
-    mapped at the edge. Used by the HTTP origin, and by the S3 origin for presigned URLs."""
+    mapped at the edge. Used by the HTTP origin, and by the S3 origin for presigned URLs.
 
-    def __init__(self, timeouts: Timeouts, headers: dict[str, str] | None = None) -> None:
+    Redirects are followed only within `follow_within`'s scheme, host and port, and not at
+    all when it is None (the default, and always for S3).
+    """
+
+    def __init__(
+        self,
+        timeouts: Timeouts,
+        headers: dict[str, str] | None = None,
+        follow_within: str | None = None,
+    ) -> None:
         self._headers = {"Accept-Encoding": "identity", **(headers or {})}
+        self._follow_within = follow_within
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
         )
@@ -188,16 +245,35 @@ class HttpTransport:
             )
         return self._session
 
+    async def _send(
+        self, method: str, url: str, label: str, headers: dict[str, str] | None = None
+    ) -> aiohttp.ClientResponse:
+        """Send one request, following only the redirects `redirect_target` allows; return a
+        response that is not a 3xx, which the caller must close. Raises OriginRedirected."""
+        for _ in range(MAX_REDIRECTS + 1):
+            response = await self._client().request(
+                method, url, headers=headers, allow_redirects=False
+            )
+            if not 300 <= response.status < 400:
+                return response
+            response.close()
+            location = response.headers.get("Location")
+            url = redirect_target(url, response.status, location, label, self._follow_within)
+        raise OriginRedirected(f"{label}: more than {MAX_REDIRECTS} redirects")
+
     async def head(self, url: str, label: str) -> ObjectInfo:
         """HEAD `url`; `label` names the object in errors (never a signed URL)."""
         with map_aiohttp_errors(label):
-            async with self._client().head(url, allow_redirects=True) as response:
+            response = await self._send("HEAD", url, label)
+            try:
                 if response.status in (405, 501):
                     raise OriginHeadUnsupported(
                         f"{label}: origin answered {response.status} to HEAD"
                     )
                 _raise_for_status(response.status, label)
                 return _info(response.headers, response.status, label)
+            finally:
+                response.release()
 
     async def get(
         self, url: str, label: str, start: int, end: int | None, if_match: str | None
@@ -211,12 +287,12 @@ class HttpTransport:
         if if_match is not None and not if_match.startswith("W/"):
             headers["If-Match"] = if_match
         with map_aiohttp_errors(label):
-            response = await self._client().get(url, headers=headers)
+            response = await self._send("GET", url, label, headers)
             if response.status == 416 and start == 0 and "Range" in headers:
                 # An empty object has no byte 0 to range over: ask for all of it.
                 response.close()
                 del headers["Range"]
-                response = await self._client().get(url, headers=headers)
+                response = await self._send("GET", url, label, headers)
             try:
                 _raise_for_status(response.status, label)
                 info = _info(response.headers, response.status, label)
@@ -243,7 +319,8 @@ class HttpOrigin:
     def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
         self.name = spec.name
         self._base = spec.url.rstrip("/")
-        self._transport = HttpTransport(timeouts, dict(spec.headers))
+        follow_within = spec.url if spec.follow_redirects else None
+        self._transport = HttpTransport(timeouts, dict(spec.headers), follow_within)
 
     def url_for(self, key: str) -> str:
         return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))

@@ -115,6 +115,7 @@ class S3Origin:
         self._client = boto3.session.Session().client(
             "s3", endpoint_url=spec.endpoint_url, config=config
         )
+        # No follow_within: a presigned URL's redirect is never followed, to any host.
         self._transport = HttpTransport(timeouts)
 
     def _object_key(self, key: str) -> str:

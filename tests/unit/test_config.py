@@ -74,3 +74,24 @@ def test_file_errors(tmp_path: Path) -> None:
     config.write_text("not toml [")
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings({"config": str(config)}, {})
+
+
+def test_follow_redirects_is_a_per_origin_toml_setting(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[origins.a]\nurl = "https://cdn.example/x"\nfollow_redirects = true\n'
+        '[origins.b]\nurl = "https://cdn.example/y"\n'
+    )
+    by_name = {o.name: o for o in load_settings({"config": str(config)}, {}).origins}
+    assert by_name["a"].follow_redirects and not by_name["b"].follow_redirects
+    flags = {"config": str(config), "origin": ["a=https://cdn.example/x", "c=http://h/z"]}
+    by_name = {o.name: o for o in load_settings(flags, {}).origins}
+    assert by_name["a"].follow_redirects and not by_name["c"].follow_redirects
+    for bad, message in (
+        ('url = "https://h/x"\nfollow_redirects = "yes"', "true or false"),
+        ('url = "s3://bucket"\nfollow_redirects = true', "http\\(s\\) origins only"),
+        ('url = "file:///data"\nfollow_redirects = true', "http\\(s\\) origins only"),
+    ):
+        config.write_text(f"[origins.a]\n{bad}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_settings({"config": str(config)}, {})
