@@ -16,6 +16,7 @@
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
+        │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
         │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
@@ -131,6 +132,13 @@ class OriginNotResumable(OriginUnavailable):
 class OriginRedirected(OriginUnavailable):
     """The origin answered 3xx and the redirect may not be followed (another host, or the
     origin does not allow redirects): asking again gets the same answer."""
+
+    is_retryable = False
+
+
+class OriginRefused(OriginUnavailable):
+    """The origin refused the request itself (a 4xx such as 400, 414, a name too long for
+    its filesystem): asking again would get the same answer, so it is not retried."""
 
     is_retryable = False
 

@@ -59,13 +59,22 @@ def configure(level: str, fmt: str) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """`text` with control characters written as \\xNN: a path like `/a%0d%0aFAKE LINE`
+    decodes to a CR LF, which must not forge a line in the log."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 class AccessLogger(AbstractAccessLogger):
     """method, path, status, X-Shardcache result, body bytes, duration: one line per request."""
 
     def log(self, request: BaseRequest, response: StreamResponse, time_s: float) -> None:
         fields = {
             "method": request.method,
-            "path": request.path,
+            "path": escape_controls(request.path),
             "status": response.status,
             "result": response.headers.get("X-Shardcache", "-"),
             "bytes": response.body_length,

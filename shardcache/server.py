@@ -192,14 +192,14 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         try:
             await _send_body(lease, sender, response, start, end, request, metrics)
         except (ClientGone, ConnectionResetError):  # origin errors are OriginErrors, never these
-            log.debug("client left during %s", request.path)
+            log.debug("client left during %r", request.path)
             _abort(request)
             return response
         except Exception as exc:  # any failure after the headers: never a clean short body
             expected = isinstance(exc, ShardcacheError | OSError | EOFError)
             log.log(
                 logging.ERROR,
-                "aborting %s after %d of %d bytes: %s",
+                "aborting %r after %d of %d bytes: %s",
                 request.path,
                 sender.sent_bytes,
                 end - start,

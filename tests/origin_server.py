@@ -35,6 +35,7 @@ class Behaviour:
     no_etag: bool = False  # send no validator at all
     no_md5: bool = False  # publish no checksum
     last_modified: str | None = None  # a Last-Modified header to send
+    status: int | None = None  # answer every GET with this status (an error)
     redirect_to: str | None = None  # answer every request 302 with this Location
 
 
@@ -69,6 +70,8 @@ class OriginServer:
             return web.Response(status=302, headers={"Location": how.redirect_to})
         if how.delay_s:
             await asyncio.sleep(how.delay_s)
+        if request.method == "GET" and how.status is not None:
+            return web.Response(status=how.status, text="refused")
         if request.method == "HEAD" and how.head_status is not None:
             return web.Response(status=how.head_status, text="HEAD failed")
         if_match = request.headers.get("If-Match")

@@ -53,6 +53,8 @@ def map_os_errors(path: Path) -> Iterator[None]:
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # a link loop, or a link swapped in under open_beneath
             raise OriginNotFound(f"{path} does not exist") from None
+        if exc.errno == errno.ENAMETOOLONG:  # permanent: no such file can exist
+            raise OriginNotFound(f"{path}: file name too long") from None
         raise OriginUnavailable(f"{path}: {exc.strerror or exc}") from exc
 
 

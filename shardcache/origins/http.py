@@ -29,6 +29,7 @@ from shardcache.errors import (
     OriginHeadUnsupported,
     OriginNotFound,
     OriginRedirected,
+    OriginRefused,
     OriginTimeout,
     OriginUnavailable,
 )
@@ -37,6 +38,7 @@ from shardcache.origins import Timeouts
 from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
+_TRANSIENT_4XX = {408, 425, 429}  # timeout, too early, too many requests: worth a retry
 _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
 _REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 10
@@ -67,6 +69,8 @@ def _raise_for_status(status: int, url: str) -> None:
         raise OriginChanged(f"{url}: ETag changed (412)")
     if status in (401, 403):
         raise OriginDenied(f"{url}: origin answered {status}")
+    if 400 <= status < 500 and status not in _TRANSIENT_4XX:
+        raise OriginRefused(f"{url}: origin answered {status}")
     if status not in (200, 206):
         raise OriginUnavailable(f"{url}: origin answered {status}")
 

@@ -97,3 +97,26 @@ def test_bad_requests_get_a_json_4xx(
     got, _, answer = _request(daemon, method, path, body)
     assert got == status and "error" in answer, (got, answer)
     assert "Traceback" not in daemon.log() and "unhandled error" not in daemon.log()
+
+
+def test_control_characters_in_a_path_cannot_forge_a_log_line(daemon: Daemon) -> None:
+    status, _, _ = _request(daemon, "GET", "/web/a%0d%0aFAKE%20LINE%20200")
+    assert status == 404
+    lines = daemon.log().splitlines()
+    assert not any(line.startswith("FAKE LINE") for line in lines), lines[-3:]
+    assert any("a\\x0d\\x0aFAKE LINE 200" in line for line in lines)
+
+
+def test_permanent_origin_refusals_are_not_retried(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    origin.put("bad.tar", b"x" * 1000, status=400)
+    root = tmp_path / "files"
+    root.mkdir()
+    daemon = start_daemon({"web": origin.url, "files": f"file://{root}"}, "--origin-retries", "3")
+    began = time.monotonic()
+    assert _request(daemon, "GET", "/web/bad.tar")[0] == 502
+    assert origin.gets["bad.tar"] == 1  # a 400 is the origin's answer, not a blip
+    status, _, answer = _request(daemon, "GET", "/files/" + "n" * 300 + ".tar")
+    assert status == 404 and "name too long" in str(answer["error"]), answer
+    assert time.monotonic() - began < 1.0  # no back-off (0.25 s, 0.5 s, 1 s) was waited
