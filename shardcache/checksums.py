@@ -165,11 +165,10 @@ def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) ->
     return Checksum("md5", bytes.fromhex(match.group(1)), "etag")
 
 
-_CRC32_POLY = 0xEDB88320  # reflected, as zlib
 _CRC32C_POLY = 0x82F63B78  # Castagnoli, reflected
 
 
-def _multmodp(a: int, b: int, poly: int) -> int:
+def _multmodp(a: int, b: int, poly: int = _CRC32C_POLY) -> int:
     """a·b modulo a CRC-32 polynomial, in zlib's reflected bit order (crc32.c)."""
     m, p = 1 << 31, 0
     while True:
@@ -181,37 +180,28 @@ def _multmodp(a: int, b: int, poly: int) -> int:
         b = (b >> 1) ^ poly if b & 1 else b >> 1
 
 
-def _x2n_table(poly: int) -> list[int]:
+def _x2n_table() -> list[int]:
     table, p = [], 1 << 30  # x^1
     for _ in range(32):
         table.append(p)
-        p = _multmodp(p, p, poly)
+        p = _multmodp(p, p)
     return table
 
 
-_X2N = {_CRC32_POLY: _x2n_table(_CRC32_POLY), _CRC32C_POLY: _x2n_table(_CRC32C_POLY)}
-
-
-def _combine(crc1: int, crc2: int, len2: int, poly: int) -> int:
-    p, k = 1 << 31, 3  # x^0; x^(8·len2) is built from x^(2^k), bytes to bits
-    while len2:
-        if len2 & 1:
-            p = _multmodp(_X2N[poly][k & 31], p, poly)
-        len2 >>= 1
-        k += 1
-    return _multmodp(p, crc1, poly) ^ crc2
-
-
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The CRC-32 of A+B from crc32(A), crc32(B) and len(B), as zlib's crc32_combine (which
-    Python's zlib does not expose)."""
-    return _combine(crc1, crc2, len2, _CRC32_POLY)
+_X2N = _x2n_table()  # x^(2^k) modulo the polynomial, k = 0..31
 
 
 def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
-    """The CRC-32C of A+B from crc32c(A), crc32c(B) and len(B): segments fetched in parallel
-    each keep their own CRC, combined in order at the end."""
-    return _combine(crc1, crc2, len2, _CRC32C_POLY)
+    """The CRC-32C of A+B from crc32c(A), crc32c(B) and len(B), by zlib's crc32_combine
+    algorithm over the Castagnoli polynomial: segments fetched in parallel each keep their
+    own CRC, combined in order at the end."""
+    p, k = 1 << 31, 3  # x^0; x^(8·len2) is built from x^(2^k), bytes to bits
+    while len2:
+        if len2 & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        len2 >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 def multipart_etag_parts(etag: str | None) -> int | None:

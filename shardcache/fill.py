@@ -284,7 +284,8 @@ class Fill:
             await first.aclose()
             self._requests.count("ok")
             first = await self._requests.open(0, None, None)
-        return _WithInfo(first, dataclasses.replace(first.info, accepts_ranges=False))
+        first.info = dataclasses.replace(first.info, accepts_ranges=False)
+        return first
 
     async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
         """Run the segmented download while a second task learns the object's checksums and
@@ -455,20 +456,6 @@ class _ContinuedStream:
         await self._first.aclose()
         if self._rest is not None:
             await self._rest.aclose()
-
-
-class _WithInfo:
-    """A stream with its info replaced (here: one that must not be fetched in segments)."""
-
-    def __init__(self, stream: OriginStream, info: ObjectInfo) -> None:
-        self.info = info
-        self._stream = stream
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return aiter(self._stream)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:
