@@ -76,6 +76,17 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_for_log(self, text: str, timeout_s: float = 10) -> str:
+        """Return the log once it contains ``text``. The access line of a request is written
+        after its response has gone out, so a client can see the answer before the line."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            log = self.log()
+            if text in log:
+                return log
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} not in the daemon's log after {timeout_s} s:\n{self.log()}")
+
     def metric(self, name: str, **labels: str) -> float:
         """Return the current value of one series from /metrics (0 if absent)."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as response:
