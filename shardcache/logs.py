@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import BaseRequest, StreamResponse
 
 _SECRETS = re.compile(
@@ -55,8 +56,27 @@ def configure(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("aiohttp.access").setLevel(level.upper())
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, UnparseableRequests) for f in server_log.filters):
+        server_log.addFilter(UnparseableRequests())
     for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+
+
+class UnparseableRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse (a request line over 8 KiB, too many headers, TLS
+    on the plain port) at ERROR with a traceback, then answers 400 itself. That is the client's
+    error, not the daemon's: keep one escaped line at WARNING and drop the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg = "unparseable request from %s answered %d: %s"
+            record.args = (remote, exc.code, escape_controls(exc.message[:200]))
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
