@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from shardcache.checksums import Verifier
 from shardcache.errors import IntegrityError
@@ -22,19 +23,36 @@ from shardcache.fill import Fill
 from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
+DEFAULT_SEND_TIMEOUT_S = 120.0
 Write = Callable[[bytes], Awaitable[None]]
+T = TypeVar("T")
 
 
 class ClientGone(ConnectionError):
     """The client closed the connection; nothing to report to it."""
 
 
-class FileSender:
-    """Sends byte ranges of open files to one connection; `close()` when the response ends."""
+class ClientStalled(ClientGone):
+    """The client read nothing for the send timeout: its connection is closed like a gone one's
+    (a shared fill goes on for everyone else)."""
 
-    def __init__(self, transport: asyncio.Transport, write: Write) -> None:
+
+class FileSender:
+    """Sends byte ranges of open files to one connection; `close()` when the response ends.
+
+    Every wait for the client is bounded by `send_timeout_s`: a socket that takes no byte for
+    that long (a client that stopped reading) raises `ClientStalled`.
+    """
+
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        write: Write,
+        send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+    ) -> None:
         self._transport = transport
         self._write = write
+        self.send_timeout_s = send_timeout_s
         self._loop = asyncio.get_running_loop()
         self.sent_bytes = 0  # every body byte of the response so far
         self.bypassed_bytes = 0  # those sent with sendfile, which aiohttp's writer never saw
@@ -73,10 +91,15 @@ class FileSender:
     async def _flush_transport(self) -> None:
         # Headers (and any earlier body bytes) sit in the transport's buffer until the socket
         # takes them; sendfile must not overtake them.
+        deadline = self._loop.time() + self.send_timeout_s
+        pause_s = 0.001
         while self._transport.get_write_buffer_size():
             if self._transport.is_closing():
                 raise ClientGone("client closed the connection")
-            await asyncio.sleep(0.001)
+            if self._loop.time() >= deadline:
+                raise self._stalled()
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.1)  # a stuck client must not cost 1,000 wake-ups/s
 
     async def _writable(self) -> None:
         if self._poll_fd < 0:
@@ -84,9 +107,28 @@ class FileSender:
         waiter = self._loop.create_future()
         self._loop.add_writer(self._poll_fd, waiter.set_result, None)
         try:
-            await waiter
+            async with asyncio.timeout(self.send_timeout_s):
+                await waiter
+        except TimeoutError:
+            raise self._stalled() from None
         finally:
             self._loop.remove_writer(self._poll_fd)
+
+    def _stalled(self) -> ClientStalled:
+        return ClientStalled(f"the client read nothing for {self.send_timeout_s:g} s")
+
+    async def write(self, data: bytes) -> None:
+        """Write through aiohttp (a relayed stream, the TLS fallback), bounded like sendfile."""
+        await self.bounded(self._write(data))
+
+    async def bounded(self, step: Awaitable[T]) -> T:
+        """Await `step` (a write or the response's end), raising `ClientStalled` after the
+        send timeout: aiohttp waits for a full transport buffer to drain without a limit."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                return await step
+        except TimeoutError:
+            raise self._stalled() from None
 
     async def _copy(self, fd: int, offset: int, count: int) -> None:
         """The fallback for TLS transports: pread in a worker thread, write through aiohttp."""
@@ -94,7 +136,7 @@ class FileSender:
             data = await asyncio.to_thread(os.pread, fd, min(count, FALLBACK_CHUNK_BYTES), offset)
             if not data:
                 raise EOFError(f"file ended {count} bytes early")
-            await self._write(data)
+            await self.write(data)
             offset += len(data)
             count -= len(data)
             self.sent_bytes += len(data)

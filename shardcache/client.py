@@ -1,7 +1,9 @@
 """Talking to a running daemon from a training job: local URLs, prefetch, status.
 
 Stdlib only (plus brace patterns): this runs inside dataloader workers. The daemon's address is
-an argument or `SHARDCACHE_URL`, default `http://127.0.0.1:8470`.
+an argument or `SHARDCACHE_URL`, default `http://127.0.0.1:8470`. A daemon with an admin token
+gets it from `SHARDCACHE_ADMIN_TOKEN` or the file named by `SHARDCACHE_ADMIN_TOKEN_FILE`, sent
+as `Authorization: Bearer …` with every request this module makes.
 """
 
 from __future__ import annotations
@@ -27,11 +29,29 @@ def daemon_url(daemon: str | None = None) -> str:
     return (daemon or os.environ.get("SHARDCACHE_URL") or DEFAULT_DAEMON_URL).rstrip("/")
 
 
+def admin_token() -> str | None:
+    """The daemon's admin token from the environment, or None when none is set."""
+    token = os.environ.get("SHARDCACHE_ADMIN_TOKEN", "").strip()
+    if token:
+        return token
+    path = os.environ.get("SHARDCACHE_ADMIN_TOKEN_FILE", "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, encoding="ascii") as stream:
+            return stream.read().strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not ASCII text"
+        raise ClientError(f"SHARDCACHE_ADMIN_TOKEN_FILE: cannot read {path}: {reason}") from None
+
+
 def _request(method: str, url: str, body: object | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
+    headers = {"Content-Type": "application/json"}
+    token = admin_token()
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
             return json.loads(response.read() or b"null")
@@ -40,6 +60,12 @@ def _request(method: str, url: str, body: object | None = None) -> Any:
             message = json.loads(exc.read())["error"]
         except (ValueError, KeyError, TypeError):
             message = exc.reason
+        if exc.code == 401:
+            hint = "a different" if token else "no"
+            message = (
+                f"{message} (this process has {hint} token; set SHARDCACHE_ADMIN_TOKEN or "
+                "SHARDCACHE_ADMIN_TOKEN_FILE to the daemon's)"
+            )
         raise ClientError(f"{method} {url}: {exc.code} {message}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

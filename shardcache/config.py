@@ -9,6 +9,7 @@ This is the only module that reads `os.environ` for the daemon.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import tomllib
@@ -25,6 +26,7 @@ from shardcache.units import parse_size
 ENV_PREFIX = "SHARDCACHE_"
 ORIGIN_SCHEMES = ("s3", "http", "https", "file")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+MIN_TOKEN_CHARS = 16
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -66,11 +68,29 @@ class Settings:
     segment_size: int = 16 << 20
     worker_threads: int = 64
     shutdown_grace: float = 30.0
+    client_idle_timeout: float = 60.0
+    client_header_timeout: float = 15.0
+    client_body_timeout: float = 30.0
+    client_send_timeout: float = 120.0
+    max_connections: int = 1024
+    admin_token: str | None = field(default=None, repr=False)  # never shown, never logged
+    require_token_for_reads: bool = False
+    insecure_no_token: bool = False
     config: Path | None = None
 
     @property
     def prefetch_budget_bytes(self) -> int:
         return self.prefetch_max_bytes or self.cache_size // 4
+
+    @property
+    def is_loopback(self) -> bool:
+        """Whether only this machine can reach the listen address (127.0.0.0/8, ::1)."""
+        if self.listen_host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.listen_host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to anything
 
     @property
     def listen(self) -> str:
@@ -135,6 +155,35 @@ def _parse_path(value: Any) -> Path:
     return Path(os.path.expanduser(str(value)))
 
 
+def _parse_optional_path(value: Any) -> Path | None:
+    return _parse_path(value) if str(value).strip() else None
+
+
+def _parse_switch(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _parse_token(value: Any) -> str | None:
+    """A token is printable ASCII without spaces, at least 16 characters; "" means none."""
+    text = str(value).strip()
+    if not text:
+        return None
+    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) < 127 for c in text):
+        # The message must not echo the value: it is a secret, however badly formed.
+        raise ValueError(
+            f"must be at least {MIN_TOKEN_CHARS} printable ASCII characters without spaces "
+            "(try: openssl rand -hex 32)"
+        )
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class Option:
     name: str
@@ -142,6 +191,7 @@ class Option:
     default: Any
     help: str
     metavar: str = ""
+    is_switch: bool = False  # a flag without a value: `--require-token-for-reads`
 
     @property
     def flag(self) -> str:
@@ -192,6 +242,59 @@ OPTIONS: tuple[Option, ...] = (
         "threads for blocking work (disk writes, S3 reads, the index)",
         "N",
     ),
+    Option(
+        "client_idle_timeout",
+        _parse_seconds,
+        60.0,
+        "seconds a connection may wait between requests (keep-alive) before it is closed",
+        "S",
+    ),
+    Option(
+        "client_header_timeout",
+        _parse_seconds,
+        15.0,
+        "seconds a client may take to send a request's headers once it has begun",
+        "S",
+    ),
+    Option("client_body_timeout", _parse_seconds, 30.0, "seconds to receive a request body", "S"),
+    Option(
+        "client_send_timeout",
+        _parse_seconds,
+        120.0,
+        "seconds a client may read nothing of a response before its connection is closed",
+        "S",
+    ),
+    Option(
+        "max_connections",
+        _parse_workers,
+        1024,
+        "client connections at once; more are answered 503 and closed",
+        "N",
+    ),
+    Option(
+        "admin_token",
+        _parse_token,
+        "",
+        "bearer token for /_/ endpoints; prefer the env or --admin-token-file",
+        "TOKEN",
+    ),
+    Option(
+        "admin_token_file", _parse_optional_path, "", "read the admin token from this file", "FILE"
+    ),
+    Option(
+        "require_token_for_reads",
+        _parse_switch,
+        False,
+        "shard reads need the token too",
+        is_switch=True,
+    ),
+    Option(
+        "insecure_no_token",
+        _parse_switch,
+        False,
+        "allow a non-loopback listen without a token",
+        is_switch=True,
+    ),
 )
 
 
@@ -206,11 +309,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ", file:///PATH (env SHARDCACHE_ORIGIN, comma-separated)",
     )
     for option in OPTIONS:
+        if option.is_switch:
+            parser.add_argument(
+                option.flag,
+                dest=option.name,
+                action="store_const",
+                const=True,
+                help=f"{option.help} (env {option.env}=true)",
+            )
+            continue
+        default = option.default if option.default != "" else "none"
         parser.add_argument(
             option.flag,
             dest=option.name,
             metavar=option.metavar or None,
-            help=f"{option.help} (default {option.default}; env {option.env})",
+            help=f"{option.help} (default {default}; env {option.env})",
         )
 
 
@@ -338,13 +451,52 @@ def load_settings(
         origins[spec.name] = _merge(origins.get(spec.name), spec)
 
     host, port = values.pop("listen")
-    return Settings(
+    values["admin_token"] = _admin_token(values.pop("admin_token"), values.pop("admin_token_file"))
+    settings = Settings(
         listen_host=host,
         listen_port=port,
         origins=tuple(origins.values()),
         config=path,
         **values,
     )
+    _check_access(settings)
+    return settings
+
+
+def _check_access(settings: Settings) -> None:
+    """Refuse a daemon that anyone on the network could drive with the node's credentials."""
+    if settings.admin_token is not None:
+        return
+    if settings.require_token_for_reads:
+        raise ConfigError("--require-token-for-reads: needs --admin-token-file or --admin-token")
+    if not settings.is_loopback and not settings.insecure_no_token:
+        raise ConfigError(
+            f"--listen {settings.listen}: other machines can reach this address, so an admin "
+            "token is required (--admin-token-file FILE or SHARDCACHE_ADMIN_TOKEN); "
+            "--insecure-no-token runs without one"
+        )
+
+
+def _admin_token(token: str | None, token_file: Path | None) -> str | None:
+    if token is None or token_file is None:
+        return token if token_file is None else _read_token_file(token_file)
+    raise ConfigError("--admin-token and --admin-token-file: give one, not both")
+
+
+def _read_token_file(path: Path) -> str:
+    """The token in `path` (a Kubernetes Secret, a systemd credential), stripped of space."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not ASCII text"
+        raise ConfigError(f"--admin-token-file: cannot read {path}: {reason}") from None
+    try:
+        token = _parse_token(text)
+    except ValueError as exc:
+        raise ConfigError(f"--admin-token-file {path}: the token {exc}") from None
+    if token is None:
+        raise ConfigError(f"--admin-token-file: {path} is empty")
+    return token
 
 
 def _merge(from_file: OriginSpec | None, override: OriginSpec) -> OriginSpec:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Callable
@@ -24,8 +25,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from shardcache import __version__, logs
+from shardcache.access import AccessPolicy
 from shardcache.cache import ShardCache
 from shardcache.config import OriginSpec, Settings
+from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
@@ -89,9 +92,20 @@ class Daemon:
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
         self._store_watch: asyncio.Task[None] | None = None
+        self._listener: asyncio.Server | None = None
+        self.guard = ConnectionGuard(
+            ConnectionLimits(
+                settings.client_idle_timeout,
+                settings.client_header_timeout,
+                settings.max_connections,
+            ),
+            on_close=self._count_closed_connection,
+        )
         self.state: dict[str, Any] = {
             "is_shutting_down": False,
             "read_timeout_s": settings.origin_read_timeout,
+            "client_body_timeout_s": settings.client_body_timeout,
+            "client_send_timeout_s": settings.client_send_timeout,
             "check_ready": self._check_ready,
             "status": self._status,
             "origin_urls": self.origin_urls,
@@ -126,17 +140,29 @@ class Daemon:
             settings.readahead,
         )
         self.metrics.watch_cache(self._gauges)
-        app = make_app(self.cache, self.prefetch, self.metrics, self.state)
+        access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
+        app = make_app(self.cache, self.prefetch, self.metrics, self.state, access, self.guard)
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         self.runner = web.AppRunner(
-            app, access_log_class=AccessLogger, handle_signals=False, shutdown_timeout=1.0
+            app,
+            access_log_class=AccessLogger,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            # A backstop only: the guard closes idle connections first (and counts them).
+            keepalive_timeout=2 * settings.client_idle_timeout,
         )
         await self.runner.setup()
-        site = web.TCPSite(
-            self.runner, settings.listen_host, settings.listen_port, reuse_address=True
-        )
+        _raise_open_file_limit(settings.max_connections)
         try:
-            await site.start()
+            # aiohttp's low-level server as its docs show it (`loop.create_server(server, …)`),
+            # its protocol wrapped so the guard sees every connection.
+            assert self.runner.server is not None
+            self._listener = await asyncio.get_running_loop().create_server(
+                self.guard.protocol_factory(self.runner.server),
+                settings.listen_host,
+                settings.listen_port,
+                reuse_address=True,
+            )
         except OSError as exc:
             await self.runner.cleanup()
             await self._close()
@@ -144,12 +170,15 @@ class Daemon:
                 f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
             ) from None
         self.prefetch.start()
+        self.guard.start()
         self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")
         usage = self.store.usage()
         log.info(
-            "shardcache %s serving on http://%s; cache %s: %s of %s used, %d entries; origins: %s",
+            "shardcache %s serving on http://%s (%s); cache %s: %s of %s used, %d entries; "
+            "origins: %s",
             __version__,
             settings.listen,
+            _access_summary(settings),
             settings.cache_dir,
             format_size(usage.size_bytes),
             format_size(usage.capacity_bytes),
@@ -170,6 +199,9 @@ class Daemon:
             log.warning(
                 "grace period over with %d responses in flight; closing them", self.in_flight.count
             )
+        if self._listener is not None:
+            self._listener.close()
+        await self.guard.aclose()
         await self.runner.cleanup()
         await self._close()
         log.info("stopped")
@@ -228,6 +260,12 @@ class Daemon:
         if hasattr(self, "store"):
             await asyncio.to_thread(self.store.close)
 
+    def _count_closed_connection(self, reason: str) -> None:
+        if reason == "limit":
+            self.metrics.client_refused.labels("connection_limit").inc()
+        else:
+            self.metrics.client_timeouts.labels(reason).inc()
+
     def _gauges(self) -> CacheGauges:
         usage = self.store.usage()
         return CacheGauges(
@@ -239,6 +277,7 @@ class Daemon:
             self.prefetch.completed,
             self.prefetch.failed,
             self.cache.unread_bytes,
+            self.guard.open_count,
         )
 
     def _check_ready(self) -> str | None:
@@ -280,6 +319,33 @@ class Daemon:
         )
 
 
+def _access_summary(settings: Settings) -> str:
+    if settings.admin_token is None:
+        return "no admin token" + (": INSECURE" if not settings.is_loopback else "")
+    reads = " and reads" if settings.require_token_for_reads else ""
+    return f"admin token required for /_/{reads}"
+
+
+def _raise_open_file_limit(max_connections: int) -> None:
+    """Lift the soft limit on open files to the hard one: each connection can hold three (its
+    socket, a cache entry, a poll dup). Say so when even that is below `max_connections`."""
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    needed = 3 * max_connections + 256
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open-file limit %d is below the %d that --max-connections %d can use; "
+            "raise LimitNOFILE / ulimit -n or lower --max-connections",
+            soft,
+            needed,
+            max_connections,
+        )
+
+
 RESTART_SETTINGS = (
     "listen",
     "cache_dir",
@@ -294,6 +360,14 @@ RESTART_SETTINGS = (
     "segment_size",
     "worker_threads",
     "shutdown_grace",
+    "client_idle_timeout",
+    "client_header_timeout",
+    "client_body_timeout",
+    "client_send_timeout",
+    "max_connections",
+    "admin_token",
+    "require_token_for_reads",
+    "insecure_no_token",
 )
 
 

@@ -4,6 +4,8 @@
     ├── ConfigError                     -       config       a bad setting; the CLI prints one line
     ├── BadRequest                      400     bad_request  a malformed request body
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
+    ├── Unauthorized                    401     unauthorized no or a wrong admin token
+    ├── RequestTimeout                  408     timeout      the client sent its body too slowly
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
     ├── RangeNotSatisfiable             416     range
@@ -49,6 +51,16 @@ class BadRequest(ShardcacheError):
 class InvalidKey(ShardcacheError):
     status = 400
     kind = "invalid_key"
+
+
+class Unauthorized(ShardcacheError):
+    status = 401
+    kind = "unauthorized"
+
+
+class RequestTimeout(ShardcacheError):
+    status = 408
+    kind = "client_timeout"
 
 
 class UnknownOrigin(ShardcacheError):

@@ -20,6 +20,8 @@ from shardcache.status import Snapshot
 
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
+CLIENT_TIMEOUT_PHASES = ("idle", "header", "body", "send")
+CLIENT_REFUSAL_REASONS = ("unauthorized", "connection_limit")
 ORIGIN_ERROR_KINDS = ("not_found", "timeout", "unavailable", "denied", "changed", "integrity")
 # From 100 µs (a hit's first byte) to 5 minutes (a multi-GB miss).
 LATENCY_BUCKETS = (
@@ -59,6 +61,7 @@ class CacheGauges:
     prefetch_completed: int = 0
     prefetch_failed: int = 0
     prefetch_unread_bytes: int = 0
+    client_connections: int = 0
 
 
 class _StateCollector(Collector):
@@ -92,6 +95,11 @@ class _StateCollector(Collector):
             "shardcache_prefetch_unread_bytes",
             "Prefetched bytes no client has read yet (pinned against eviction)",
             value=state.prefetch_unread_bytes,
+        )
+        yield GaugeMetricFamily(
+            "shardcache_client_connections",
+            "Client connections open (--max-connections bounds them)",
+            value=state.client_connections,
         )
         # Counters the prefetch queue keeps itself, exported as counters at scrape time.
         yield CounterMetricFamily(
@@ -182,6 +190,22 @@ class Metrics:
             ["origin"],
             registry=registry,
         )
+        self.client_timeouts = Counter(
+            "shardcache_client_timeouts",
+            "Client connections closed for sending or reading too slowly, by phase",
+            ["phase"],
+            registry=registry,
+        )
+        self.client_refused = Counter(
+            "shardcache_client_refused",
+            "Client requests or connections refused: no admin token, or the connection limit",
+            ["reason"],
+            registry=registry,
+        )
+        for phase in CLIENT_TIMEOUT_PHASES:
+            self.client_timeouts.labels(phase)
+        for reason in CLIENT_REFUSAL_REASONS:
+            self.client_refused.labels(reason)
         self.build_info = Gauge(
             "shardcache_build_info",
             "Always 1; the version as a label",

@@ -7,6 +7,9 @@
     GET      /_/status            one JSON document for people and `shardcache stats`
     GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
 
+With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
+shard read) needs `Authorization: Bearer TOKEN`; a request without it is a 401 (`access.py`).
+
 Before the first body byte every failure is a JSON error with the status its exception class
 carries. After it, the connection is aborted: headers promised a Content-Length, and a client
 such as `curl -f` must see a failed transfer, never a clean but short body.
@@ -18,21 +21,34 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from shardcache.body import ClientGone, FileSender, send_fill, send_stream, settle_empty
+from shardcache.access import AccessPolicy
+from shardcache.body import (
+    ClientGone,
+    ClientStalled,
+    FileSender,
+    send_fill,
+    send_stream,
+    settle_empty,
+)
 from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
+from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     BadRequest,
     NotCached,
     QueueFull,
     RangeNotSatisfiable,
+    RequestTimeout,
     ShardcacheError,
     ShuttingDown,
+    Unauthorized,
 )
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch import PrefetchQueue, parse_targets
@@ -47,6 +63,8 @@ CACHE_KEY = web.AppKey("cache", ShardCache)
 PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 STATE_KEY = web.AppKey("state", dict)
+ACCESS_KEY = web.AppKey("access", AccessPolicy)
+GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 
 
 class InFlight:
@@ -77,10 +95,21 @@ class InFlight:
         return True
 
 
-def _abort(request: web.Request) -> None:
-    """Abort the connection (never a clean short body); it may be gone already."""
-    if request.transport is not None:
-        request.transport.abort()
+def _abort(request: web.Request, discard_unsent: bool = False) -> None:
+    """Abort the connection (never a clean short body); it may be gone already.
+
+    `discard_unsent` (a client that stopped reading): reset the connection now. A plain close
+    leaves what the socket buffer holds to the kernel, which keeps the orphaned connection
+    open, probing a zero window, for minutes after the descriptor is gone.
+    """
+    if request.transport is None:
+        return
+    if discard_unsent:
+        sock = request.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    request.transport.abort()
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -88,10 +117,41 @@ def json_error(status: int, message: str, headers: dict[str, str] | None = None)
 
 
 @web.middleware
+async def track_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tell the connection guard a request is in progress: its idle and header clocks stop."""
+    guard = request.app.get(GUARD_KEY)
+    if guard is None:
+        return await handler(request)
+    guard.request_started(request.transport)
+    try:
+        return await handler(request)
+    finally:
+        guard.request_finished(request.transport)
+
+
+@web.middleware
+async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a protected path without the admin token, before anything else is done for it."""
+    access = request.app[ACCESS_KEY]
+    if access.is_protected(request.path):
+        if not access.is_authorized(request.headers.get("Authorization")):
+            request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
+            raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
+    return await handler(request)
+
+
+@web.middleware
 async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn every error raised before the response started into `{"error": "..."}`."""
     try:
         return await handler(request)
+    except Unauthorized as exc:
+        return json_error(exc.status, str(exc), {"WWW-Authenticate": 'Bearer realm="shardcache"'})
+    except RequestTimeout as exc:
+        request.app[METRICS_KEY].client_timeouts.labels("body").inc()
+        response = json_error(exc.status, str(exc), {"Connection": "close"})
+        response.force_close()  # the rest of the body may never come: do not wait for it
+        return response
     except RangeNotSatisfiable as exc:
         # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
         return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
@@ -188,12 +248,17 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             return response  # the client left before the headers went out
         metrics.requests.labels(lease.origin, lease.result.value).inc()
         metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
-        sender = FileSender(request.transport, response.write)
+        state = request.app[STATE_KEY]
+        sender = FileSender(request.transport, response.write, state["client_send_timeout_s"])
         try:
-            await _send_body(lease, sender, response, start, end, request, metrics)
-        except (ClientGone, ConnectionResetError):  # origin errors are OriginErrors, never these
-            log.debug("client left during %r", request.path)
-            _abort(request)
+            await _send_body(lease, sender, start, end, request, metrics)
+            await sender.bounded(response.write_eof())
+        except (ClientGone, ConnectionResetError) as exc:  # origin errors are never these
+            stalled = isinstance(exc, ClientStalled)
+            if stalled:
+                metrics.client_timeouts.labels("send").inc()
+            log.debug("client left during %r: %s", request.path, exc)
+            _abort(request, discard_unsent=stalled)
             return response
         except Exception as exc:  # any failure after the headers: never a clean short body
             expected = isinstance(exc, ShardcacheError | OSError | EOFError)
@@ -218,7 +283,6 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             source = "cache" if lease.result is Result.HIT else "origin"
             metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
             writer.output_size += sender.bypassed_bytes  # for the access log
-        await response.write_eof()
         metrics.duration.labels(lease.result.value).observe(loop.time() - began)
         return response
     finally:
@@ -228,7 +292,6 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
 async def _send_body(
     lease: Lease,
     sender: FileSender,
-    response: web.StreamResponse,
     start: int,
     end: int,
     request: web.Request,
@@ -247,7 +310,7 @@ async def _send_body(
     elif lease.stream is not None:
         read_timeout = request.app[STATE_KEY]["read_timeout_s"]
         await send_stream(
-            lease.stream, response.write, start, end, read_timeout, on_wait, sender.count_written
+            lease.stream, sender.write, start, end, read_timeout, on_wait, sender.count_written
         )
 
 
@@ -269,7 +332,7 @@ async def delete_object(request: web.Request) -> web.Response:
 
 async def post_prefetch(request: web.Request) -> web.Response:
     queue = request.app[PREFETCH_KEY]
-    raw = await request.read()  # at most MAX_BODY_BYTES: aiohttp answers 413 beyond
+    raw = await _read_body(request)
     origins = set(request.app[CACHE_KEY].origins)
     # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
     targets = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
@@ -283,6 +346,20 @@ async def post_prefetch(request: web.Request) -> web.Response:
         },
         status=202,
     )
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The request body: at most MAX_BODY_BYTES (413 beyond, before reading when announced),
+    within the body timeout (408: a client announcing a body and sending nothing)."""
+    announced = request.content_length
+    if announced is not None and announced > MAX_BODY_BYTES:
+        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=announced)
+    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()  # aiohttp answers 413 past client_max_size
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
 
 
 def _parse_prefetch_body(raw: bytes, origins: set[str]) -> list[tuple[str, str]]:
@@ -343,11 +420,23 @@ async def not_found(request: web.Request) -> web.Response:
 
 
 def make_app(
-    cache: ShardCache, prefetch: PrefetchQueue, metrics: Metrics, state: dict[str, Any]
+    cache: ShardCache,
+    prefetch: PrefetchQueue,
+    metrics: Metrics,
+    state: dict[str, Any],
+    access: AccessPolicy | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> web.Application:
-    """Return the aiohttp application; `state` holds `read_timeout_s`, `check_ready()`,
-    `status()`, `origin_urls` and the `is_shutting_down` flag the daemon sets."""
-    app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY_BYTES)
+    """Return the aiohttp application; `state` holds `read_timeout_s`, `client_body_timeout_s`,
+    `client_send_timeout_s`, `check_ready()`, `status()`, `origin_urls` and the
+    `is_shutting_down` flag the daemon sets."""
+    app = web.Application(
+        middlewares=[track_connection, errors_as_json, require_token],
+        client_max_size=MAX_BODY_BYTES,
+    )
+    app[ACCESS_KEY] = access or AccessPolicy(None)
+    if guard is not None:
+        app[GUARD_KEY] = guard
     app[CACHE_KEY] = cache
     app[PREFETCH_KEY] = prefetch
     app[METRICS_KEY] = metrics

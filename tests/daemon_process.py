@@ -25,8 +25,11 @@ class Daemon:
         env: dict[str, str] | None = None,
         cache_size: str = "1GiB",
         prefix: tuple[str, ...] = (),
+        listen_host: str = "127.0.0.1",
+        token: str | None = None,
     ) -> None:
         self.port = free_port()
+        self.token = token  # sent by get_json, for a daemon that requires one
         self.cache_dir = cache_dir
         self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
         argv = [
@@ -36,7 +39,7 @@ class Daemon:
             "shardcache",
             "serve",
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{listen_host}:{self.port}",
             "--cache-dir",
             str(cache_dir),
             "--cache-size",
@@ -101,8 +104,10 @@ class Daemon:
         return 0.0
 
     def get_json(self, path: str) -> tuple[int, dict[str, object]]:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        request = urllib.request.Request(self.url + path, headers=headers)
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            with urllib.request.urlopen(request, timeout=10) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())

@@ -60,8 +60,19 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
         {"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {"CDN_TOKEN": "t"}
     )
     assert {o.name for o in settings.origins} == {"laion", "scratch", "cdn", "lustre"}
-    compose = load_settings({"config": str(DEPLOY / "compose" / "shardcache.toml")}, {})
+    # The compose demo listens on the container's 0.0.0.0: its token comes from the secret.
+    compose_file = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    service = compose_file["services"]["shardcache"]
+    token_path = service["environment"]["SHARDCACHE_ADMIN_TOKEN_FILE"]
+    assert token_path == "/run/secrets/" + service["secrets"][0]
+    secret_file = ROOT / compose_file["secrets"][service["secrets"][0]]["file"]
+    compose = load_settings(
+        {"config": str(DEPLOY / "compose" / "shardcache.toml")},
+        {"SHARDCACHE_ADMIN_TOKEN_FILE": str(secret_file)},
+    )
     assert compose.origins[0].endpoint_url == "http://minio:9000"
+    assert not compose.is_loopback and compose.admin_token is not None
+    assert all(port.startswith("127.0.0.1:") for port in service["ports"])
 
 
 K8S = ["namespace.yaml", "configmap.yaml", "daemonset.yaml", "sidecar-example.yaml"]
@@ -103,13 +114,29 @@ def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     from shardcache.config import load_settings
 
+    # The DaemonSet listens on the node's address: it must read its token from the Secret.
+    container = pod["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    token_path = Path(env["SHARDCACHE_ADMIN_TOKEN_FILE"])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    secret_volume = next(n for n, v in volumes.items() if "secret" in v)
+    assert token_path.parent == Path(mounts[secret_volume])
+    assert volumes[secret_volume]["secret"].get("optional") is not True
+    assert pod["spec"]["securityContext"]["fsGroup"] == container["securityContext"]["runAsGroup"]
     config_file = Path(__file__).parent / "_k8s.toml"
+    token_file = Path(__file__).parent / "_k8s.token"
     try:
         config_file.write_text(config["data"]["shardcache.toml"])
-        settings = load_settings({"config": str(config_file)}, {})
+        token_file.write_text("a-token-from-a-kubernetes-secret\n")
+        settings = load_settings(
+            {"config": str(config_file)}, {"SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+        )
     finally:
         config_file.unlink()
+        token_file.unlink()
     assert grace > settings.shutdown_grace
+    assert not settings.is_loopback and settings.admin_token is not None
 
 
 def _compose_schema(tmp_path: Path) -> dict[str, object]:

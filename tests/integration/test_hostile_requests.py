@@ -119,3 +119,25 @@ def test_permanent_origin_refusals_are_not_retried(
     status, _, answer = _request(daemon, "GET", "/files/" + "n" * 300 + ".tar")
     assert status == 404 and "name too long" in str(answer["error"]), answer
     assert time.monotonic() - began < 1.0  # no back-off (0.25 s, 0.5 s, 1 s) was waited
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"GET /web/" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
+        b"GET /web/s_000.tar HTTP/1.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        b"GET /web/s_000.tar HTTP/1.1\r\n" + b"".join(b"X-%d: a\r\n" % i for i in range(200)),
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03" + b"\x00" * 100,  # TLS on the plain port
+    ],
+    ids=["9kb-url", "100kb-header", "200-headers", "tls-hello"],
+)
+def test_unparseable_requests_get_a_400_and_one_log_line(daemon: Daemon, head: bytes) -> None:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", daemon.port), timeout=5) as sock:
+        sock.sendall(head + b"\r\n")
+        answer = sock.recv(65536)
+    assert answer.split(b" ", 2)[1] == b"400", answer[:200]
+    log = daemon.wait_for_log("unparseable request from 127.0.0.1 answered 400")
+    assert "Traceback" not in log and "ERROR" not in log, log[-2000:]
+    assert _request(daemon, "GET", "/healthz")[0] == 200

@@ -31,9 +31,12 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
         "SHARDCACHE_LOG_LEVEL": "debug",
         "TOKEN": "s3cr3t",
         "SHARDCACHE_ORIGIN": "c=https://cdn.example.com/x",
+        "SHARDCACHE_ADMIN_TOKEN": "an-admin-token-0123456789",  # 0.0.0.0 needs one
     }
     flags = {"config": str(config), "cache_size": "3GiB", "origin": ["b=file:///other"]}
     settings = load_settings(flags, env)
+    assert settings.admin_token == "an-admin-token-0123456789"
+    assert "an-admin-token" not in repr(settings)
     assert settings.cache_size == 3 * 2**30
     assert settings.log_level == "debug"
     assert settings.listen == "0.0.0.0:9000"

@@ -1,0 +1,51 @@
+"""Who may do what: the admin token that guards the `/_/` endpoints (and shard reads, if asked).
+
+The daemon holds origin credentials; anyone who can reach its port can make it fetch with them,
+purge a node's cache or read its configuration. On loopback only this machine can reach it, and
+a token is optional; on any other address one is required (see `config._check_access`).
+
+Protected, when a token is configured: every `/_/` endpoint (prefetch, purge, origins, status),
+and with `require_for_reads` every other path except the probes and `/metrics`, which
+orchestrators and Prometheus call without credentials. The token is compared as a SHA-256
+digest with `hmac.compare_digest`, so neither its bytes nor its length show in the timing, and
+it is never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+ADMIN_PREFIX = "/_/"
+SCHEME = "bearer"
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
+class AccessPolicy:
+    """Decides whether a request's `Authorization` header lets it reach a path."""
+
+    def __init__(self, token: str | None, require_for_reads: bool = False) -> None:
+        self._digest = _digest(token) if token is not None else None
+        self.require_for_reads = require_for_reads and token is not None
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._digest is not None
+
+    def is_protected(self, path: str) -> bool:
+        if self._digest is None or path in OPEN_PATHS:
+            return False
+        return path.startswith(ADMIN_PREFIX) or self.require_for_reads
+
+    def is_authorized(self, authorization: str | None) -> bool:
+        """Whether `authorization` is `Bearer <the token>` (the scheme is case-insensitive)."""
+        if self._digest is None:
+            return True
+        scheme, _, presented = (authorization or "").strip().partition(" ")
+        if scheme.lower() != SCHEME:
+            presented = ""  # still compared, so a missing header costs the same as a wrong one
+        return hmac.compare_digest(_digest(presented.strip()), self._digest)

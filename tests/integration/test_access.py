@@ -1,0 +1,198 @@
+"""The admin token (issue 10, access control): a daemon reachable from other machines refuses
+to start without one, and with one every endpoint that changes state or reveals configuration
+answers 401 to a request that lacks it, while probes, metrics and (by default) reads stay open.
+On the code before, every one of these requests was answered 200 to anybody."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_process import Daemon
+from tests.origin_server import OriginServer
+
+TOKEN = secrets.token_hex(24)
+# One wrong token of the same length, one that shares all but the last character.
+WRONG_TOKENS = [secrets.token_hex(24), TOKEN[:-1] + ("0" if TOKEN[-1] != "0" else "1")]
+
+PROTECTED = [
+    ("GET", "/_/status", None),
+    ("GET", "/_/origins", None),
+    ("GET", "/_/prefetch", None),
+    ("POST", "/_/prefetch", b'{"origin": "web", "keys": ["s_000.tar"]}'),
+    ("DELETE", "/_/prefetch", None),
+    ("DELETE", "/_/cache/web/s_000.tar", None),
+    ("GET", "/_/nothing-here", None),
+]
+OPEN = [("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")]
+READS = [("GET", "/web/s_000.tar"), ("HEAD", "/web/s_000.tar")]
+
+
+def _send(
+    daemon: Daemon, method: str, path: str, body: bytes | None = None, token: str | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    request = urllib.request.Request(daemon.url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, dict(exc.headers), exc.read()
+
+
+@pytest.fixture
+def guarded(origin: OriginServer, start_daemon) -> Daemon:
+    """A daemon on 0.0.0.0, as the DaemonSet runs it, with the token from the environment."""
+    origin.put("s_000.tar", b"x" * 4096)
+    return start_daemon(
+        {"web": origin.url},
+        "--readahead",
+        "0",
+        listen_host="0.0.0.0",
+        env={"SHARDCACHE_ADMIN_TOKEN": TOKEN},
+        token=TOKEN,
+    )
+
+
+@pytest.mark.parametrize(("method", "path", "body"), PROTECTED, ids=[p for _, p, _ in PROTECTED])
+def test_protected_endpoints_need_the_token(
+    guarded: Daemon, method: str, path: str, body: bytes | None
+) -> None:
+    for token in [None, *WRONG_TOKENS, ""]:
+        status, headers, answer = _send(guarded, method, path, body, token)
+        assert status == 401, (token, status, answer)
+        assert "error" in json.loads(answer)
+        assert headers.get("WWW-Authenticate", "").startswith("Bearer")
+    # "Basic TOKEN" is not the scheme, even with the right secret.
+    request = urllib.request.Request(
+        guarded.url + path, data=body, method=method, headers={"Authorization": f"Basic {TOKEN}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    refused.value.close()
+    assert refused.value.code == 401
+    status, _, answer = _send(guarded, method, path, body, TOKEN)
+    expected = 404 if path in ("/_/nothing-here", "/_/cache/web/s_000.tar") else None
+    assert status == expected if expected else status in (200, 202), (status, answer)
+    # What a wrong token asked for was not done: the refused POSTs queued nothing.
+    assert guarded.metric("shardcache_client_refused_total", reason="unauthorized") >= 4
+
+
+def test_probes_metrics_and_reads_stay_open_and_the_token_is_never_logged(
+    guarded: Daemon,
+) -> None:
+    for method, path in [*OPEN, *READS]:
+        assert _send(guarded, method, path)[0] == 200, path
+    _send(guarded, "GET", "/_/status", token=WRONG_TOKENS[0])
+    _send(guarded, "GET", "/_/status", token=TOKEN)
+    guarded.wait_for_log("GET /_/status 200")
+    log = guarded.log()
+    assert "admin token required for /_/" in log  # the start line says what is guarded
+    assert TOKEN not in log and WRONG_TOKENS[0] not in log
+    assert TOKEN[:16] not in log  # not even a prefix
+
+
+def test_require_token_for_reads(origin: OriginServer, start_daemon, tmp_path: Path) -> None:
+    origin.put("s_000.tar", b"x" * 4096)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")  # a Secret's file often ends in a newline
+    daemon = start_daemon(
+        {"web": origin.url},
+        "--require-token-for-reads",
+        "--admin-token-file",
+        str(token_file),
+        token=TOKEN,
+    )
+    for method, path in READS:
+        assert _send(daemon, method, path)[0] == 401, path
+        assert _send(daemon, method, path, token=WRONG_TOKENS[1])[0] == 401, path
+        status, _, body = _send(daemon, method, path, token=TOKEN)
+        assert status == 200 and (method == "HEAD" or body == b"x" * 4096)
+    assert origin.gets["s_000.tar"] == 1  # the refused reads fetched nothing
+    for method, path in OPEN:
+        assert _send(daemon, method, path)[0] == 200, path
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**environ, **(env or {})},
+    )
+
+
+def test_the_client_cli_and_webdataset_stage_send_the_token(
+    guarded: Daemon, tmp_path: Path
+) -> None:
+    env = {"SHARDCACHE_URL": guarded.url}
+    refused = _cli("stats", env=env)
+    assert refused.returncode != 0 and "SHARDCACHE_ADMIN_TOKEN" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+    assert _cli("stats", "--json", env={**env, "SHARDCACHE_ADMIN_TOKEN": TOKEN}).returncode == 0
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    by_file = {**env, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+    assert _cli("url", "/web/s_000.tar", env=by_file).stdout.strip().endswith("/web/s_000.tar")
+
+    # The WebDataset stage, in a process of its own as in a dataloader worker.
+    stage = (
+        "from shardcache.webdataset import prefetch_ahead\n"
+        f"shards = [{{'url': 'pipe:curl -s -f {guarded.url}/web/s_00' + str(i) + '.tar'}}"
+        " for i in range(3)]\n"
+        "print(len(list(prefetch_ahead(2)(shards))))\n"
+    )
+    before = guarded.metric("shardcache_client_refused_total", reason="unauthorized")
+    ran = subprocess.run(
+        [sys.executable, "-c", stage],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **by_file},
+    )
+    assert ran.returncode == 0 and ran.stdout.strip() == "3", ran.stderr
+    assert "reading on without prefetch" not in ran.stderr, ran.stderr
+    assert guarded.metric("shardcache_client_refused_total", reason="unauthorized") == before
+    status, document = guarded.get_json("/_/prefetch")
+    assert status == 200 and document, document
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--listen", "0.0.0.0:1"], {}, "an admin token is required"),
+        (["--listen", "[::]:1"], {}, "an admin token is required"),
+        (["--listen", "10.1.2.3:1"], {}, "an admin token is required"),
+        (["--require-token-for-reads"], {}, "--require-token-for-reads: needs"),
+        (["--admin-token", "short"], {}, "at least 16 printable ASCII"),
+        ([], {"SHARDCACHE_ADMIN_TOKEN": "has a space in it ok"}, "at least 16 printable ASCII"),
+        (["--admin-token-file", "/does/not/exist"], {}, "cannot read /does/not/exist"),
+        (["--admin-token", TOKEN, "--admin-token-file", "/x"], {}, "give one, not both"),
+    ],
+    ids=["any-v4", "any-v6", "an-address", "reads-no-token", "short", "space", "no-file", "both"],
+)
+def test_unsafe_access_settings_exit_2_with_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], needle: str
+) -> None:
+    result = _cli("serve", "--cache-dir", str(tmp_path / "c"), *args, env=env)
+    assert result.returncode == 2, result.stderr
+    assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "short" not in result.stderr.replace("--admin-token", "")  # no secret echoed
+    assert TOKEN not in result.stderr
+
+
+def test_insecure_no_token_is_an_explicit_choice(origin: OriginServer, start_daemon) -> None:
+    daemon = start_daemon({"web": origin.url}, "--insecure-no-token", listen_host="0.0.0.0")
+    assert daemon.get_json("/_/status")[0] == 200
+    assert "no admin token: INSECURE" in daemon.log()
