@@ -27,12 +27,17 @@ def validate_origin_name(name: str) -> str:
 def validate_key(key: str) -> str:
     """Return `key` if it is a safe object key; raise InvalidKey naming the problem.
 
-    Rejected: empty keys, keys over 1024 UTF-8 bytes, NUL, backslash, and empty, `.` or `..`
-    segments (which would let a key escape a file origin's directory or alias another key).
+    Rejected: empty keys, text that is not valid Unicode, keys over 1024 UTF-8 bytes, NUL,
+    backslash, and empty, `.` or `..` segments (which would let a key escape a file origin's
+    directory or alias another key).
     """
     if not key:
         raise InvalidKey("empty key")
-    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+    try:
+        encoded = key.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: "\ud800" in JSON, %ED%A0%80 in a path
+        raise InvalidKey("key is not valid Unicode text") from None
+    if len(encoded) > MAX_KEY_BYTES:
         raise InvalidKey(f"key longer than {MAX_KEY_BYTES} bytes")
     if "\x00" in key:
         raise InvalidKey("key contains NUL")

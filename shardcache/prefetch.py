@@ -41,6 +41,9 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     targets: list[tuple[str, str]] = []
+    listed = sum(len(v) for v in (body.get("urls"), body.get("keys")) if isinstance(v, list))
+    if listed > MAX_EXPANSION:  # before any of them is looked at
+        raise BadRequest(f"more than {MAX_EXPANSION} keys in one request")
 
     def add(origin: str, pattern: str, where: str) -> None:
         if origin not in origins:

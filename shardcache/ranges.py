@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 from shardcache.errors import RangeNotSatisfiable
 
-_SINGLE = re.compile(r"^\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*$", re.IGNORECASE)
+_SINGLE = re.compile(r"^\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*$", re.IGNORECASE)
+# Past any object's size; also keeps int() off numbers of thousands of digits (slow, and over
+# Python's 4,300-digit limit a ValueError).
+_MAX_DIGITS = 18
+
+
+def _offset(digits: str) -> int:
+    return int(digits) if len(digits) <= _MAX_DIGITS else 10**_MAX_DIGITS
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,14 +51,14 @@ def parse_range(header: str | None, size_bytes: int) -> ByteRange | None:
     if not first and not last:
         return None
     if not first:  # suffix range: the last N bytes
-        suffix = int(last)
+        suffix = _offset(last)
         if suffix == 0 or size_bytes == 0:
             raise RangeNotSatisfiable(size_bytes)
         return ByteRange(max(0, size_bytes - suffix), size_bytes - 1)
-    start = int(first)
-    if last and int(last) < start:
+    start = _offset(first)
+    if last and _offset(last) < start:
         return None  # RFC 9110 §14.1.1: an invalid range-spec; ignore the header
     if start >= size_bytes:
         raise RangeNotSatisfiable(size_bytes)
-    end = int(last) if last else size_bytes - 1
+    end = _offset(last) if last else size_bytes - 1
     return ByteRange(start, min(end, size_bytes - 1))

@@ -59,7 +59,8 @@ def test_valid_keys(key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["", "a//b", "./a", "a/..", "a/../b", "a\x00b", "a\\b", "/a", "a/", "é" * 513]
+    "key",
+    ["", "a//b", "./a", "a/..", "a/../b", "a\x00b", "a\\b", "/a", "a/", "é" * 513, "\ud800.tar"],
 )
 def test_invalid_keys(key: str) -> None:
     with pytest.raises(InvalidKey):
@@ -84,13 +85,18 @@ def test_invalid_origin_names(name: str) -> None:
         ("bytes=0-1,5-6", None),
         ("items=0-1", None),
         ("bytes=9-2", None),
+        ("bytes=0-" + "9" * 5000, ByteRange(0, 99)),  # past Python's 4,300-digit int() limit
+        ("bytes=-" + "9" * 5000, ByteRange(0, 99)),
+        ("bytes=\u0661-\u0662", None),  # Arabic-Indic digits are not a range
     ],
 )
 def test_parse_range(header: str | None, expected: ByteRange | None) -> None:
     assert parse_range(header, 100) == expected
 
 
-@pytest.mark.parametrize("header", ["bytes=100-", "bytes=100-200", "bytes=-0"])
+@pytest.mark.parametrize(
+    "header", ["bytes=100-", "bytes=100-200", "bytes=-0", "bytes=" + "9" * 5000 + "-"]
+)
 def test_unsatisfiable_ranges(header: str) -> None:
     with pytest.raises(RangeNotSatisfiable) as caught:
         parse_range(header, 100)
