@@ -88,14 +88,21 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+CLIENT_GONE = "shardcache.client_gone"  # request key: the client left before the response ended
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", what log readers know
+
+
 class AccessLogger(AbstractAccessLogger):
-    """method, path, status, X-Shardcache result, body bytes, duration: one line per request."""
+    """method, path, status, X-Shardcache result, body bytes, duration: one line per request.
+
+    A response the client left before its end is logged as 499 with the bytes it got."""
 
     def log(self, request: BaseRequest, response: StreamResponse, time_s: float) -> None:
+        is_gone = request.get(CLIENT_GONE, False)
         fields = {
             "method": request.method,
             "path": escape_controls(request.path),
-            "status": response.status,
+            "status": CLIENT_CLOSED_STATUS if is_gone else response.status,
             "result": response.headers.get("X-Shardcache", "-"),
             "bytes": response.body_length,
             "duration_s": round(time_s, 6),

@@ -190,6 +190,12 @@ class Metrics:
             ["origin"],
             registry=registry,
         )
+        self.client_disconnects = Counter(
+            "shardcache_client_disconnects",
+            "Shard responses the client left before their end (logged as 499)",
+            ["origin"],
+            registry=registry,
+        )
         self.client_timeouts = Counter(
             "shardcache_client_timeouts",
             "Client connections closed for sending or reading too slowly, by phase",
@@ -226,6 +232,7 @@ class Metrics:
                 self.origin_errors.labels(origin, kind)
             self.origin_requests.labels(origin, "ok")
             self.client_wait.labels(origin)
+            self.client_disconnects.labels(origin)
             self.origin_retries.labels(origin)
             self.origin_bytes_total.labels(origin)
             self.origin_fetch.labels(origin)

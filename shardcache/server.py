@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -50,6 +51,7 @@ from shardcache.errors import (
     ShuttingDown,
     Unauthorized,
 )
+from shardcache.logs import CLIENT_GONE
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch import PrefetchQueue, parse_targets
 from shardcache.ranges import ByteRange, parse_range
@@ -245,7 +247,8 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         )
         writer = await response.prepare(request)
         if writer is None or request.transport is None:
-            return response  # the client left before the headers went out
+            _client_left(request, lease.origin)  # before the headers went out
+            return response
         metrics.requests.labels(lease.origin, lease.result.value).inc()
         metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
         state = request.app[STATE_KEY]
@@ -257,6 +260,9 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             stalled = isinstance(exc, ClientStalled)
             if stalled:
                 metrics.client_timeouts.labels("send").inc()
+            else:
+                _client_left(request, lease.origin)
+            request[CLIENT_GONE] = True  # the access line says 499, not the 200 it began as
             log.debug("client left during %r: %s", request.path, exc)
             _abort(request, discard_unsent=stalled)
             return response
@@ -287,6 +293,13 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         await lease.aclose()
+
+
+def _client_left(request: web.Request, origin: str) -> None:
+    """A client going away mid-response is normal (`tar t | head`): a 499 and a counter, never an
+    error; a fill it started goes on for the cache and for other readers."""
+    request[CLIENT_GONE] = True
+    request.app[METRICS_KEY].client_disconnects.labels(origin).inc()
 
 
 async def _send_body(
@@ -375,7 +388,9 @@ async def get_prefetch(request: web.Request) -> web.Response:
     document = queue.status()
     if "batch" in request.query:
         batch_id = request.query["batch"]
-        batch = queue.batch(int(batch_id)) if batch_id.isdigit() else None
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+        is_number = re.fullmatch(r"[0-9]{1,18}", batch_id) is not None
+        batch = queue.batch(int(batch_id)) if is_number else None
         if batch is None:
             return json_error(404, f"no prefetch batch {batch_id!r}")
         document["batch"] = batch.as_dict()

@@ -48,6 +48,7 @@ ALLOWED: dict[str, set[str]] = {
         "connections",
         "errors",
         "keys",
+        "logs",
         "metrics",
         "prefetch",
         "ranges",
