@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     url.add_argument(
         "--pipe",
         action="store_true",
-        help="print `pipe:curl -s -f -L …` lines ready for WebDataset",
+        help="print `pipe:curl -s -f …` lines ready for WebDataset",
     )
     _add_daemon_arguments(url)
 
@@ -131,14 +131,13 @@ def _url(args: argparse.Namespace) -> int:
     known = _origin_urls(args)
     for url in args.urls:
         local = client.map_url(url, known, daemon)
-        print(f"pipe:curl -s -f -L {local}" if args.pipe else local)
+        print(f"pipe:curl -s -f {local}" if args.pipe else local)
     return 0
 
 
 def _prefetch(args: argparse.Namespace) -> int:
     daemon = client.daemon_url(args.daemon)
-    needs_origins = any(not (u.startswith("/") or u.startswith(daemon + "/")) for u in args.urls)
-    known = _origin_urls(args) if needs_origins else {}
+    known = _origin_urls(args)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon)
     print(

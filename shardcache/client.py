@@ -15,10 +15,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 DEFAULT_DAEMON_URL = "http://127.0.0.1:8470"
 _TIMEOUT_S = 10.0
 _URL_IN_PIPE = re.compile(r"(https?://\S+)")
+# Kept as is in a daemon URL: path separators and brace-pattern syntax ({000..099}, {a,b}).
+_SAFE_IN_KEY = "/{},~"
 
 
 class ClientError(Exception):
@@ -79,24 +82,33 @@ def origins(daemon: str | None = None) -> dict[str, str]:
 
 
 def map_url(url: str, origin_urls: Mapping[str, str], daemon: str) -> str:
-    """Return the daemon URL serving `url` (an origin URL such as `s3://bucket/prefix/x.tar`,
-    a local path `/NAME/KEY`, or already a daemon URL). Brace patterns pass through intact.
+    """Return the daemon URL serving `url`, its key percent-encoded; brace patterns intact.
 
+    `url` is an origin URL (`s3://bucket/prefix/x.tar`, `https://…` as a URL, encoded), a path
+    under a `file://` origin's root (`/data/shards/x.tar`), a local path `/NAME/KEY` of a
+    configured origin, or already a daemon URL. Keys of the others are taken as written.
     Raises ClientError when no origin covers `url`.
     """
     if url.startswith(daemon + "/"):
         return url
-    if url.startswith("/"):
-        return daemon + url
     best: tuple[int, str, str] | None = None
     for name, base in origin_urls.items():
         base = base.rstrip("/")
-        if url.startswith(base + "/") and (best is None or len(base) > best[0]):
-            best = (len(base), name, url[len(base) + 1 :])
+        prefixes = [base]
+        if base.startswith("file://"):
+            prefixes.append(base.removeprefix("file://"))  # the root as a plain path
+        for prefix in prefixes:
+            if url.startswith(prefix + "/") and (best is None or len(prefix) > best[0]):
+                key = url[len(prefix) + 1 :]
+                best = (len(prefix), name, unquote(key) if prefix.startswith("http") else key)
+    if best is None and url.startswith("/"):
+        name, _, key = url[1:].partition("/")
+        if name in origin_urls and key:
+            best = (0, name, key)
     if best is None:
         covered = ", ".join(f"{n}={u}" for n, u in origin_urls.items()) or "none"
         raise ClientError(f"no configured origin covers {url} (origins: {covered})")
-    return f"{daemon}/{best[1]}/{best[2]}"
+    return f"{daemon}/{best[1]}/{quote(best[2], safe=_SAFE_IN_KEY)}"
 
 
 def local_url(url: str, daemon: str | None = None) -> str:
@@ -106,16 +118,31 @@ def local_url(url: str, daemon: str | None = None) -> str:
 
 
 def local_path(url: str, daemon: str | None = None) -> str:
-    """Return `/NAME/KEY` for a daemon URL, a `pipe:curl … URL` string, or a local path."""
+    """Return `/NAME/KEY` (the key decoded) for a daemon URL, a `pipe:curl … URL` string, or a
+    local path."""
     base = daemon_url(daemon)
-    if url.startswith("pipe:"):
-        match = _URL_IN_PIPE.search(url)
-        url = match.group(1) if match else url
+    url = url_in(url)
     if url.startswith(base + "/"):
-        return url[len(base) :]
+        return unquote(url[len(base) :])
     if url.startswith("/"):
         return url
     raise ClientError(f"{url} is not a URL of the shardcache daemon at {base}")
+
+
+def url_in(shard: str) -> str:
+    """The URL a WebDataset shard string names: itself, or the one inside `pipe:curl … URL`."""
+    if shard.startswith("pipe:"):
+        match = _URL_IN_PIPE.search(shard)
+        return match.group(1) if match else shard
+    return shard
+
+
+def daemon_of(url: str) -> str | None:
+    """The `scheme://host:port` of an http(s) URL (a daemon URL names its daemon), or None."""
+    parts = urlsplit(url_in(url))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def prefetch(urls: Iterable[str], daemon: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,8 @@ this worker will really read:
         prefetch_ahead(8),
         wds.tarfile_to_samples(), …)
 
-Stdlib only; a daemon that cannot be reached is logged once and the pipeline goes on reading.
+The daemon is the one the shard URLs name. Stdlib only; a daemon that cannot be reached is
+logged once and the pipeline goes on reading.
 """
 
 from __future__ import annotations
@@ -28,43 +29,61 @@ Shard = dict[str, Any]
 def prefetch_ahead(
     k: int = 8, daemon: str | None = None
 ) -> Callable[[Iterable[Shard]], Iterator[Shard]]:
-    """Return a stage that, as each shard is handed on, asks the daemon for the next `k`."""
+    """Return a stage that, as each shard is handed on, asks the daemon for the next `k`.
+
+    The daemon is the one each shard URL names (`http://127.0.0.1:18470/NAME/KEY`, also inside
+    `pipe:curl …`), unless `daemon` is given. A daemon that cannot be reached, or shards that
+    name none, are reported once each as a warning; the pipeline reads on either way.
+    """
     if k < 1:
         raise ValueError("k must be at least 1")
 
     def stage(shards: Iterable[Shard]) -> Iterator[Shard]:
+        poster = _Poster(daemon)
         window: collections.deque[Shard] = collections.deque()
-        source = iter(shards)
-        posted: set[str] = set()
-        is_reachable = True
-        for shard in source:
+        for shard in shards:
             window.append(shard)
             if len(window) <= k:
                 continue
-            is_reachable = _post(list(window)[1:], posted, daemon, is_reachable)
+            poster.post(list(window)[1:])
             yield window.popleft()
         while window:
-            is_reachable = _post(list(window)[1:], posted, daemon, is_reachable)
+            poster.post(list(window)[1:])
             yield window.popleft()
 
     return stage
 
 
-def _post(upcoming: list[Shard], posted: set[str], daemon: str | None, is_reachable: bool) -> bool:
-    paths = []
-    for shard in upcoming:
-        try:
-            path = client.local_path(str(shard["url"]), daemon)
-        except client.ClientError:
-            continue  # not a shard the daemon serves
-        if path not in posted:
-            paths.append(path)
-    if not paths or not is_reachable:
-        return is_reachable
-    try:
-        client.prefetch(paths, daemon)
-    except client.ClientError as exc:
-        log.warning("prefetch_ahead: %s; reading on without prefetch", exc)
-        return False
-    posted.update(paths)
-    return True
+class _Poster:
+    """Posts each upcoming shard once, to the daemon its URL names."""
+
+    def __init__(self, daemon: str | None) -> None:
+        self._daemon = client.daemon_url(daemon) if daemon else None
+        self._posted: set[tuple[str, str]] = set()
+        self._unreachable: set[str] = set()
+        self._warned_unserved = False
+
+    def post(self, upcoming: list[Shard]) -> None:
+        by_daemon: dict[str, list[str]] = {}
+        for shard in upcoming:
+            url = str(shard["url"])
+            base = self._daemon or client.daemon_of(url)
+            try:
+                if base is None:
+                    raise client.ClientError(f"{url} names no shardcache daemon")
+                path = client.local_path(url, base)
+            except client.ClientError as exc:
+                if not self._warned_unserved:
+                    self._warned_unserved = True
+                    log.warning("prefetch_ahead: %s; not prefetching such shards", exc)
+                continue
+            if (base, path) not in self._posted and base not in self._unreachable:
+                by_daemon.setdefault(base, []).append(path)
+        for base, paths in by_daemon.items():
+            try:
+                client.prefetch(paths, base)
+            except client.ClientError as exc:
+                self._unreachable.add(base)
+                log.warning("prefetch_ahead: %s; reading on without prefetch", exc)
+                continue
+            self._posted.update((base, path) for path in paths)

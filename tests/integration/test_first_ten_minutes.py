@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import pytest
+import webdataset as wds
+
+from shardcache.sample import write_shard
+from shardcache.webdataset import prefetch_ahead
 from tests.daemon_process import Daemon
 from tests.origin_server import OriginServer
+from tests.ports import free_port
 
 SHARD = os.urandom(24 << 20)
 
@@ -39,3 +48,59 @@ def test_a_reader_that_leaves_early_is_a_499_and_the_fill_goes_on(
     with urllib.request.urlopen(daemon.url + "/web/shards_000.tar", timeout=30) as response:
         assert response.headers["X-Shardcache"] == "hit" and response.read() == SHARD
     assert origin.gets["shards_000.tar"] >= 1
+
+
+def _cli(*args: str, daemon: Daemon) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environ, "SHARDCACHE_URL": daemon.url},
+    )
+
+
+def test_url_maps_plain_paths_and_encodes_keys(start_daemon, tmp_path: Path) -> None:
+    root = tmp_path / "data"
+    root.mkdir()
+    write_shard(root / "a b é.tar", 0, 5, 100, seed=1)  # a space and a non-ASCII letter
+    daemon: Daemon = start_daemon({"files": f"file://{root}"}, "--readahead", "0")
+
+    mapped = _cli("url", "--pipe", str(root / "a b é.tar"), daemon=daemon)
+    expected = f"pipe:curl -s -f {daemon.url}/files/a%20b%20%C3%A9.tar"
+    assert mapped.returncode == 0 and mapped.stdout.strip() == expected, mapped
+    samples = list(wds.WebDataset(mapped.stdout.strip(), shardshuffle=False))
+    assert [s["__key__"] for s in samples] == [f"{n:06d}" for n in range(5)]
+
+    local = _cli("url", "/files/x_{000..009}.tar", daemon=daemon)
+    assert local.stdout.strip() == f"{daemon.url}/files/x_{{000..009}}.tar"
+
+    for uncovered in ("/tmp/elsewhere/shards_000.tar", "/nosuchorigin/x.tar"):
+        refused = _cli("url", uncovered, daemon=daemon)
+        assert refused.returncode == 2 and refused.stdout == "", refused
+        assert "no configured origin covers" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_prefetch_ahead_finds_the_daemon_in_the_shard_urls(
+    origin: OriginServer, start_daemon, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """No SHARDCACHE_URL, a daemon on another port than the default: the URLs name it."""
+    monkeypatch.delenv("SHARDCACHE_URL", raising=False)
+    for i in range(4):
+        origin.put(f"s_{i:03d}.tar", os.urandom(10_000))
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    shards = [{"url": f"pipe:curl -s -f {daemon.url}/web/s_{i:03d}.tar"} for i in range(4)]
+    handed_on = list(prefetch_ahead(3)(iter(shards)))
+    assert handed_on == shards
+    _wait_for("the prefetches", lambda: all(origin.gets[f"s_{i:03d}.tar"] for i in range(1, 4)))
+    # Nobody read a shard: only prefetches asked the origin.
+    _wait_for("3 done", lambda: daemon.metric("shardcache_prefetch_completed_total") >= 3)
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    nowhere = [{"url": f"pipe:curl -s -f {dead}/web/s_{i:03d}.tar"} for i in range(20)]
+    with caplog.at_level(logging.WARNING, logger="shardcache.webdataset"):
+        assert list(prefetch_ahead(3)(iter(nowhere))) == nowhere
+    warnings = [r.getMessage() for r in caplog.records if r.name == "shardcache.webdataset"]
+    assert len(warnings) == 1 and dead in warnings[0], warnings

@@ -78,7 +78,7 @@ def test_cli_prefetch_wait_and_url(origin: OriginServer, start_daemon) -> None:
         )
 
     mapped = cli("url", "--pipe", f"{origin.url}/d/s_{{000..002}}.tar")
-    assert mapped.stdout.strip() == f"pipe:curl -s -f -L {daemon.url}/web/s_{{000..002}}.tar"
+    assert mapped.stdout.strip() == f"pipe:curl -s -f {daemon.url}/web/s_{{000..002}}.tar"
     offline = cli("url", "--origin", "lake=s3://bucket/train", "s3://bucket/train/a_{0..9}.tar")
     assert offline.stdout.strip() == f"{daemon.url}/lake/a_{{0..9}}.tar"
     uncovered = cli("url", "s3://elsewhere/x.tar")

@@ -69,6 +69,11 @@ def test_map_url_picks_the_longest_covering_origin() -> None:
     assert map_url("s3://bucket/val/x.tar", origins, daemon) == f"{daemon}/all/val/x.tar"
     assert map_url("https://h/p/x.tar", origins, daemon) == f"{daemon}/web/x.tar"
     assert map_url("/web/x.tar", origins, daemon) == f"{daemon}/web/x.tar"
+    # Keys come out percent-encoded: https URLs are taken as encoded, s3 keys as written.
+    assert map_url("https://h/p/a%20b.tar", origins, daemon) == f"{daemon}/web/a%20b.tar"
+    assert map_url("s3://bucket/val/a b é.tar", origins, daemon) == (
+        f"{daemon}/all/val/a%20b%20%C3%A9.tar"
+    )
     with pytest.raises(ClientError, match="no configured origin covers"):
         map_url("s3://bucketX/a.tar", origins, daemon)
 
@@ -77,5 +82,6 @@ def test_local_path_accepts_pipe_strings() -> None:
     daemon = "http://127.0.0.1:8470"
     assert local_path(f"pipe:curl -s -f {daemon}/web/a.tar", daemon) == "/web/a.tar"
     assert local_path("/web/a.tar", daemon) == "/web/a.tar"
+    assert local_path(f"pipe:curl -s -f {daemon}/web/a%20b.tar", daemon) == "/web/a b.tar"
     with pytest.raises(ClientError):
         local_path("https://elsewhere/a.tar", daemon)
