@@ -50,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print `pipe:curl -s -f …` lines ready for WebDataset",
     )
+    url.add_argument(
+        "--curl-header",
+        metavar="FILE",
+        help="with --pipe: add `-H @FILE` (a file holding `Authorization: Bearer TOKEN`, for a "
+        "daemon run with --require-token-for-reads)",
+    )
     _add_daemon_arguments(url)
 
     stats = commands.add_parser("stats", help="show the running daemon's status")
@@ -131,7 +137,8 @@ def _url(args: argparse.Namespace) -> int:
     known = _origin_urls(args)
     for url in args.urls:
         local = client.map_url(url, known, daemon)
-        print(f"pipe:curl -s -f {local}" if args.pipe else local)
+        header = f"-H @{args.curl_header} " if args.curl_header else ""
+        print(f"pipe:curl -s -f {header}{local}" if args.pipe else local)
     return 0
 
 

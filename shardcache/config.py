@@ -275,7 +275,7 @@ OPTIONS: tuple[Option, ...] = (
         "admin_token",
         _parse_token,
         "",
-        "bearer token for /_/ endpoints; prefer the env or --admin-token-file",
+        "bearer token for /_/ (required to listen beyond loopback); prefer the env or a file",
         "TOKEN",
     ),
     Option(
@@ -428,6 +428,7 @@ def load_settings(
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}")
 
     values: dict[str, Any] = {}
+    sources: dict[str, tuple[int, str]] = {}  # option → (precedence level, where it was set)
     for option in OPTIONS:
         candidates = (
             (flags.get(option.name), option.flag),
@@ -435,7 +436,8 @@ def load_settings(
             (file_values.get(option.name), f"{option.name} in {path}"),
             (option.default, f"default {option.name}"),
         )
-        raw, where = next((v, w) for v, w in candidates if v is not None)
+        level, raw, where = next((i, v, w) for i, (v, w) in enumerate(candidates) if v is not None)
+        sources[option.name] = (level, where)
         try:
             values[option.name] = option.parse(raw)
         except ValueError as exc:
@@ -451,7 +453,10 @@ def load_settings(
         origins[spec.name] = _merge(origins.get(spec.name), spec)
 
     host, port = values.pop("listen")
-    values["admin_token"] = _admin_token(values.pop("admin_token"), values.pop("admin_token_file"))
+    values["admin_token"] = _admin_token(
+        (values.pop("admin_token"), *sources["admin_token"]),
+        (values.pop("admin_token_file"), *sources["admin_token_file"]),
+    )
     settings = Settings(
         listen_host=host,
         listen_port=port,
@@ -477,25 +482,33 @@ def _check_access(settings: Settings) -> None:
         )
 
 
-def _admin_token(token: str | None, token_file: Path | None) -> str | None:
-    if token is None or token_file is None:
-        return token if token_file is None else _read_token_file(token_file)
-    raise ConfigError("--admin-token and --admin-token-file: give one, not both")
+def _admin_token(
+    token: tuple[str | None, int, str], token_file: tuple[Path | None, int, str]
+) -> str | None:
+    """The token from the one of the two settings given with the higher precedence (flag >
+    environment > file); both at the same level is an error, since one would be ignored."""
+    value, level, where = token
+    path, file_level, file_where = token_file
+    if path is not None and (value is None or file_level < level):
+        return _read_token_file(path, file_where)
+    if path is not None and file_level == level:
+        raise ConfigError(f"{where} and {file_where}: give one, not both")
+    return value
 
 
-def _read_token_file(path: Path) -> str:
+def _read_token_file(path: Path, where: str) -> str:
     """The token in `path` (a Kubernetes Secret, a systemd credential), stripped of space."""
     try:
         text = path.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as exc:
         reason = getattr(exc, "strerror", None) or "not ASCII text"
-        raise ConfigError(f"--admin-token-file: cannot read {path}: {reason}") from None
+        raise ConfigError(f"{where}: cannot read {path}: {reason}") from None
     try:
         token = _parse_token(text)
     except ValueError as exc:
-        raise ConfigError(f"--admin-token-file {path}: the token {exc}") from None
+        raise ConfigError(f"{where} {path}: the token {exc}") from None
     if token is None:
-        raise ConfigError(f"--admin-token-file: {path} is empty")
+        raise ConfigError(f"{where}: {path} is empty")
     return token
 
 

@@ -169,6 +169,12 @@ class Daemon:
             raise ConfigError(
                 f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
             ) from None
+        if settings.admin_token is None and not settings.is_loopback:
+            log.warning(
+                "listening on %s without an admin token (--insecure-no-token): anyone who can "
+                "reach the port can prefetch, purge and read the configuration",
+                settings.listen,
+            )
         self.prefetch.start()
         self.guard.start()
         self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")

@@ -121,6 +121,18 @@ def test_require_token_for_reads(origin: OriginServer, start_daemon, tmp_path: P
     for method, path in OPEN:
         assert _send(daemon, method, path)[0] == 200, path
 
+    # The README's recipe: a header file, and `url --pipe --curl-header` to use it.
+    header_file = tmp_path / "header"
+    header_file.write_text(f"Authorization: Bearer {TOKEN}\n")
+    env = {"SHARDCACHE_URL": daemon.url, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+    mapped = _cli("url", "--pipe", "--curl-header", str(header_file), "/web/s_000.tar", env=env)
+    command = mapped.stdout.strip()
+    assert command == f"pipe:curl -s -f -H @{header_file} {daemon.url}/web/s_000.tar", mapped
+    fetched = subprocess.run(command.removeprefix("pipe:"), shell=True, capture_output=True)
+    assert fetched.returncode == 0 and fetched.stdout == b"x" * 4096
+    without = subprocess.run(f"curl -s -f {daemon.url}/web/s_000.tar", shell=True)
+    assert without.returncode == 22  # curl -f on the 401
+
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
@@ -178,9 +190,24 @@ def test_the_client_cli_and_webdataset_stage_send_the_token(
         (["--admin-token", "short"], {}, "at least 16 printable ASCII"),
         ([], {"SHARDCACHE_ADMIN_TOKEN": "has a space in it ok"}, "at least 16 printable ASCII"),
         (["--admin-token-file", "/does/not/exist"], {}, "cannot read /does/not/exist"),
+        (
+            [],
+            {"SHARDCACHE_ADMIN_TOKEN_FILE": "/does/not/exist"},
+            "SHARDCACHE_ADMIN_TOKEN_FILE: cannot read",
+        ),
         (["--admin-token", TOKEN, "--admin-token-file", "/x"], {}, "give one, not both"),
     ],
-    ids=["any-v4", "any-v6", "an-address", "reads-no-token", "short", "space", "no-file", "both"],
+    ids=[
+        "any-v4",
+        "any-v6",
+        "an-address",
+        "reads-no-token",
+        "short",
+        "space",
+        "no-file",
+        "no-file-env",
+        "both",
+    ],
 )
 def test_unsafe_access_settings_exit_2_with_one_line(
     tmp_path: Path, args: list[str], env: dict[str, str], needle: str
@@ -196,3 +223,4 @@ def test_insecure_no_token_is_an_explicit_choice(origin: OriginServer, start_dae
     daemon = start_daemon({"web": origin.url}, "--insecure-no-token", listen_host="0.0.0.0")
     assert daemon.get_json("/_/status")[0] == 200
     assert "no admin token: INSECURE" in daemon.log()
+    assert "WARNING shardcache.daemon: listening on 0.0.0.0" in daemon.log()

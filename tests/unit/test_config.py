@@ -98,3 +98,24 @@ def test_follow_redirects_is_a_per_origin_toml_setting(tmp_path: Path) -> None:
         config.write_text(f"[origins.a]\n{bad}\n")
         with pytest.raises(ConfigError, match=message):
             load_settings({"config": str(config)}, {})
+
+
+def test_the_admin_token_follows_the_precedence_of_every_setting(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("token-from-the-file-0123\n")
+    env_token = {"SHARDCACHE_ADMIN_TOKEN": "token-from-the-environment"}
+    # A flag beats the environment, whichever of the two forms each uses.
+    settings = load_settings({"admin_token_file": str(token_file)}, env_token)
+    assert settings.admin_token == "token-from-the-file-0123"
+    settings = load_settings(
+        {"admin_token": "token-from-a-flag-000"}, {"SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+    assert settings.admin_token == "token-from-a-flag-000"
+    # Both forms at one level: one would be ignored, so neither is.
+    both = {**env_token, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+    with pytest.raises(ConfigError, match="SHARDCACHE_ADMIN_TOKEN and SHARDCACHE_ADMIN_TOKEN_FILE"):
+        load_settings({}, both)
+    # An error names where the setting came from.
+    missing = {"SHARDCACHE_ADMIN_TOKEN_FILE": str(tmp_path / "nope")}
+    with pytest.raises(ConfigError, match="^SHARDCACHE_ADMIN_TOKEN_FILE: cannot read"):
+        load_settings({}, missing)
