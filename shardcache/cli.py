@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -263,13 +263,17 @@ def _verify(args: argparse.Namespace) -> int:
     return 0 if report.is_clean else 1
 
 
-def _serve(args: argparse.Namespace, extra_origins: Sequence[str] = ()) -> int:
+def _serve(
+    args: argparse.Namespace,
+    extra_origins: Sequence[str] = (),
+    on_ready: Callable[[], None] | None = None,
+) -> int:
     from shardcache import daemon, logs  # imported here so `--help` stays fast
 
     flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
     settings = config.load_settings(flags, os.environ)
     logs.configure(settings.log_level, settings.log_format)
-    daemon.run(settings, reload_settings=lambda: config.load_settings(flags, os.environ))
+    daemon.run(settings, lambda: config.load_settings(flags, os.environ), on_ready)
     return 0
 
 
@@ -281,16 +285,17 @@ def _demo(args: argparse.Namespace) -> int:
     last = args.shards - 1
     host, port = config.load_settings(vars(args), os.environ).listen.rsplit(":", 1)
     base = f"http://{host}:{port}/sample"
-    print(
+    python = sys.executable  # the Python shardcache runs in (a venv's), with pip for webdataset
+    hints = (
         f"wrote {args.shards} sample shards to {directory}\n"
-        f"try, in another shell:\n"
+        f"serving them; try, in another shell:\n"
         f"  curl -sf {base}/shards_000.tar | tar t | head\n"
-        f'  python -c "import webdataset as wds; '
+        f'  {python} -m pip install -q webdataset && {python} -c "import webdataset as wds; '
         f"print(sum(1 for _ in wds.WebDataset('pipe:curl -s -f {base}/shards_{{000..{last:03d}}}"
-        f".tar', shardshuffle=False)))\"\n",
-        flush=True,
+        f".tar', shardshuffle=False)))\"\n"
     )
-    return _serve(args, [f"sample=file://{directory}"])
+    # Printed once the port is bound: a busy port shows its error, not hints that cannot work.
+    return _serve(args, [f"sample=file://{directory}"], lambda: print(hints, flush=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

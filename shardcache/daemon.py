@@ -377,11 +377,17 @@ RESTART_SETTINGS = (
 )
 
 
-async def serve(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
+async def serve(
+    settings: Settings,
+    reload_settings: Callable[[], Settings] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
     """Serve until SIGTERM/SIGINT (drain, then exit); SIGHUP reloads. Raises ConfigError for a
-    bad cache dir, origin or port."""
+    bad cache dir, origin or port. `on_ready()` runs once the port is bound and serving."""
     daemon = Daemon(settings, reload_settings)
     await daemon.start()
+    if on_ready is not None:
+        on_ready()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -391,6 +397,10 @@ async def serve(settings: Settings, reload_settings: Callable[[], Settings] | No
     await daemon.stop()
 
 
-def run(settings: Settings, reload_settings: Callable[[], Settings] | None = None) -> None:
+def run(
+    settings: Settings,
+    reload_settings: Callable[[], Settings] | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
     """Run the daemon on uvloop until it is told to stop."""
-    uvloop.run(serve(settings, reload_settings))
+    uvloop.run(serve(settings, reload_settings, on_ready))

@@ -104,3 +104,58 @@ def test_prefetch_ahead_finds_the_daemon_in_the_shard_urls(
         assert list(prefetch_ahead(3)(iter(nowhere))) == nowhere
     warnings = [r.getMessage() for r in caplog.records if r.name == "shardcache.webdataset"]
     assert len(warnings) == 1 and dead in warnings[0], warnings
+
+
+def _demo(tmp_path: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--sample-dir",
+            str(tmp_path / "sample"),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--shards",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")},
+    )
+
+
+def test_the_demo_prints_its_hints_once_serving_and_they_work(tmp_path: Path) -> None:
+    port = free_port()
+    demo = _demo(tmp_path, port)
+    try:
+        assert demo.stdout is not None
+        lines = [demo.stdout.readline() for _ in range(4)]
+        assert lines[1].startswith("serving them; try"), lines
+        # The hints came after the port was bound: the first one works at once.
+        curl_line = lines[2].strip()
+        listed = subprocess.run(curl_line, shell=True, capture_output=True, text=True, timeout=30)
+        assert "000000.txt" in listed.stdout, listed
+        loop = lines[3].strip().split(" && ", 1)[1]  # the webdataset install is done here
+        counted = subprocess.run(loop, shell=True, capture_output=True, text=True, timeout=60)
+        assert counted.stdout.strip() == str(3 * 64), counted  # 64 samples a sample shard
+    finally:
+        demo.terminate()
+        demo.communicate(timeout=30)  # also closes the pipes
+    assert demo.returncode == 0
+
+
+def test_the_demo_on_a_busy_port_shows_the_error_and_no_hints(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        demo = _demo(tmp_path, busy.getsockname()[1])
+        out, err = demo.communicate(timeout=60)
+    assert demo.returncode == 2 and "cannot listen on" in err, err
+    assert "try" not in out, out
