@@ -186,7 +186,9 @@ def format_status(document: dict[str, Any]) -> str:
         f"{cache['entries']} entries, {cache['evictions']} evictions",
         f"loader waited  {document['client_wait_s']:.2f} s for bytes not on disk",
         f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
-        f"{prefetch['done']} done, {prefetch['failed']} failed, "
+        f"{prefetch['fetched']} fetched "
+        f"(+{prefetch['done'] - prefetch['fetched']} found cached or being read), "
+        f"{prefetch['failed']} failed, "
         f"{format_size(prefetch['unread_bytes'])} unread",
         "",
         f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
@@ -203,24 +205,64 @@ def format_status(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _wait_for_batch(batch_id: int, daemon: str) -> int:
-    from tqdm import tqdm
+PROGRESS_LINE_EVERY_S = 60.0  # without a terminal: a line a minute …
+PROGRESS_LINE_STEP = 0.1  # … or per tenth of the batch, whichever comes first
 
+
+def _wait_for_batch(batch_id: int, daemon: str) -> int:
     batch = client.prefetch_status(batch_id, daemon)["batch"]
-    with tqdm(total=batch["total"], unit="shard", dynamic_ncols=True) as bar:
-        while True:
-            batch = client.prefetch_status(batch_id, daemon)["batch"]
-            bar.n = batch["done"] + batch["failed"]
-            bar.set_postfix_str(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed")
-            bar.refresh()
-            if batch["is_finished"]:
-                break
-            time.sleep(0.2)
+    if batch["total"] == 0:
+        print("nothing to wait for: every shard was cached or in flight already", file=sys.stderr)
+        return 0
+    if sys.stderr.isatty():
+        batch = _follow_with_bar(batch_id, daemon, batch["total"])
+    else:
+        batch = _follow_with_lines(batch_id, daemon, batch["total"])
     for failure in batch["failures"]:
         print(
             f"shardcache: prefetch of {failure['url']} failed: {failure['error']}", file=sys.stderr
         )
     return 1 if batch["failed"] else 0
+
+
+def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="shard", dynamic_ncols=True) as bar:
+        while True:
+            batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
+            bar.n = batch["done"] + batch["failed"]
+            bar.set_postfix_str(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed")
+            bar.refresh()
+            if batch["is_finished"]:
+                return batch
+            time.sleep(0.2)
+
+
+def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
+    """Progress for a log file or a pipe: a line per tenth of the batch or per minute, not a
+    bar redrawn five times a second."""
+    last_line_at, last_share = time.monotonic(), 0.0
+    while True:
+        batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
+        finished = batch["done"] + batch["failed"]
+        share = finished / total
+        now = time.monotonic()
+        if (
+            batch["is_finished"]
+            or share - last_share >= PROGRESS_LINE_STEP
+            or now - last_line_at >= PROGRESS_LINE_EVERY_S
+        ):
+            print(
+                f"prefetch: {finished}/{total} shards ({share:.0%}), "
+                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed",
+                file=sys.stderr,
+                flush=True,
+            )
+            last_line_at, last_share = now, share
+        if batch["is_finished"]:
+            return batch
+        time.sleep(0.2)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -327,3 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `shardcache stats --watch | head`: the reader has what it wanted. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

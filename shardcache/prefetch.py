@@ -134,7 +134,8 @@ class PrefetchQueue:
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
         self._batches: dict[int, Batch] = {}
-        self.completed = 0
+        self.completed = 0  # every item that ended without an error …
+        self.fetched = 0  # … of which the prefetch itself fetched from the origin
         self.failed = 0
         self.bytes_done = 0
         self.recent_failures: collections.deque[dict[str, str]] = collections.deque(
@@ -215,6 +216,7 @@ class PrefetchQueue:
             "pending": self.depth,
             "in_flight": self.in_flight,
             "done": self.completed,
+            "fetched": self.fetched,  # the rest of "done" was cached or fetched by a client
             "failed": self.failed,
             "bytes_done": self.bytes_done,
             "unread_bytes": self.cache.unread_bytes,
@@ -284,13 +286,20 @@ class PrefetchQueue:
         except ShardcacheError as exc:
             self._finish_item(item, exc)
         else:
-            size = fill.info.size_bytes if fill.info and outcome is PrefetchOutcome.FETCHED else 0
-            self._finish_item(item, None, size)
+            is_fetched = outcome is PrefetchOutcome.FETCHED
+            size = fill.info.size_bytes if fill.info and is_fetched else 0
+            self._finish_item(item, None, size, is_fetched)
         finally:
             self._running -= 1
             self._slots.release()
 
-    def _finish_item(self, item: Item, error: ShardcacheError | None, size_bytes: int = 0) -> None:
+    def _finish_item(
+        self,
+        item: Item,
+        error: ShardcacheError | None,
+        size_bytes: int = 0,
+        is_fetched: bool = False,
+    ) -> None:
         self._queued.discard((item.origin, item.key))
         if isinstance(error, OriginNotFound) and item.is_readahead:
             self._end_of_run(item)
@@ -298,6 +307,7 @@ class PrefetchQueue:
             self._record_failure(item, error)
         else:
             self.completed += 1
+            self.fetched += is_fetched
             self.bytes_done += size_bytes
             if item.batch is not None:
                 item.batch.done += 1

@@ -159,3 +159,50 @@ def test_the_demo_on_a_busy_port_shows_the_error_and_no_hints(tmp_path: Path) ->
         out, err = demo.communicate(timeout=60)
     assert demo.returncode == 2 and "cannot listen on" in err, err
     assert "try" not in out, out
+
+
+def test_cli_output_in_pipes_and_the_prefetch_summary(origin: OriginServer, start_daemon) -> None:
+    for i in range(10):
+        origin.put(f"s_{i:03d}.tar", os.urandom(50_000))
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "2")
+
+    # `stats --watch | head`: the reader leaves, the command ends quietly.
+    piped = subprocess.run(
+        f"{sys.executable} -m shardcache stats --watch 0.1 --daemon {daemon.url} | head -1;"
+        " echo ${PIPESTATUS[0]}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert piped.stdout.splitlines()[-1] == "0" and piped.stderr == "", piped
+
+    # --wait into a pipe: lines, not a bar redrawn five times a second.
+    waited = _cli("prefetch", "--wait", "/web/s_{000..004}.tar", daemon=daemon)
+    assert waited.returncode == 0 and "\r" not in waited.stderr, waited.stderr
+    assert "prefetch: 5/5 shards (100%)" in waited.stderr
+    assert len(waited.stderr.splitlines()) <= 12
+    again = _cli("prefetch", "--wait", "/web/s_{000..004}.tar", daemon=daemon)
+    assert again.returncode == 0 and "nothing to wait for" in again.stderr
+    assert "shard/s" not in again.stderr
+
+    # The summary counts what prefetch fetched apart from what it found done already.
+    for i in range(10):
+        with urllib.request.urlopen(f"{daemon.url}/web/s_{i:03d}.tar", timeout=30) as response:
+            response.read()
+
+    def settled() -> bool:
+        queue = daemon.get_json("/_/status")[1]["prefetch"]
+        return queue["pending"] == 0 and queue["in_flight"] == 0  # type: ignore[index]
+
+    _wait_for("the read-ahead to settle", settled)
+    prefetch = daemon.get_json("/_/status")[1]["prefetch"]
+    misses = daemon.metric("shardcache_requests_total", origin="web", result="miss")
+    assert sum(origin.gets[f"s_{i:03d}.tar"] for i in range(10)) == 10
+    assert prefetch["fetched"] == 10 - misses, (prefetch, misses)
+    assert prefetch["done"] > prefetch["fetched"]  # read-ahead of shards already cached
+    shown = _cli("stats", daemon=daemon).stdout
+    assert (
+        f"{prefetch['fetched']} fetched (+{prefetch['done'] - prefetch['fetched']} found" in shown
+    )
