@@ -445,12 +445,18 @@ def load_settings(
 
     origins = _origins_from_file(file_values.get("origins", {}), environ, str(path))
     env_origins = environ.get(ENV_PREFIX + "ORIGIN", "")
-    for pair in re.split(r"[,\s]+", env_origins.strip()) if env_origins.strip() else []:
-        spec = _origin_from_pair(pair, ENV_PREFIX + "ORIGIN")
-        origins[spec.name] = _merge(origins.get(spec.name), spec)
-    for pair in flags.get("origin") or []:
-        spec = _origin_from_pair(pair, "--origin")
-        origins[spec.name] = _merge(origins.get(spec.name), spec)
+    env_pairs = re.split(r"[,\s]+", env_origins.strip()) if env_origins.strip() else []
+    for pairs, where in (
+        (env_pairs, ENV_PREFIX + "ORIGIN"),
+        (flags.get("origin") or [], "--origin"),
+    ):
+        given: set[str] = set()
+        for pair in pairs:
+            spec = _origin_from_pair(pair, where)
+            if spec.name in given:  # one source naming it twice: which one was meant?
+                raise ConfigError(f"{where}: origin {spec.name!r} is given twice")
+            given.add(spec.name)
+            origins[spec.name] = _merge(origins.get(spec.name), spec)
 
     host, port = values.pop("listen")
     values["admin_token"] = _admin_token(

@@ -169,6 +169,11 @@ class Daemon:
             raise ConfigError(
                 f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
             ) from None
+        if not self.origins:
+            log.warning(
+                "no origins configured: every shard request will be a 404; add one with "
+                "--origin NAME=URL, SHARDCACHE_ORIGIN or [origins.NAME] in --config"
+            )
         if settings.admin_token is None and not settings.is_loopback:
             log.warning(
                 "listening on %s without an admin token (--insecure-no-token): anyone who can "

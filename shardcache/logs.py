@@ -88,6 +88,9 @@ def escape_controls(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
+# Asked every few seconds by probes, Prometheus and `stats --watch`: their access lines are
+# debug-level unless they fail, or a 15 s scrape interval alone fills the journal.
+ROUTINE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/_/status"})
 CLIENT_GONE = "shardcache.client_gone"  # request key: the client left before the response ended
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", what log readers know
 
@@ -108,7 +111,9 @@ class AccessLogger(AbstractAccessLogger):
             "duration_s": round(time_s, 6),
             "remote": request.remote,
         }
-        self.logger.info(
+        is_routine = request.path in ROUTINE_PATHS and response.status < 400
+        self.logger.log(
+            logging.DEBUG if is_routine else logging.INFO,
             "%s %s %d %s %d %.3fms",
             fields["method"],
             redact(str(fields["path"])),

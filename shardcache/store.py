@@ -38,6 +38,7 @@ import diskcache
 from diskcache.core import MODE_BINARY, UNKNOWN
 
 from shardcache.errors import CacheError
+from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.store")
 LAYOUT_VERSION = "v1"
@@ -176,7 +177,8 @@ class Store:
         self.swept_partials = 0
         self._open(repair)
         self._directory_device = os.stat(directory).st_dev
-        self._warn_if_larger_than_filesystem()
+        if repair:  # the daemon's store, not `shardcache verify`'s look at one
+            self._warn_if_larger_than_filesystem()
 
     def _open(self, repair: bool) -> None:
         """Lock the directory and open the index (again, after the directory was replaced)."""
@@ -241,15 +243,29 @@ class Store:
                 self._index.delete(key)
 
     def _warn_if_larger_than_filesystem(self) -> None:
-        with contextlib.suppress(OSError):
+        """Say so at start when the bound cannot be what limits the cache: more than the
+        filesystem has room for (free space plus what the cache holds), or no more than the
+        index takes by itself (then nothing can ever be cached)."""
+        with contextlib.suppress(OSError, CacheError):
             fs = os.statvfs(self._root)
-            if fs.f_blocks * fs.f_frsize < self.capacity_bytes:
+            used = self._used_bytes()
+            room = fs.f_bavail * fs.f_frsize + used
+            if room < self.capacity_bytes:
                 log.warning(
-                    "--cache-size %d bytes is more than the filesystem under %s holds (%d "
-                    "bytes): the cache will be bounded by the free space instead",
-                    self.capacity_bytes,
+                    "--cache-size %s is more than the %s the filesystem under %s has room for "
+                    "(%s free, %s already cached): the free space will bound the cache instead",
+                    format_size(self.capacity_bytes),
+                    format_size(room),
                     self._directory,
-                    fs.f_blocks * fs.f_frsize,
+                    format_size(fs.f_bavail * fs.f_frsize),
+                    format_size(used),
+                )
+            if self.capacity_bytes <= used + FILESYSTEM_HEADROOM_BYTES:
+                log.warning(
+                    "--cache-size %s is no more than the cache's index takes by itself (%s): "
+                    "nothing can be cached; give it at least a few shards' worth",
+                    format_size(self.capacity_bytes),
+                    format_size(used + FILESYSTEM_HEADROOM_BYTES),
                 )
 
     # -- reads ---------------------------------------------------------------------------

@@ -206,3 +206,33 @@ def test_cli_output_in_pipes_and_the_prefetch_summary(origin: OriginServer, star
     assert (
         f"{prefetch['fetched']} fetched (+{prefetch['done'] - prefetch['fetched']} found" in shown
     )
+
+
+def test_configuration_surprises_are_said(start_daemon, tmp_path: Path) -> None:
+    twice = subprocess.run(
+        [sys.executable, "-m", "shardcache", "serve", "--cache-dir", str(tmp_path / "c")]
+        + ["--origin", f"a=file://{tmp_path}", "--origin", "a=file:///var"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert twice.returncode == 2 and "--origin: origin 'a' is given twice" in twice.stderr
+
+    huge = start_daemon({}, cache_size="100TiB", cache_dir=tmp_path / "huge")
+    log = huge.wait_for_log("no origins configured")
+    assert "--cache-size 100 TiB is more than the" in log and "has room for" in log
+
+    tiny = start_daemon({"f": f"file://{tmp_path}"}, cache_size="100KB", cache_dir=tmp_path / "t")
+    assert "nothing can be cached" in tiny.wait_for_log("--cache-size 97.7 KiB is no more than")
+    assert "no origins configured" not in tiny.log()
+
+
+def test_probes_and_scrapes_log_at_debug_only(origin: OriginServer, start_daemon) -> None:
+    origin.put("s.tar", b"s" * 100)
+    daemon: Daemon = start_daemon({"web": origin.url}, "--log-level", "info")
+    for path in ("/healthz", "/readyz", "/metrics", "/_/status", "/web/s.tar"):
+        with urllib.request.urlopen(daemon.url + path, timeout=10) as response:
+            response.read()
+    log = daemon.wait_for_log("GET /web/s.tar 200")
+    for path in ("/healthz", "/readyz", "/metrics", "/_/status"):
+        assert f"GET {path} " not in log, log
