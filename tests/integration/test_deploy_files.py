@@ -56,10 +56,19 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 def test_example_config_is_valid(tmp_path: Path) -> None:
     from shardcache.config import load_settings
 
-    settings = load_settings(
-        {"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {"CDN_TOKEN": "t"}
-    )
-    assert {o.name for o in settings.origins} == {"laion", "scratch", "cdn", "lustre"}
+    from shardcache.daemon import build_origins
+
+    # The systemd example starts as installed: no variable to set, no directory to create.
+    settings = load_settings({"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {})
+    assert {o.name for o in settings.origins} == {"laion", "scratch"}
+    assert set(build_origins(settings)) == {"laion", "scratch"}
+    # Its commented examples are valid once uncommented.
+    example = tmp_path / "uncommented.toml"
+    text = (DEPLOY / "systemd" / "shardcache.toml").read_text()
+    example.write_text(text.replace("# [origins.", "[origins.").replace("\n# url", "\nurl"))
+    example.write_text(example.read_text().replace("\n# headers", "\nheaders"))
+    uncommented = load_settings({"config": str(example)}, {"CDN_TOKEN": "t"})
+    assert {o.name for o in uncommented.origins} == {"laion", "scratch", "cdn", "lustre"}
     # The compose demo listens on the container's 0.0.0.0: its token comes from the secret.
     compose_file = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     service = compose_file["services"]["shardcache"]
