@@ -756,6 +756,9 @@ CASES += [
 ROWS_LOGGED: list[tuple[str, int, int]] = []  # (case id, start, end) of its part of the log
 
 
+MEASURED: list[tuple[str, float, int]] = []  # (row, best answer time s, RSS growth bytes)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_hostile_request(target: Target, case: Case) -> None:
     daemon = target.daemon
@@ -782,6 +785,7 @@ def test_hostile_request(target: Target, case: Case) -> None:
         assert_sound(answer, case.expect, case.id)
         if case.is_shard and answer.status == 200 and case.method == "GET":
             assert answer.body == target.shard, f"{case.id}: not the shard"
+    MEASURED.append((case.id, min(a.elapsed_s for a in answers), rss_growth))
     times = ", ".join(f"{answer.elapsed_s * 1000:.1f}" for answer in answers)
     assert min(a.elapsed_s for a in answers) < ANSWER_WITHIN_S, f"{case.id}: {times} ms"
     assert rss_growth < RSS_GROWTH_LIMIT, f"{case.id}: RSS grew {rss_growth >> 20} MiB"
@@ -892,3 +896,15 @@ def test_nothing_from_outside_was_cached(target: Target) -> None:
     ]
     assert holding == []
     assert raw_request(daemon.port, "GET", "/healthz").status == 200
+
+
+def test_the_worst_case_over_the_table() -> None:
+    """Every row ran and was measured; print the worst time and memory for the record."""
+    assert len(MEASURED) == len(CASES), f"{len(MEASURED)} of {len(CASES)} rows measured"
+    slowest = max(MEASURED, key=lambda row: row[1])
+    hungriest = max(MEASURED, key=lambda row: row[2])
+    print(
+        f"\n{len(MEASURED)} hostile rows: slowest {slowest[0]} {slowest[1] * 1000:.1f} ms, "
+        f"most memory {hungriest[0]} {hungriest[2] / 2**20:.1f} MiB"
+    )
+    assert slowest[1] < ANSWER_WITHIN_S and hungriest[2] < RSS_GROWTH_LIMIT
