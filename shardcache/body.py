@@ -13,9 +13,12 @@ response headers promised a Content-Length that will not be met.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
+import struct
+import termios
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 from shardcache.checksums import Verifier
 from shardcache.errors import IntegrityError
@@ -24,8 +27,9 @@ from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
 DEFAULT_SEND_TIMEOUT_S = 120.0
+PROGRESS_CHECK_S = 1.0  # how often a blocked send looks for progress
+TRANSPORT_LOW_WATER_BYTES = 64 * 1024
 Write = Callable[[bytes], Awaitable[None]]
-T = TypeVar("T")
 
 
 class ClientGone(ConnectionError):
@@ -40,8 +44,12 @@ class ClientStalled(ClientGone):
 class FileSender:
     """Sends byte ranges of open files to one connection; `close()` when the response ends.
 
-    Every wait for the client is bounded by `send_timeout_s`: a socket that takes no byte for
-    that long (a client that stopped reading) raises `ClientStalled`.
+    Every wait for the client is bounded by `send_timeout_s` of no progress: when the bytes
+    the kernel and the transport hold for the client (`TIOCOUTQ` plus the transport's buffer)
+    have not shrunk for that long, the client stopped reading, and `ClientStalled` is raised.
+    Progress is measured in bytes acknowledged, not in the socket turning writable: that waits
+    for half of a 4 MiB send buffer to drain, which a client reading 16 KB/s never achieves
+    within two minutes.
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class FileSender:
         sock = transport.get_extra_info("socket")
         is_plain = sock is not None and transport.get_extra_info("sslcontext") is None
         self._socket_fd = sock.fileno() if is_plain else -1
+        self._any_socket_fd = sock.fileno() if sock is not None else -1  # TLS too, for TIOCOUTQ
         self._poll_fd = -1
         self.is_zero_copy = is_plain
 
@@ -89,46 +98,68 @@ class FileSender:
             self.bypassed_bytes += sent
 
     async def _flush_transport(self) -> None:
-        # Headers (and any earlier body bytes) sit in the transport's buffer until the socket
-        # takes them; sendfile must not overtake them.
-        deadline = self._loop.time() + self.send_timeout_s
+        """Wait until the transport's buffer is empty: headers (and earlier body bytes) sit
+        there until the socket takes them, and sendfile must not overtake them."""
+        progress = _Progress(self)
         pause_s = 0.001
         while self._transport.get_write_buffer_size():
-            if self._transport.is_closing():
-                raise ClientGone("client closed the connection")
-            if self._loop.time() >= deadline:
-                raise self._stalled()
+            progress.check()
             await asyncio.sleep(pause_s)
             pause_s = min(pause_s * 2, 0.1)  # a stuck client must not cost 1,000 wake-ups/s
 
     async def _writable(self) -> None:
         if self._poll_fd < 0:
             self._poll_fd = os.dup(self._socket_fd)
-        waiter = self._loop.create_future()
-        self._loop.add_writer(self._poll_fd, waiter.set_result, None)
-        try:
-            async with asyncio.timeout(self.send_timeout_s):
-                await waiter
-        except TimeoutError:
-            raise self._stalled() from None
-        finally:
-            self._loop.remove_writer(self._poll_fd)
+        progress = _Progress(self)
+        while True:
+            waiter = self._loop.create_future()
+            self._loop.add_writer(self._poll_fd, waiter.set_result, None)
+            try:
+                async with asyncio.timeout(PROGRESS_CHECK_S):
+                    await waiter
+                return
+            except TimeoutError:
+                progress.check()
+            finally:
+                self._loop.remove_writer(self._poll_fd)
 
-    def _stalled(self) -> ClientStalled:
+    def queued_bytes(self) -> int:
+        """Bytes on their way to the client: the transport's buffer and the socket's send
+        queue (unsent and unacknowledged), which shrinks exactly when the client reads."""
+        queued = self._transport.get_write_buffer_size()
+        if self._any_socket_fd >= 0:
+            with contextlib.suppress(OSError):
+                raw = fcntl.ioctl(self._any_socket_fd, termios.TIOCOUTQ, b"\0\0\0\0")
+                queued += struct.unpack("i", raw)[0]
+        return queued
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def stalled(self) -> ClientStalled:
         return ClientStalled(f"the client read nothing for {self.send_timeout_s:g} s")
 
     async def write(self, data: bytes) -> None:
-        """Write through aiohttp (a relayed stream, the TLS fallback), bounded like sendfile."""
-        await self.bounded(self._write(data))
+        """Write through aiohttp (a relayed stream, the TLS fallback), bounded like sendfile.
 
-    async def bounded(self, step: Awaitable[T]) -> T:
-        """Await `step` (a write or the response's end), raising `ClientStalled` after the
-        send timeout: aiohttp waits for a full transport buffer to drain without a limit."""
+        aiohttp hands `data` to the transport at once and then waits, without a limit, for a
+        full buffer to drain. That wait is given a second; past it, the bytes are queued
+        already and the rest of the wait is ours, measured by progress."""
         try:
-            async with asyncio.timeout(self.send_timeout_s):
-                return await step
+            async with asyncio.timeout(PROGRESS_CHECK_S):
+                await self._write(data)
+                return
         except TimeoutError:
-            raise self._stalled() from None
+            pass
+        await self.drained(TRANSPORT_LOW_WATER_BYTES)
+
+    async def drained(self, at_most_bytes: int = 0) -> None:
+        """Wait until the transport holds at most `at_most_bytes` for the client, raising
+        `ClientStalled` after the send timeout without progress."""
+        progress = _Progress(self)
+        while self._transport.get_write_buffer_size() > at_most_bytes:
+            await asyncio.sleep(min(PROGRESS_CHECK_S, 0.05 * (1 + progress.checks)))
+            progress.check()
 
     async def _copy(self, fd: int, offset: int, count: int) -> None:
         """The fallback for TLS transports: pread in a worker thread, write through aiohttp."""
@@ -149,6 +180,30 @@ class FileSender:
         if self._poll_fd >= 0:
             os.close(self._poll_fd)
             self._poll_fd = -1
+
+
+class _Progress:
+    """The send timeout of one wait: it restarts whenever the client has taken bytes."""
+
+    def __init__(self, sender: FileSender) -> None:
+        self._sender = sender
+        self._loop = asyncio.get_running_loop()
+        self._queued = sender.queued_bytes()
+        self._deadline = self._loop.time() + sender.send_timeout_s
+        self.checks = 0
+
+    def check(self) -> None:
+        """Raise ClientGone for a closed connection, ClientStalled past the deadline."""
+        self.checks += 1
+        if self._sender.is_closing():
+            raise ClientGone("client closed the connection")
+        queued = self._sender.queued_bytes()
+        now = self._loop.time()
+        if queued < self._queued:
+            self._deadline = now + self._sender.send_timeout_s
+        self._queued = queued
+        if now >= self._deadline:
+            raise self._sender.stalled()
 
 
 async def send_fill(

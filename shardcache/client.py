@@ -35,17 +35,22 @@ def daemon_url(daemon: str | None = None) -> str:
 def admin_token() -> str | None:
     """The daemon's admin token from the environment, or None when none is set."""
     token = os.environ.get("SHARDCACHE_ADMIN_TOKEN", "").strip()
-    if token:
-        return token
-    path = os.environ.get("SHARDCACHE_ADMIN_TOKEN_FILE", "").strip()
-    if not path:
-        return None
-    try:
-        with open(path, encoding="ascii") as stream:
-            return stream.read().strip() or None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = getattr(exc, "strerror", None) or "not ASCII text"
-        raise ClientError(f"SHARDCACHE_ADMIN_TOKEN_FILE: cannot read {path}: {reason}") from None
+    where = "SHARDCACHE_ADMIN_TOKEN"
+    if not token:
+        path = os.environ.get("SHARDCACHE_ADMIN_TOKEN_FILE", "").strip()
+        if not path:
+            return None
+        where = "SHARDCACHE_ADMIN_TOKEN_FILE"
+        try:
+            with open(path, encoding="ascii") as stream:
+                token = stream.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not ASCII text"
+            raise ClientError(f"{where}: cannot read {path}: {reason}") from None
+    if not token or not all(33 <= ord(c) < 127 for c in token):
+        # Never echoed: a header library's error would quote it.
+        raise ClientError(f"{where}: not a token (printable ASCII without spaces)")
+    return token
 
 
 def _request(method: str, url: str, body: object | None = None) -> Any:

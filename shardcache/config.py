@@ -73,6 +73,7 @@ class Settings:
     client_body_timeout: float = 30.0
     client_send_timeout: float = 120.0
     max_connections: int = 1024
+    max_connections_per_client: int = 256
     admin_token: str | None = field(default=None, repr=False)  # never shown, never logged
     require_token_for_reads: bool = False
     insecure_no_token: bool = False
@@ -172,7 +173,9 @@ def _parse_switch(value: Any) -> bool:
 
 def _parse_token(value: Any) -> str | None:
     """A token is printable ASCII without spaces, at least 16 characters; "" means none."""
-    text = str(value).strip()
+    if not isinstance(value, str):  # TOML: a number or a list is a mistake, not a token
+        raise ValueError("must be a string")
+    text = value.strip()
     if not text:
         return None
     if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) < 127 for c in text):
@@ -269,6 +272,13 @@ OPTIONS: tuple[Option, ...] = (
         _parse_workers,
         1024,
         "client connections at once; more are answered 503 and closed",
+        "N",
+    ),
+    Option(
+        "max_connections_per_client",
+        _parse_workers,
+        256,
+        "connections at once from one client address (a neighbour cannot take every slot)",
         "N",
     ),
     Option(

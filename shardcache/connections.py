@@ -11,7 +11,9 @@ HTTP parser, and closes:
 - a connection that has begun a request's headers but not finished them within `header_s`
   (slowloris);
 - every connection beyond `max_connections`, answered with a 503 and closed at once, with one log
-  line when the limit is reached and one when there is room again.
+  line when the limit is reached and one when there is room again;
+- every connection beyond `max_per_client` from one address, the same way: one neighbour cannot
+  take every slot (and with them the orchestrator's health probes).
 
 The other two phases are bounded where they happen: the request body by the handler that reads
 it (`server.py`), and a response the client stops reading by `body.FileSender` (`send_timeout_s`).
@@ -47,15 +49,17 @@ class ConnectionLimits:
     idle_s: float = 60.0
     header_s: float = 15.0
     max_connections: int = 1024
+    max_per_client: int = 256
 
 
 class _Connection:
     """What the guard knows of one open connection."""
 
-    __slots__ = ("transport", "idle_since", "head_started", "active_requests")
+    __slots__ = ("transport", "client", "idle_since", "head_started", "active_requests")
 
-    def __init__(self, transport: asyncio.BaseTransport, now: float) -> None:
+    def __init__(self, transport: asyncio.BaseTransport, client: str, now: float) -> None:
         self.transport = transport
+        self.client = client
         self.idle_since = now  # when it last had no request in progress
         self.head_started: float | None = None  # first byte of a request not yet handed over
         self.active_requests = 0
@@ -74,6 +78,8 @@ class ConnectionGuard:
         self._on_close = on_close  # told "idle", "header" or "limit" for each connection closed
         self._clock = clock
         self._connections: dict[asyncio.BaseTransport, _Connection] = {}
+        self._per_client: dict[str, int] = {}
+        self._clients_refused: set[str] = set()  # at their limit, warned about once
         self._is_refusing = False
         self.refused = 0
         self._sweeper: asyncio.Task[None] | None = None
@@ -114,6 +120,20 @@ class ConnectionGuard:
     # -- called by _GuardedProtocol ------------------------------------------------------------
 
     def _admit(self, transport: asyncio.BaseTransport) -> bool:
+        peer = transport.get_extra_info("peername")
+        client = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self._per_client.get(client, 0) >= self.limits.max_per_client:
+            self.refused += 1
+            if client not in self._clients_refused:
+                self._clients_refused.add(client)
+                log.warning(
+                    "client %s holds %d connections, the per-client limit: its new ones are "
+                    "answered 503 until some close (--max-connections-per-client)",
+                    client,
+                    self._per_client[client],
+                )
+            self._on_close("client_limit")
+            return False
         if len(self._connections) >= self.limits.max_connections:
             self.refused += 1
             if not self._is_refusing:
@@ -125,7 +145,8 @@ class ConnectionGuard:
                 )
             self._on_close("limit")
             return False
-        self._connections[transport] = _Connection(transport, self._clock())
+        self._connections[transport] = _Connection(transport, client, self._clock())
+        self._per_client[client] = self._per_client.get(client, 0) + 1
         return True
 
     def _data_received(self, transport: asyncio.BaseTransport) -> None:
@@ -135,7 +156,7 @@ class ConnectionGuard:
                 connection.head_started = self._clock()
 
     def _lost(self, transport: asyncio.BaseTransport) -> None:
-        self._connections.pop(transport, None)
+        self._forget(transport)
         room = len(self._connections) < self.limits.max_connections * ROOM_AGAIN_FRACTION
         if self._is_refusing and room:
             self._is_refusing = False
@@ -163,8 +184,20 @@ class ConnectionGuard:
             log.debug("closing a client connection: %s timeout", reason)
             self._on_close(reason)
             connection.transport.close()
-            self._connections.pop(connection.transport, None)
+            self._forget(connection.transport)
         return len(expired)
+
+    def _forget(self, transport: asyncio.BaseTransport) -> None:
+        connection = self._connections.pop(transport, None)
+        if connection is None:
+            return
+        left = self._per_client[connection.client] - 1
+        if left:
+            self._per_client[connection.client] = left
+        else:
+            del self._per_client[connection.client]
+        if left < self.limits.max_per_client * ROOM_AGAIN_FRACTION:
+            self._clients_refused.discard(connection.client)
 
     async def _sweep_forever(self) -> None:
         while True:

@@ -17,14 +17,17 @@ from aiohttp.web import BaseRequest, StreamResponse
 _SECRETS = re.compile(
     r"(?P<pre>://[^/@\s:]+:)[^/@\s]+(?=@)"  # user:PASSWORD@host
     r"|(?P<query>[?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|token|sig)=)"
-    r"[^&\s]+",
+    r"[^&\s]+"
+    r"|(?P<bearer>\bBearer\s+)[^\s'\"\\]+",  # an Authorization header quoted in a message
     re.IGNORECASE,
 )
 
 
 def redact(text: str) -> str:
-    """Replace passwords in URLs and signature/token query values with `***`."""
-    return _SECRETS.sub(lambda m: (m.group("pre") or m.group("query")) + "***", text)
+    """Replace passwords in URLs, signature/token query values and bearer tokens with `***`."""
+    return _SECRETS.sub(
+        lambda m: (m.group("pre") or m.group("query") or m.group("bearer")) + "***", text
+    )
 
 
 class TextFormatter(logging.Formatter):
@@ -72,8 +75,11 @@ class UnparseableRequests(logging.Filter):
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, HttpProcessingError):
             remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            # aiohttp's message quotes the offending bytes, which can be any header, the admin
+            # token's included: keep its first clause only ("Missing expected CR after …").
+            reason = str(exc.message).split(":", 1)[0][:120]
             record.msg = "unparseable request from %s answered %d: %s"
-            record.args = (remote, exc.code, escape_controls(exc.message[:200]))
+            record.args = (remote, exc.code, escape_controls(reason))
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info, record.exc_text = None, None
         return True

@@ -21,7 +21,7 @@ from shardcache.status import Snapshot
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
 CLIENT_TIMEOUT_PHASES = ("idle", "header", "body", "send")
-CLIENT_REFUSAL_REASONS = ("unauthorized", "connection_limit")
+CLIENT_REFUSAL_REASONS = ("unauthorized", "connection_limit", "client_connection_limit")
 ORIGIN_ERROR_KINDS = ("not_found", "timeout", "unavailable", "denied", "changed", "integrity")
 # From 100 µs (a hit's first byte) to 5 minutes (a multi-GB miss).
 LATENCY_BUCKETS = (

@@ -72,8 +72,8 @@ def _count_expression(expression: str, limit: int, nesting: int) -> int | None:
     """Names in one `{…}`: a numeric or letter range, a comma list, or None (literal)."""
     if (match := int_range_re.match(expression)) is not None:
         first, last, step = int(match.group(1)), int(match.group(2)), int(match.group(3) or 1)
-        step = step or 1
-        return len(range(first, last + 1, step) if first < last else range(first, last - 1, -step))
+        # Arithmetic, not len(range(…)): a range past sys.maxsize raises OverflowError.
+        return min(abs(last - first) // abs(step or 1) + 1, limit + 1)
     if (match := char_range_re.match(expression)) is not None:
         first, last = alphabet.index(match.group(1)), alphabet.index(match.group(2))
         step = int(match.group(3) or 1) or 1

@@ -22,11 +22,19 @@ from shardcache.cache import PrefetchOutcome, ShardCache
 from shardcache.errors import BadRequest, OriginNotFound, QueueFull, ShardcacheError
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
-from shardcache.patterns import MAX_EXPANSION, expand, next_keys
+from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
+# Characters the names of one request may add up to, counted before expanding: 100,000 names
+# of 4,000 characters each were 400 MB of strings before the key-length check saw one.
+MAX_EXPANDED_CHARS = 16 << 20
+
+
+def _shown(text: str, limit: int = 100) -> str:
+    """`text` as an error message quotes it: a 4,000-character key is not echoed whole."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + "…"
 
 
 def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
@@ -45,10 +53,19 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     if listed > MAX_EXPANSION:  # before any of them is looked at
         raise BadRequest(f"more than {MAX_EXPANSION} keys in one request")
 
+    expanded_chars = 0
+
     def add(origin: str, pattern: str, where: str) -> None:
+        nonlocal expanded_chars
         if origin not in origins:
             raise BadRequest(f"{where}: no origin named {origin!r}")
         try:
+            expanded_chars += count(pattern) * len(pattern)  # an upper bound per name
+            if expanded_chars > MAX_EXPANDED_CHARS:
+                raise BadRequest(
+                    f"the names would take more than {MAX_EXPANDED_CHARS >> 20} MiB; "
+                    "post fewer or shorter ones"
+                )
             for key in expand(pattern):
                 targets.append((origin, validate_key(key)))
         except ShardcacheError as exc:
@@ -62,8 +79,8 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     for url in urls:
         origin, slash, pattern = url.removeprefix("/").partition("/")
         if not url.startswith("/") or not slash:
-            raise BadRequest(f"urls: {url!r} is not a local path like /NAME/KEY")
-        add(origin, pattern, f"urls: {url!r}")
+            raise BadRequest(f"urls: {_shown(url)} is not a local path like /NAME/KEY")
+        add(origin, pattern, f"urls: {_shown(url)}")
     if "keys" in body:
         keys, origin = body["keys"], body.get("origin")
         if not isinstance(origin, str):
@@ -71,7 +88,7 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise BadRequest('"keys" must be a list of strings')
         for key in keys:
-            add(origin, key, f"keys: {key!r}")
+            add(origin, key, f"keys: {_shown(key)}")
     if not targets:
         raise BadRequest("nothing to prefetch")
     return targets

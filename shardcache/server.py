@@ -44,6 +44,7 @@ from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     BadRequest,
     NotCached,
+    OriginError,
     QueueFull,
     RangeNotSatisfiable,
     RequestTimeout,
@@ -51,7 +52,7 @@ from shardcache.errors import (
     ShuttingDown,
     Unauthorized,
 )
-from shardcache.logs import CLIENT_GONE
+from shardcache.logs import CLIENT_GONE, redact
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch import PrefetchQueue, parse_targets
 from shardcache.ranges import ByteRange, parse_range
@@ -115,7 +116,29 @@ def _abort(request: web.Request, discard_unsent: bool = False) -> None:
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=headers)
+    """A JSON error. Messages can quote origin URLs: any credentials in them are masked."""
+    return web.json_response({"error": redact(message)}, status=status, headers=headers)
+
+
+def redacted(document: Any) -> Any:
+    """`document` with credentials masked in every string (failures quote origin URLs)."""
+    if isinstance(document, str):
+        return redact(document)
+    if isinstance(document, dict):
+        return {key: redacted(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [redacted(value) for value in document]
+    return document
+
+
+def _origin_error_message(request: web.Request, exc: OriginError) -> str:
+    """What a client is told of an origin failure. Behind an admin token, a client without it
+    learns the kind, not the origin's host, prefix or root: those are configuration."""
+    access = request.app[ACCESS_KEY]
+    if access.is_enabled and not access.is_authorized(request.headers.get("Authorization")):
+        what = request.path if len(request.path) <= 200 else request.path[:200] + "…"
+        return f"{what}: {exc.kind.replace('_', ' ')} at the origin (details in the daemon's log)"
+    return str(exc)
 
 
 @web.middleware
@@ -129,6 +152,18 @@ async def track_connection(request: web.Request, handler: Handler) -> web.Stream
         return await handler(request)
     finally:
         guard.request_finished(request.transport)
+
+
+@web.middleware
+async def refuse_encoded_bodies(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """No endpoint takes a compressed body: refuse one before anything reads it (the daemon
+    runs aiohttp with auto_decompress off, so nothing inflates it meanwhile either)."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
+        response.force_close()
+        return response
+    return await handler(request)
 
 
 @web.middleware
@@ -159,6 +194,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
     except (ShuttingDown, QueueFull) as exc:
         return json_error(exc.status, str(exc), {"Retry-After": "5"})
+    except OriginError as exc:
+        _count_error(request, exc)
+        log.info("%s %r: %s", request.method, request.path, exc)
+        return json_error(exc.status, _origin_error_message(request, exc))
     except ShardcacheError as exc:
         _count_error(request, exc)
         return json_error(exc.status, str(exc))
@@ -245,7 +284,10 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             lease.checksums if lease.result is Result.HIT else (),
             lease.verified_by,
         )
-        writer = await response.prepare(request)
+        try:
+            writer = await response.prepare(request)
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+            writer = None
         if writer is None or request.transport is None:
             _client_left(request, lease.origin)  # before the headers went out
             return response
@@ -255,7 +297,8 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         sender = FileSender(request.transport, response.write, state["client_send_timeout_s"])
         try:
             await _send_body(lease, sender, start, end, request, metrics)
-            await sender.bounded(response.write_eof())
+            await sender.drained()  # so that write_eof has nothing left to wait for
+            await response.write_eof()
         except (ClientGone, ConnectionResetError) as exc:  # origin errors are never these
             stalled = isinstance(exc, ClientStalled)
             if stalled:
@@ -394,7 +437,7 @@ async def get_prefetch(request: web.Request) -> web.Response:
         if batch is None:
             return json_error(404, f"no prefetch batch {batch_id!r}")
         document["batch"] = batch.as_dict()
-    return web.json_response(document)
+    return web.json_response(redacted(document))
 
 
 async def delete_prefetch(request: web.Request) -> web.Response:
@@ -403,7 +446,7 @@ async def delete_prefetch(request: web.Request) -> web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return web.json_response(await asyncio.to_thread(state["status"]))
+    return web.json_response(redacted(await asyncio.to_thread(state["status"])))
 
 
 async def get_origins(request: web.Request) -> web.Response:
@@ -446,7 +489,7 @@ def make_app(
     `client_send_timeout_s`, `check_ready()`, `status()`, `origin_urls` and the
     `is_shutting_down` flag the daemon sets."""
     app = web.Application(
-        middlewares=[track_connection, errors_as_json, require_token],
+        middlewares=[track_connection, errors_as_json, refuse_encoded_bodies, require_token],
         client_max_size=MAX_BODY_BYTES,
     )
     app[ACCESS_KEY] = access or AccessPolicy(None)

@@ -31,6 +31,8 @@ TIMEOUTS = (
     "1",
     "--client-send-timeout",
     "2",
+    "--max-connections-per-client",
+    "1000",  # every client of these tests is 127.0.0.1
 )
 
 
@@ -177,6 +179,29 @@ def test_an_announced_body_that_never_comes_is_a_408(daemon: Daemon) -> None:
     huge.close()
 
 
+def test_one_client_cannot_take_every_slot(origin: OriginServer, start_daemon) -> None:
+    origin.put("s.tar", b"s" * 1000)
+    daemon = start_daemon({"web": origin.url}, "--max-connections-per-client", "10")
+    held = [_connect(daemon) for _ in range(10)]
+    time.sleep(0.2)
+    refused = _connect(daemon)
+    refused.settimeout(5)
+    assert refused.recv(65536).startswith(b"HTTP/1.1 503")
+    refused.close()
+    daemon.wait_for_log("client 127.0.0.1 holds 10 connections, the per-client limit")
+    # Another address (a loopback alias here) is still served, probes included.
+    other = socket.socket()
+    other.bind(("127.0.0.2", 0))
+    other.connect(("127.0.0.1", daemon.port))
+    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    other.settimeout(5)
+    assert other.recv(65536).startswith(b"HTTP/1.1 200")
+    other.close()
+    for sock in held:
+        sock.close()
+    assert daemon.metric("shardcache_client_refused_total", reason="client_connection_limit") == 1
+
+
 def test_connections_past_the_cap_get_a_503(origin: OriginServer, start_daemon) -> None:
     origin.put("s.tar", b"s" * 1000)
     daemon = start_daemon({"web": origin.url}, "--max-connections", "50", *TIMEOUTS[:2])
@@ -220,3 +245,21 @@ def test_a_stalled_reader_does_not_stop_a_shared_fill(
     with urllib.request.urlopen(daemon.url + "/web/cold.tar", timeout=30) as response:
         assert response.headers["X-Shardcache"] == "hit" and response.read() == SHARD
     assert origin.gets["cold.tar"] >= 1
+
+
+def test_a_slow_reader_is_not_a_stalled_one(daemon: Daemon) -> None:
+    """16 KB/s is slow, but it is reading: the send timeout (2 s here) counts time without
+    progress, not time until the socket turns writable (half its 4 MiB buffer drained)."""
+    sock = _connect(daemon, receive_buffer=16384)
+    sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.settimeout(5)
+    received = 0
+    began = time.monotonic()
+    while time.monotonic() - began < 8:
+        chunk = sock.recv(16384)
+        assert chunk, f"closed after {received} bytes and {time.monotonic() - began:.1f} s"
+        received += len(chunk)
+        time.sleep(1)
+    sock.close()
+    assert daemon.metric("shardcache_client_timeouts_total", phase="send") == 0
+    assert received >= 8 * 16384 // 2, received

@@ -119,3 +119,11 @@ def test_the_admin_token_follows_the_precedence_of_every_setting(tmp_path: Path)
     missing = {"SHARDCACHE_ADMIN_TOKEN_FILE": str(tmp_path / "nope")}
     with pytest.raises(ConfigError, match="^SHARDCACHE_ADMIN_TOKEN_FILE: cannot read"):
         load_settings({}, missing)
+
+
+@pytest.mark.parametrize("value", ["12345678901234567890", '["a-list-of-one-token-000"]'])
+def test_a_toml_token_must_be_a_string(tmp_path: Path, value: str) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f"admin_token = {value}\n")
+    with pytest.raises(ConfigError, match="admin_token in .*: must be a string"):
+        load_settings({"config": str(config)}, {})

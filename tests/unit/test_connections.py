@@ -13,8 +13,8 @@ from shardcache.connections import REFUSAL, ConnectionGuard, ConnectionLimits
 
 
 class RecordingTransport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, client: str = "10.0.0.1") -> None:
+        super().__init__(extra={"peername": (client, 40000)})
         self.written = b""
         self.is_closed = False
 
@@ -50,21 +50,27 @@ class Clock:
         return self.now
 
 
-def _guard(max_connections: int = 10) -> tuple[ConnectionGuard, Clock, list[str]]:
+def _guard(
+    max_connections: int = 10, max_per_client: int = 10
+) -> tuple[ConnectionGuard, Clock, list[str]]:
     clock = Clock()
     closed: list[str] = []
     guard = ConnectionGuard(
-        ConnectionLimits(idle_s=60, header_s=15, max_connections=max_connections),
+        ConnectionLimits(
+            idle_s=60, header_s=15, max_connections=max_connections, max_per_client=max_per_client
+        ),
         on_close=closed.append,
         clock=clock,
     )
     return guard, clock, closed
 
 
-def _open(guard: ConnectionGuard) -> tuple[asyncio.Protocol, RecordingTransport, RecordingProtocol]:
+def _open(
+    guard: ConnectionGuard, client: str = "10.0.0.1"
+) -> tuple[asyncio.Protocol, RecordingTransport, RecordingProtocol]:
     inner = RecordingProtocol()
     protocol = guard.protocol_factory(lambda: inner)()
-    transport = RecordingTransport()
+    transport = RecordingTransport(client)
     protocol.connection_made(transport)
     return protocol, transport, inner
 
@@ -118,6 +124,16 @@ def test_connections_past_the_limit_are_answered_503_and_not_handed_on() -> None
     assert guard.open_count == 1 and opened[0][2].events[-1] == "lost"
     fourth = _open(guard)
     assert fourth[1].written == b"" and fourth[2].events == ["made"]
+
+
+def test_one_client_address_gets_at_most_its_share() -> None:
+    guard, _, closed = _guard(max_connections=10, max_per_client=2)
+    first = [_open(guard, "10.0.0.1") for _ in range(3)]
+    assert first[2][1].written == REFUSAL and closed == ["client_limit"]
+    other = _open(guard, "10.0.0.2")
+    assert other[1].written == b"" and guard.open_count == 3
+    first[0][0].connection_lost(None)  # one of 10.0.0.1's closes: room for it again
+    assert _open(guard, "10.0.0.1")[1].written == b""
 
 
 TOKEN = "0123456789abcdef0123"
