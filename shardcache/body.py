@@ -172,6 +172,11 @@ class FileSender:
             count -= len(data)
             self.sent_bytes += len(data)
 
+    def take_bypassed_bytes(self) -> int:
+        """Bytes sent with sendfile not yet added to aiohttp's count (the access log's)."""
+        taken, self.bypassed_bytes = self.bypassed_bytes, 0
+        return taken
+
     def count_written(self, size_bytes: int) -> None:
         """Bytes written through aiohttp by someone else (a stream relayed by `send_stream`)."""
         self.sent_bytes += size_bytes

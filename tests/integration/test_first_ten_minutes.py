@@ -236,3 +236,19 @@ def test_probes_and_scrapes_log_at_debug_only(origin: OriginServer, start_daemon
     log = daemon.wait_for_log("GET /web/s.tar 200")
     for path in ("/healthz", "/readyz", "/metrics", "/_/status"):
         assert f"GET {path} " not in log, log
+
+
+def test_the_access_line_counts_the_bytes_sent(origin: OriginServer, start_daemon) -> None:
+    """Hits and fills leave through sendfile, which aiohttp's byte count never sees."""
+    origin.put("s.tar", bytes(61_440))
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    for _ in range(2):  # a miss, then a hit
+        with urllib.request.urlopen(daemon.url + "/web/s.tar", timeout=10) as response:
+            assert len(response.read()) == 61_440
+    daemon.wait_for_log("GET /web/s.tar 200 hit")
+    counted = [
+        int(line.split()[-2])
+        for line in daemon.log().splitlines()
+        if "aiohttp.access: GET /web/s.tar 200" in line
+    ]
+    assert len(counted) == 2 and all(n >= 61_440 for n in counted), counted
