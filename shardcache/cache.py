@@ -233,6 +233,14 @@ class ShardCache:
     def unread_bytes(self) -> int:
         return sum(self._unread.values())
 
+    def release_unread(self) -> int:
+        """Unpin every prefetched-but-unread entry (they stay cached, as ordinary entries) and
+        free the look-ahead budget they held; return the bytes released."""
+        released = self.unread_bytes
+        for url in list(self._unread):
+            self._mark_read(url)
+        return released
+
     def _read_prefetched(self, origin: Origin, url: str, fill: Fill | None) -> None:
         """A client is reading `url`: if it was prefetched, it is no longer unread; if its
         prefetch is still running, the client came early (a late prefetch)."""
@@ -248,9 +256,14 @@ class ShardCache:
         self.unread_changed.set()
 
     async def start_prefetch(
-        self, origin_name: str, key: str, admit: Callable[[int], Awaitable[None]]
+        self,
+        origin_name: str,
+        key: str,
+        admit: Callable[[int], Awaitable[None]],
+        pin: bool = True,
     ) -> tuple[PrefetchOutcome, Fill | None]:
-        """Start bringing `key` into the cache ahead of a client, pinned until a client reads it.
+        """Start bringing `key` into the cache ahead of a client, pinned until a client reads it
+        (`pin=False`, warming: an ordinary entry, as a client's miss would leave it).
 
         `admit(size_bytes)` is awaited before a new download starts (the look-ahead budget).
         Returns (CACHED, None), (JOINED, fill) when a fetch was already under way, or
@@ -274,8 +287,9 @@ class ShardCache:
         if joined:
             return PrefetchOutcome.JOINED, fill
         fill.is_prefetch = True
-        self._unread[url] = info.size_bytes
-        self.store.pin(url)
+        if pin:
+            self._unread[url] = info.size_bytes
+            self.store.pin(url)
         self._spawn(fill)
         return PrefetchOutcome.FETCHED, fill
 

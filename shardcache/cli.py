@@ -90,7 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
 
     prefetch = commands.add_parser(
-        "prefetch", help="queue shards on the running daemon, in the order given"
+        "prefetch",
+        help="warm the running daemon's cache with shards, in the order given",
+        description="Fill the cache with these shards before a run (nothing pinned, no "
+        "look-ahead budget to wait for). With --lookahead they are queued as a loader's "
+        "look-ahead instead: pinned until read, within --prefetch-max-bytes.",
     )
     prefetch.add_argument(
         "urls",
@@ -99,7 +103,14 @@ def _parser() -> argparse.ArgumentParser:
         help="origin URLs, daemon URLs or /NAME/KEY paths; patterns allowed",
     )
     prefetch.add_argument(
-        "--wait", action="store_true", help="show progress until done; exit 1 if any shard failed"
+        "--wait",
+        action="store_true",
+        help="show progress until done; exit 1 if any shard failed; Ctrl-C drops the rest",
+    )
+    prefetch.add_argument(
+        "--lookahead",
+        action="store_true",
+        help="queue as a loader's look-ahead (pinned until read) instead of warming",
     )
     _add_daemon_arguments(prefetch)
     return parser
@@ -146,7 +157,7 @@ def _prefetch(args: argparse.Namespace) -> int:
     daemon = client.daemon_url(args.daemon)
     known = _origin_urls(args)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
-    answer = client.prefetch(paths, daemon)
+    answer = client.prefetch(paths, daemon, warm=not args.lookahead)
     print(
         f"queued {answer['queued']}, already cached {answer['cached']}, "
         f"already in flight {answer['in_flight']}",
@@ -154,7 +165,14 @@ def _prefetch(args: argparse.Namespace) -> int:
     )
     if not args.wait:
         return 0
-    return _wait_for_batch(int(answer["batch"]), daemon)
+    batch = int(answer["batch"])
+    try:
+        return _wait_for_batch(batch, daemon)
+    except KeyboardInterrupt:
+        # Waiting was the point: what is still queued of this batch goes too.
+        dropped = client.cancel_prefetch(batch, daemon)["dropped"]
+        print(f"interrupted: dropped {dropped} queued shards of batch {batch}", file=sys.stderr)
+        return 130
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -232,7 +250,10 @@ def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
         while True:
             batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
             bar.n = batch["done"] + batch["failed"]
-            bar.set_postfix_str(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed")
+            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
+            bar.set_postfix_str(
+                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}"
+            )
             bar.refresh()
             if batch["is_finished"]:
                 return batch
@@ -253,9 +274,10 @@ def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]
             or share - last_share >= PROGRESS_LINE_STEP
             or now - last_line_at >= PROGRESS_LINE_EVERY_S
         ):
+            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
             print(
                 f"prefetch: {finished}/{total} shards ({share:.0%}), "
-                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed",
+                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}",
                 file=sys.stderr,
                 flush=True,
             )

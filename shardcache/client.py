@@ -150,9 +150,13 @@ def daemon_of(url: str) -> str | None:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def prefetch(urls: Iterable[str], daemon: str | None = None) -> dict[str, Any]:
+def prefetch(urls: Iterable[str], daemon: str | None = None, warm: bool = False) -> dict[str, Any]:
     """Queue shards (daemon URLs, `/NAME/KEY` paths, pipe: strings or origin URLs; patterns
-    allowed) in the order given. Returns `{"queued", "cached", "in_flight", "batch"}`."""
+    allowed) in the order given. Returns `{"queued", "cached", "in_flight", "batch"}`.
+
+    By default they are look-ahead for a loader: pinned until read, within the daemon's
+    look-ahead budget. `warm=True` fills the cache before a run instead: nothing pinned, no
+    budget to wait for."""
     base = daemon_url(daemon)
     paths = []
     known: dict[str, str] | None = None
@@ -162,7 +166,16 @@ def prefetch(urls: Iterable[str], daemon: str | None = None) -> dict[str, Any]:
         except ClientError:
             known = known if known is not None else origins(base)
             paths.append(local_path(map_url(url, known, base), base))
-    result: dict[str, Any] = _request("POST", base + "/_/prefetch", {"urls": paths})
+    body: dict[str, Any] = {"urls": paths, "warm": True} if warm else {"urls": paths}
+    result: dict[str, Any] = _request("POST", base + "/_/prefetch", body)
+    return result
+
+
+def cancel_prefetch(batch: int | None = None, daemon: str | None = None) -> dict[str, Any]:
+    """Drop what is still queued of `batch` (or of everything, which also releases the
+    look-ahead budget). Returns `{"dropped", "released_bytes"}`."""
+    query = f"?batch={batch}" if batch is not None else ""
+    result: dict[str, Any] = _request("DELETE", daemon_url(daemon) + "/_/prefetch" + query)
     return result
 
 

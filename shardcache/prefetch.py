@@ -8,6 +8,10 @@
   store, so later prefetches can never evict them before the loader reads them (no thrash).
 - Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
   ends the run quietly (the end of the dataset, not a failure).
+- Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
+  like client misses would, nothing pinned and no look-ahead budget, so warming more than a
+  quarter of the cache completes instead of waiting for a loader that is not there yet.
+- A wait on the budget is said once in the log and shown in the queue's status and its batches'.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import collections
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from shardcache.cache import PrefetchOutcome, ShardCache
@@ -23,6 +28,7 @@ from shardcache.errors import BadRequest, OriginNotFound, QueueFull, ShardcacheE
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
+from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
@@ -45,7 +51,7 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     """
     if not isinstance(body, dict) or not ({"urls", "keys"} & body.keys()):
         raise BadRequest('expected {"urls": ["/NAME/KEY", …]} or {"origin": "NAME", "keys": […]}')
-    unknown = body.keys() - {"urls", "origin", "keys"}
+    unknown = body.keys() - {"urls", "origin", "keys", "warm"}
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     targets: list[tuple[str, str]] = []
@@ -94,12 +100,17 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     return targets
 
 
+class _Dropped(Exception):
+    """The item the dispatcher was sizing or waiting for budget was dropped meanwhile."""
+
+
 @dataclass
 class Batch:
     """One POST's worth of work, so `shardcache prefetch --wait` can follow its own progress."""
 
     id: int
     total: int
+    is_warming: bool = False
     done: int = 0
     failed: int = 0
     bytes_done: int = 0
@@ -114,6 +125,7 @@ class Batch:
             "bytes_done": self.bytes_done,
             "failures": self.failures,
             "is_finished": self.done + self.failed >= self.total,
+            "warm": self.is_warming,
         }
 
 
@@ -151,6 +163,9 @@ class PrefetchQueue:
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
         self._batches: dict[int, Batch] = {}
+        self.waiting_for: str | None = None  # why the queue is not moving, while it is not
+        self._current: Item | None = None  # the item the dispatcher is sizing or admitting
+        self._is_current_dropped = False
         self.completed = 0  # every item that ended without an error …
         self.fetched = 0  # … of which the prefetch itself fetched from the origin
         self.failed = 0
@@ -161,8 +176,10 @@ class PrefetchQueue:
 
     # -- submitting ----------------------------------------------------------------------
 
-    async def submit(self, targets: list[tuple[str, str]]) -> Submitted:
+    async def submit(self, targets: list[tuple[str, str]], warm: bool = False) -> Submitted:
         """Queue `targets` (origin, key) in order; already cached or queued ones are counted.
+
+        `warm`: fill the cache, nothing pinned and no look-ahead budget (see the module doc).
 
         The caller validates keys and origins first, so that a bad body queues nothing.
         Raises QueueFull when the queue would hold more than MAX_PENDING items.
@@ -176,7 +193,7 @@ class PrefetchQueue:
         cached = await asyncio.to_thread(
             lambda: {url for url in urls if self.cache.store.peek(url) is not None}
         )
-        batch = Batch(next(self._batch_ids), total=0)
+        batch = Batch(next(self._batch_ids), total=0, is_warming=warm)
         queued = in_flight = 0
         for (origin, key), url in zip(targets, urls, strict=True):
             if url in cached:
@@ -204,14 +221,28 @@ class PrefetchQueue:
         self._queued.add((item.origin, item.key))
         self._has_work.set()
 
-    def clear(self) -> int:
-        """Drop every pending (not yet started) item; return how many."""
-        dropped = len(self._pending)
+    def clear(self, batch_id: int | None = None) -> int:
+        """Drop every pending (not yet started) item, or those of one batch; return how many."""
+        keep: collections.deque[Item] = collections.deque()
+        dropped = 0
         for item in self._pending:
+            if batch_id is not None and (item.batch is None or item.batch.id != batch_id):
+                keep.append(item)
+                continue
+            dropped += 1
             self._queued.discard((item.origin, item.key))
             if item.batch is not None:
                 item.batch.total -= 1
-        self._pending.clear()
+        self._pending = keep
+        current = self._current
+        if current is not None and not self._is_current_dropped:
+            if batch_id is None or (current.batch is not None and current.batch.id == batch_id):
+                self._is_current_dropped = True  # the dispatcher drops it when it can
+                self._queued.discard((current.origin, current.key))
+                if current.batch is not None:
+                    current.batch.total -= 1
+                dropped += 1
+                self.cache.unread_changed.set()  # wake it if it waits for budget
         return dropped
 
     def _forget_old_batches(self, keep: int = 256) -> None:
@@ -234,6 +265,7 @@ class PrefetchQueue:
             "in_flight": self.in_flight,
             "done": self.completed,
             "fetched": self.fetched,  # the rest of "done" was cached or fetched by a client
+            "waiting_for": self.waiting_for,
             "failed": self.failed,
             "bytes_done": self.bytes_done,
             "unread_bytes": self.cache.unread_bytes,
@@ -245,6 +277,15 @@ class PrefetchQueue:
 
     def batch(self, batch_id: int) -> Batch | None:
         return self._batches.get(batch_id)
+
+    def batch_status(self, batch_id: int) -> dict[str, object] | None:
+        """A batch's progress, with why the queue waits when it does (a look-ahead batch)."""
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            return None
+        document = batch.as_dict()
+        document["waiting_for"] = None if batch.is_warming else self.waiting_for
+        return document
 
     # -- running -------------------------------------------------------------------------
 
@@ -271,14 +312,22 @@ class PrefetchQueue:
             await self._slots.acquire()
             item = await self._next()
             self._waiting = 1
+            warm = item.batch is not None and item.batch.is_warming
+            self._current, self._is_current_dropped = item, False
             try:
-                outcome, fill = await self.cache.start_prefetch(item.origin, item.key, self._admit)
+                outcome, fill = await self.cache.start_prefetch(
+                    item.origin, item.key, self._admit_unless_dropped(warm), pin=not warm
+                )
+            except _Dropped:
+                self._slots.release()
+                continue
             except ShardcacheError as exc:
                 self._finish_item(item, exc)
                 self._slots.release()
                 continue
             finally:
                 self._waiting = 0
+                self._current = None
             if fill is None:
                 self._finish_item(item, None)
                 self._slots.release()
@@ -289,12 +338,36 @@ class PrefetchQueue:
 
     async def _admit(self, size_bytes: int) -> None:
         """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
-        than the whole budget is admitted alone)."""
-        while self.cache.unread_bytes and (
-            self.cache.unread_bytes + size_bytes > self.max_unread_bytes
+        than the whole budget is admitted alone). A wait is logged once, and shown in the
+        status until it ends: a loader reading what was prefetched, or an emptied queue, ends
+        it."""
+        while (
+            self.cache.unread_bytes
+            and self.cache.unread_bytes + size_bytes > self.max_unread_bytes
+            and not self._is_current_dropped
         ):
+            if self.waiting_for is None:
+                self.waiting_for = (
+                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
+                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
+                    "(--prefetch-max-bytes); loaders reading them free it"
+                )
+                log.info("prefetch waits for %s", self.waiting_for)
             self.cache.unread_changed.clear()
             await self.cache.unread_changed.wait()
+        self.waiting_for = None
+
+    def _admit_unless_dropped(self, warm: bool) -> Callable[[int], Awaitable[None]]:
+        """The current item's admission: the look-ahead budget (warming needs none, it pins
+        nothing), then a last look whether it was dropped while it was sized or waited."""
+
+        async def admit(size_bytes: int) -> None:
+            if not warm:
+                await self._admit(size_bytes)
+            if self._is_current_dropped:
+                raise _Dropped
+
+        return admit
 
     async def _follow(self, item: Item, fill: Fill, outcome: PrefetchOutcome) -> None:
         self._running += 1

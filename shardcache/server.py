@@ -388,8 +388,8 @@ async def post_prefetch(request: web.Request) -> web.Response:
     raw = await _read_body(request)
     origins = set(request.app[CACHE_KEY].origins)
     # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
-    targets = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
-    submitted = await queue.submit(targets)
+    targets, warm = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
+    submitted = await queue.submit(targets, warm=warm)
     return web.json_response(
         {
             "queued": submitted.queued,
@@ -415,30 +415,49 @@ async def _read_body(request: web.Request) -> bytes:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
 
 
-def _parse_prefetch_body(raw: bytes, origins: set[str]) -> list[tuple[str, str]]:
+def _parse_prefetch_body(raw: bytes, origins: set[str]) -> tuple[list[tuple[str, str]], bool]:
+    """The (origin, key) targets of a POST /_/prefetch body, and whether it asks to warm."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         raise BadRequest("the body is not JSON (or is nested too deep)") from None
-    return parse_targets(body, origins)
+    targets = parse_targets(body, origins)
+    warm = body.get("warm", False)  # a dict: parse_targets said so
+    if not isinstance(warm, bool):
+        raise BadRequest('"warm" must be true or false')
+    return targets, warm
+
+
+def _batch_id(request: web.Request) -> int | None:
+    """The `?batch=N` of a request, or None when absent; a 404 for one that names no batch."""
+    if "batch" not in request.query:
+        return None
+    batch_id = request.query["batch"]
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if (
+        re.fullmatch(r"[0-9]{1,18}", batch_id) is None
+        or request.app[PREFETCH_KEY].batch(int(batch_id)) is None
+    ):
+        raise web.HTTPNotFound(reason=f"no prefetch batch {batch_id[:40]!r}")
+    return int(batch_id)
 
 
 async def get_prefetch(request: web.Request) -> web.Response:
     queue = request.app[PREFETCH_KEY]
     document = queue.status()
-    if "batch" in request.query:
-        batch_id = request.query["batch"]
-        # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
-        is_number = re.fullmatch(r"[0-9]{1,18}", batch_id) is not None
-        batch = queue.batch(int(batch_id)) if is_number else None
-        if batch is None:
-            return json_error(404, f"no prefetch batch {batch_id!r}")
-        document["batch"] = batch.as_dict()
+    batch_id = _batch_id(request)
+    if batch_id is not None:
+        document["batch"] = queue.batch_status(batch_id)
     return web.json_response(redacted(document))
 
 
 async def delete_prefetch(request: web.Request) -> web.Response:
-    return web.json_response({"dropped": request.app[PREFETCH_KEY].clear()})
+    """Drop what is queued (of one batch, with `?batch=N`). Emptying the whole queue also
+    releases the look-ahead budget: prefetched, unread shards stay cached, unpinned."""
+    batch_id = _batch_id(request)
+    dropped = request.app[PREFETCH_KEY].clear(batch_id)
+    released = request.app[CACHE_KEY].release_unread() if batch_id is None else 0
+    return web.json_response({"dropped": dropped, "released_bytes": released})
 
 
 async def get_status(request: web.Request) -> web.Response:

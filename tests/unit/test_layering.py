@@ -55,7 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "access": set(),
     "connections": set(),
-    "prefetch": {"cache", "fill", "errors", "keys", "patterns"},
+    "prefetch": {"cache", "fill", "errors", "keys", "patterns", "units"},
     "patterns": {"errors"},
     "client": {"patterns"},
     "webdataset": {"client"},

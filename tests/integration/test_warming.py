@@ -1,0 +1,106 @@
+"""Warming a cache before a run (issue 12, part 3): `shardcache prefetch` fills the cache up to
+its size instead of stopping at the look-ahead budget; a loader's look-ahead that waits says
+why; emptying the queue releases what it held; Ctrl-C drops what is still queued. On the code
+before, `prefetch --wait` of more than a quarter of the cache waited for ever, silently."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+
+from tests.daemon_process import Daemon
+from tests.origin_server import OriginServer
+
+SHARD_BYTES = 5 << 19  # 2.5 MiB
+
+
+def _cli(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", *args, "--daemon", daemon.url],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=environ,
+    )
+
+
+def _wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _put_shards(origin: OriginServer, count: int) -> None:
+    for i in range(count):
+        origin.put(f"s_{i:03d}.tar", os.urandom(SHARD_BYTES))
+
+
+def test_warming_80_percent_of_the_cache_completes(origin: OriginServer, start_daemon) -> None:
+    _put_shards(origin, 20)  # 50 MiB into a 64 MiB cache; the look-ahead budget is 16 MiB
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_size="64MiB")
+    began = time.monotonic()
+    warmed = _cli(daemon, "prefetch", "--wait", "/web/s_{000..019}.tar")
+    assert warmed.returncode == 0, warmed.stderr
+    assert "prefetch: 20/20 shards (100%)" in warmed.stderr
+    print(f"warmed 50 MiB in {time.monotonic() - began:.1f} s")
+    fetched = dict(origin.gets)
+    for i in range(20):
+        with urllib.request.urlopen(f"{daemon.url}/web/s_{i:03d}.tar", timeout=30) as response:
+            assert response.headers["X-Shardcache"] == "hit", i
+            response.read()
+    assert dict(origin.gets) == fetched  # the reads asked the origin for nothing
+    assert daemon.get_json("/_/prefetch")[1]["waiting_for"] is None
+
+
+def test_a_look_ahead_wait_says_why_and_emptying_the_queue_releases_it(
+    origin: OriginServer, start_daemon
+) -> None:
+    _put_shards(origin, 6)  # 15 MiB of look-ahead against an 8 MiB budget
+    daemon: Daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "8MiB"
+    )
+    queued = _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar")
+    assert queued.returncode == 0, queued.stderr
+
+    def waiting() -> str | None:
+        return daemon.get_json("/_/prefetch")[1]["waiting_for"]  # type: ignore[return-value]
+
+    _wait_for("the budget wait", lambda: waiting() is not None)
+    assert "look-ahead budget" in str(waiting())
+    daemon.wait_for_log("prefetch waits for the look-ahead budget")
+    request = urllib.request.Request(daemon.url + "/_/prefetch", method="DELETE")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        emptied = response.read()
+    assert b'"released_bytes": 0' not in emptied, emptied
+    # The budget is free again: the next look-ahead goes through at once.
+    again = _cli(daemon, "prefetch", "--lookahead", "--wait", "/web/s_{003..005}.tar")
+    assert again.returncode == 0, again.stderr
+    assert daemon.log().count("prefetch waits for the look-ahead budget") == 1
+
+
+def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -> None:
+    _put_shards(origin, 8)
+    daemon: Daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "4MiB"
+    )
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "shardcache", "prefetch", "--lookahead", "--wait"]
+        + ["/web/s_{000..007}.tar", "--daemon", daemon.url],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+    )
+    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    waiting.send_signal(signal.SIGINT)
+    _, stderr = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130, stderr
+    assert "interrupted: dropped" in stderr and "Traceback" not in stderr
+    assert daemon.get_json("/_/prefetch")[1]["pending"] == 0
