@@ -54,6 +54,7 @@ ALLOWED: dict[str, set[str]] = {
         "ranges",
     },
     "access": set(),
+    "admission": set(),
     "connections": set(),
     "prefetch": {"cache", "fill", "errors", "keys", "patterns", "units"},
     "patterns": {"errors"},
