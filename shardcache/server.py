@@ -9,6 +9,7 @@
 
 With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
 shard read) needs `Authorization: Bearer TOKEN`; a request without it is a 401 (`access.py`).
+What every request goes through first is in `middleware.py`; the `/_/` handlers in `admin.py`.
 
 Before the first body byte every failure is a JSON error with the status its exception class
 carries. After it, the connection is aborted: headers promised a Content-Length, and a client
@@ -19,17 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import socket
 import struct
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from shardcache.access import AccessPolicy
+from shardcache.admin import (
+    MAX_BODY_BYTES,
+    delete_object,
+    delete_prefetch,
+    get_origins,
+    get_prefetch,
+    get_status,
+    post_prefetch,
+)
 from shardcache.body import (
     ClientGone,
     ClientStalled,
@@ -42,32 +49,29 @@ from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
-    BadRequest,
     NotCached,
-    OriginError,
-    QueueFull,
-    RangeNotSatisfiable,
-    RequestTimeout,
     ShardcacheError,
     ShuttingDown,
-    Unauthorized,
 )
-from shardcache.logs import CLIENT_GONE, redact
+from shardcache.logs import CLIENT_GONE
 from shardcache.metrics import CONTENT_TYPE, Metrics
-from shardcache.prefetch import PrefetchQueue, parse_targets
+from shardcache.middleware import (
+    ACCESS_KEY,
+    CACHE_KEY,
+    GUARD_KEY,
+    METRICS_KEY,
+    PREFETCH_KEY,
+    STATE_KEY,
+    admit_request,
+    errors_as_json,
+    json_error,
+    track_connection,
+)
+from shardcache.prefetch import PrefetchQueue
 from shardcache.ranges import ByteRange, parse_range
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
-MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
-_BODY_HEADERS = {"content-type", "content-length"}
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CACHE_KEY = web.AppKey("cache", ShardCache)
-PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
-METRICS_KEY = web.AppKey("metrics", Metrics)
-STATE_KEY = web.AppKey("state", dict)
-ACCESS_KEY = web.AppKey("access", AccessPolicy)
-GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 
 
 class InFlight:
@@ -113,108 +117,6 @@ def _abort(request: web.Request, discard_unsent: bool = False) -> None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     request.transport.abort()
-
-
-def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    """A JSON error. Messages can quote origin URLs: any credentials in them are masked."""
-    return web.json_response({"error": redact(message)}, status=status, headers=headers)
-
-
-def redacted(document: Any) -> Any:
-    """`document` with credentials masked in every string (failures quote origin URLs)."""
-    if isinstance(document, str):
-        return redact(document)
-    if isinstance(document, dict):
-        return {key: redacted(value) for key, value in document.items()}
-    if isinstance(document, list):
-        return [redacted(value) for value in document]
-    return document
-
-
-def _origin_error_message(request: web.Request, exc: OriginError) -> str:
-    """What a client is told of an origin failure. Behind an admin token, a client without it
-    learns the kind, not the origin's host, prefix or root: those are configuration."""
-    access = request.app[ACCESS_KEY]
-    if access.is_enabled and not access.is_authorized(request.headers.get("Authorization")):
-        what = request.path if len(request.path) <= 200 else request.path[:200] + "…"
-        return f"{what}: {exc.kind.replace('_', ' ')} at the origin (details in the daemon's log)"
-    return str(exc)
-
-
-@web.middleware
-async def track_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Tell the connection guard a request is in progress: its idle and header clocks stop."""
-    guard = request.app.get(GUARD_KEY)
-    if guard is None:
-        return await handler(request)
-    guard.request_started(request.transport)
-    try:
-        return await handler(request)
-    finally:
-        guard.request_finished(request.transport)
-
-
-@web.middleware
-async def admit_request(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refuse, before anything else is done for it, a request with an encoded body (none is
-    taken; the daemon runs aiohttp with auto_decompress off, so nothing inflates one meanwhile)
-    and one for a protected path without the admin token. One middleware: each layer costs
-    every request, and 64 KiB hits are counted in requests per second."""
-    encoding = request.headers.get("Content-Encoding")
-    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-        response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
-        response.force_close()
-        return response
-    access = request.app[ACCESS_KEY]
-    if access.is_protected(request.path):
-        if not access.is_authorized(request.headers.get("Authorization")):
-            request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
-            raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
-    return await handler(request)
-
-
-@web.middleware
-async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Turn every error raised before the response started into `{"error": "..."}`."""
-    try:
-        return await handler(request)
-    except Unauthorized as exc:
-        return json_error(exc.status, str(exc), {"WWW-Authenticate": 'Bearer realm="shardcache"'})
-    except RequestTimeout as exc:
-        request.app[METRICS_KEY].client_timeouts.labels("body").inc()
-        response = json_error(exc.status, str(exc), {"Connection": "close"})
-        response.force_close()  # the rest of the body may never come: do not wait for it
-        return response
-    except RangeNotSatisfiable as exc:
-        # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
-        return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
-    except (ShuttingDown, QueueFull) as exc:
-        return json_error(exc.status, str(exc), {"Retry-After": "5"})
-    except OriginError as exc:
-        _count_error(request, exc)
-        log.info("%s %r: %s", request.method, request.path, exc)
-        return json_error(exc.status, _origin_error_message(request, exc))
-    except ShardcacheError as exc:
-        _count_error(request, exc)
-        return json_error(exc.status, str(exc))
-    except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            # Its own Content-Type and length describe the text body it would have sent.
-            kept = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
-            return json_error(exc.status, exc.reason, kept)
-        raise
-    except (asyncio.CancelledError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unhandled error for %s %s", request.method, request.path)
-        return json_error(500, "internal error; see the daemon's log")
-
-
-def _count_error(request: web.Request, exc: ShardcacheError) -> None:
-    origin = request.match_info.get("origin")
-    cache = request.app[CACHE_KEY]
-    if origin in cache.origins and request.match_info.get("key") is not None:
-        request.app[METRICS_KEY].requests.labels(origin, "error").inc()
 
 
 def object_response(
@@ -374,99 +276,6 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     return object_response(
         result, info.size_bytes, info.etag, info.content_type, byte_range, info.checksums
     )
-
-
-async def delete_object(request: web.Request) -> web.Response:
-    await request.app[CACHE_KEY].purge(request.match_info["origin"], request.match_info["key"])
-    return web.json_response(
-        {"deleted": f"{request.match_info['origin']}/{request.match_info['key']}"}
-    )
-
-
-async def post_prefetch(request: web.Request) -> web.Response:
-    queue = request.app[PREFETCH_KEY]
-    raw = await _read_body(request)
-    origins = set(request.app[CACHE_KEY].origins)
-    # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
-    targets, warm = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
-    submitted = await queue.submit(targets, warm=warm)
-    return web.json_response(
-        {
-            "queued": submitted.queued,
-            "cached": submitted.cached,
-            "in_flight": submitted.in_flight,
-            "batch": submitted.batch,
-        },
-        status=202,
-    )
-
-
-async def _read_body(request: web.Request) -> bytes:
-    """The request body: at most MAX_BODY_BYTES (413 beyond, before reading when announced),
-    within the body timeout (408: a client announcing a body and sending nothing)."""
-    announced = request.content_length
-    if announced is not None and announced > MAX_BODY_BYTES:
-        raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=announced)
-    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await request.read()  # aiohttp answers 413 past client_max_size
-    except TimeoutError:
-        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
-
-
-def _parse_prefetch_body(raw: bytes, origins: set[str]) -> tuple[list[tuple[str, str]], bool]:
-    """The (origin, key) targets of a POST /_/prefetch body, and whether it asks to warm."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
-        raise BadRequest("the body is not JSON (or is nested too deep)") from None
-    targets = parse_targets(body, origins)
-    warm = body.get("warm", False)  # a dict: parse_targets said so
-    if not isinstance(warm, bool):
-        raise BadRequest('"warm" must be true or false')
-    return targets, warm
-
-
-def _batch_id(request: web.Request) -> int | None:
-    """The `?batch=N` of a request, or None when absent; a 404 for one that names no batch."""
-    if "batch" not in request.query:
-        return None
-    batch_id = request.query["batch"]
-    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
-    if (
-        re.fullmatch(r"[0-9]{1,18}", batch_id) is None
-        or request.app[PREFETCH_KEY].batch(int(batch_id)) is None
-    ):
-        raise web.HTTPNotFound(reason=f"no prefetch batch {batch_id[:40]!r}")
-    return int(batch_id)
-
-
-async def get_prefetch(request: web.Request) -> web.Response:
-    queue = request.app[PREFETCH_KEY]
-    document = queue.status()
-    batch_id = _batch_id(request)
-    if batch_id is not None:
-        document["batch"] = queue.batch_status(batch_id)
-    return web.json_response(redacted(document))
-
-
-async def delete_prefetch(request: web.Request) -> web.Response:
-    """Drop what is queued (of one batch, with `?batch=N`). Emptying the whole queue also
-    releases the look-ahead budget: prefetched, unread shards stay cached, unpinned."""
-    batch_id = _batch_id(request)
-    dropped = request.app[PREFETCH_KEY].clear(batch_id)
-    released = request.app[CACHE_KEY].release_unread() if batch_id is None else 0
-    return web.json_response({"dropped": dropped, "released_bytes": released})
-
-
-async def get_status(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
-    return web.json_response(redacted(await asyncio.to_thread(state["status"])))
-
-
-async def get_origins(request: web.Request) -> web.Response:
-    return web.json_response({"origins": request.app[STATE_KEY]["origin_urls"]})
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -40,8 +40,11 @@ ALLOWED: dict[str, set[str]] = {
     "body": {"fill", "checksums", "errors", "origins.base"},
     "metrics": {"__init__", "status"},
     "status": set(),
+    "middleware": {"access", "cache", "connections", "errors", "logs", "metrics", "prefetch"},
+    "admin": {"errors", "middleware", "prefetch"},
     "server": {
         "access",
+        "admin",
         "body",
         "cache",
         "checksums",
@@ -50,6 +53,7 @@ ALLOWED: dict[str, set[str]] = {
         "keys",
         "logs",
         "metrics",
+        "middleware",
         "prefetch",
         "ranges",
     },
@@ -86,7 +90,7 @@ VENDORS = {
     "prometheus_client": {"metrics", "daemon"},
     "uvloop": {"daemon"},
 }
-AIOHTTP_WEB = {"server", "daemon", "logs"}
+AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}
 LOADER_SIDE = {"client", "webdataset"}  # run in dataloader workers: stdlib only
 
 

@@ -1,0 +1,149 @@
+"""What every request goes through before (and around) its handler, and the parts the
+handlers share through the application.
+
+    track_connection   tells the connection guard a request is in progress (its idle and
+                       header clocks stop)
+    errors_as_json     every error raised before the response started becomes
+                       `{"error": "..."}` with the status its exception class carries; origin
+                       failures are told without the origin's location to a client without
+                       the admin token; credentials in messages are masked
+    admit_request      refuses an encoded body (415) and a protected path without the admin
+                       token (401), before anything is done for the request
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from shardcache.access import AccessPolicy
+from shardcache.cache import ShardCache
+from shardcache.connections import ConnectionGuard
+from shardcache.errors import (
+    OriginError,
+    QueueFull,
+    RangeNotSatisfiable,
+    RequestTimeout,
+    ShardcacheError,
+    ShuttingDown,
+    Unauthorized,
+)
+from shardcache.logs import redact
+from shardcache.metrics import Metrics
+from shardcache.prefetch import PrefetchQueue
+
+log = logging.getLogger("shardcache.server")
+_BODY_HEADERS = {"content-type", "content-length"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+CACHE_KEY = web.AppKey("cache", ShardCache)
+PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
+METRICS_KEY = web.AppKey("metrics", Metrics)
+STATE_KEY = web.AppKey("state", dict)
+ACCESS_KEY = web.AppKey("access", AccessPolicy)
+GUARD_KEY = web.AppKey("guard", ConnectionGuard)
+
+
+def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """A JSON error. Messages can quote origin URLs: any credentials in them are masked."""
+    return web.json_response({"error": redact(message)}, status=status, headers=headers)
+
+
+def redacted(document: Any) -> Any:
+    """`document` with credentials masked in every string (failures quote origin URLs)."""
+    if isinstance(document, str):
+        return redact(document)
+    if isinstance(document, dict):
+        return {key: redacted(value) for key, value in document.items()}
+    if isinstance(document, list):
+        return [redacted(value) for value in document]
+    return document
+
+
+def _origin_error_message(request: web.Request, exc: OriginError) -> str:
+    """What a client is told of an origin failure. Behind an admin token, a client without it
+    learns the kind, not the origin's host, prefix or root: those are configuration."""
+    access = request.app[ACCESS_KEY]
+    if access.is_enabled and not access.is_authorized(request.headers.get("Authorization")):
+        what = request.path if len(request.path) <= 200 else request.path[:200] + "…"
+        return f"{what}: {exc.kind.replace('_', ' ')} at the origin (details in the daemon's log)"
+    return str(exc)
+
+
+@web.middleware
+async def track_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Tell the connection guard a request is in progress: its idle and header clocks stop."""
+    guard = request.app.get(GUARD_KEY)
+    if guard is None:
+        return await handler(request)
+    guard.request_started(request.transport)
+    try:
+        return await handler(request)
+    finally:
+        guard.request_finished(request.transport)
+
+
+@web.middleware
+async def admit_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse, before anything else is done for it, a request with an encoded body (none is
+    taken; the daemon runs aiohttp with auto_decompress off, so nothing inflates one meanwhile)
+    and one for a protected path without the admin token. One middleware: each layer costs
+    every request, and 64 KiB hits are counted in requests per second."""
+    encoding = request.headers.get("Content-Encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
+        response.force_close()
+        return response
+    access = request.app[ACCESS_KEY]
+    if access.is_protected(request.path):
+        if not access.is_authorized(request.headers.get("Authorization")):
+            request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
+            raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
+    return await handler(request)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn every error raised before the response started into `{"error": "..."}`."""
+    try:
+        return await handler(request)
+    except Unauthorized as exc:
+        return json_error(exc.status, str(exc), {"WWW-Authenticate": 'Bearer realm="shardcache"'})
+    except RequestTimeout as exc:
+        request.app[METRICS_KEY].client_timeouts.labels("body").inc()
+        response = json_error(exc.status, str(exc), {"Connection": "close"})
+        response.force_close()  # the rest of the body may never come: do not wait for it
+        return response
+    except RangeNotSatisfiable as exc:
+        # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
+        return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
+    except (ShuttingDown, QueueFull) as exc:
+        return json_error(exc.status, str(exc), {"Retry-After": "5"})
+    except OriginError as exc:
+        _count_error(request, exc)
+        log.info("%s %r: %s", request.method, request.path, exc)
+        return json_error(exc.status, _origin_error_message(request, exc))
+    except ShardcacheError as exc:
+        _count_error(request, exc)
+        return json_error(exc.status, str(exc))
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            # Its own Content-Type and length describe the text body it would have sent.
+            kept = {k: v for k, v in exc.headers.items() if k.lower() not in _BODY_HEADERS}
+            return json_error(exc.status, exc.reason, kept)
+        raise
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unhandled error for %s %s", request.method, request.path)
+        return json_error(500, "internal error; see the daemon's log")
+
+
+def _count_error(request: web.Request, exc: ShardcacheError) -> None:
+    origin = request.match_info.get("origin")
+    cache = request.app[CACHE_KEY]
+    if origin in cache.origins and request.match_info.get("key") is not None:
+        request.app[METRICS_KEY].requests.labels(origin, "error").inc()
