@@ -96,11 +96,9 @@ async def get_prefetch(request: web.Request) -> web.Response:
 
 
 async def delete_prefetch(request: web.Request) -> web.Response:
-    """Drop what is queued (of one batch, with `?batch=N`). Emptying the whole queue also
-    releases the look-ahead budget: prefetched, unread shards stay cached, unpinned."""
-    batch_id = _batch_id(request)
-    dropped = request.app[PREFETCH_KEY].clear(batch_id)
-    released = request.app[CACHE_KEY].release_unread() if batch_id is None else 0
+    """Drop what is queued (of one batch, with `?batch=N`) and release the look-ahead budget
+    its fetched shards hold: prefetched, unread shards stay cached, unpinned."""
+    dropped, released = request.app[PREFETCH_KEY].clear(_batch_id(request))
     return web.json_response({"dropped": dropped, "released_bytes": released})
 
 

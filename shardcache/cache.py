@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,11 +233,12 @@ class ShardCache:
     def unread_bytes(self) -> int:
         return sum(self._unread.values())
 
-    def release_unread(self) -> int:
-        """Unpin every prefetched-but-unread entry (they stay cached, as ordinary entries) and
-        free the look-ahead budget they held; return the bytes released."""
-        released = self.unread_bytes
-        for url in list(self._unread):
+    def release_unread(self, urls: Iterable[str] | None = None) -> int:
+        """Unpin prefetched-but-unread entries, all or those of `urls` (they stay cached, as
+        ordinary entries), freeing the look-ahead budget they held; return the bytes released."""
+        chosen = list(self._unread) if urls is None else [u for u in urls if u in self._unread]
+        released = sum(self._unread[url] for url in chosen)
+        for url in chosen:
             self._mark_read(url)
         return released
 

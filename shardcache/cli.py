@@ -240,7 +240,13 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
         print(
             f"shardcache: prefetch of {failure['url']} failed: {failure['error']}", file=sys.stderr
         )
-    return 1 if batch["failed"] else 0
+    if batch.get("not_cached"):
+        print(
+            f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
+            "the cache, or its room is held by pinned look-ahead); see the daemon's log",
+            file=sys.stderr,
+        )
+    return 1 if batch["failed"] or batch.get("not_cached") else 0
 
 
 def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:

@@ -100,6 +100,11 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
     return targets
 
 
+def _in_batch(item: Item, batch_id: int | None) -> bool:
+    """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
+    return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
+
+
 class _Dropped(Exception):
     """The item the dispatcher was sizing or waiting for budget was dropped meanwhile."""
 
@@ -113,8 +118,14 @@ class Batch:
     is_warming: bool = False
     done: int = 0
     failed: int = 0
+    not_cached: int = 0  # done, but streamed through: larger than the cache, or no room
     bytes_done: int = 0
     failures: list[dict[str, str]] = field(default_factory=list)
+    pinned: set[str] = field(default_factory=set)  # look-ahead: its shards pinned until read
+
+    @property
+    def is_finished(self) -> bool:
+        return self.done + self.failed >= self.total
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -124,8 +135,9 @@ class Batch:
             "failed": self.failed,
             "bytes_done": self.bytes_done,
             "failures": self.failures,
-            "is_finished": self.done + self.failed >= self.total,
+            "is_finished": self.is_finished,
             "warm": self.is_warming,
+            "not_cached": self.not_cached,
         }
 
 
@@ -135,6 +147,22 @@ class Item:
     key: str
     batch: Batch | None = None
     is_readahead: bool = False
+
+    @property
+    def is_warming(self) -> bool:
+        return self.batch is not None and self.batch.is_warming
+
+
+class _Lane:
+    """One dispatcher's queue. Look-ahead items may wait for the budget; warming items never
+    do, and have a lane of their own so that they never wait behind one that does."""
+
+    def __init__(self, is_warming: bool) -> None:
+        self.is_warming = is_warming
+        self.pending: collections.deque[Item] = collections.deque()
+        self.current: Item | None = None  # being sized (HEAD) or admitted
+        self.is_current_dropped = False
+        self.has_work = asyncio.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,19 +181,15 @@ class PrefetchQueue:
         self.concurrency = concurrency
         self.max_unread_bytes = max_unread_bytes
         self.readahead = readahead
-        self._pending: collections.deque[Item] = collections.deque()
+        self._lanes = (_Lane(is_warming=False), _Lane(is_warming=True))
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._running = 0  # admitted and fetching
-        self._waiting = 0  # 1 while the dispatcher sizes an item or waits for budget
-        self._has_work = asyncio.Event()
         self._slots = asyncio.Semaphore(concurrency)
-        self._dispatcher: asyncio.Task[None] | None = None
+        self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
         self._batches: dict[int, Batch] = {}
-        self.waiting_for: str | None = None  # why the queue is not moving, while it is not
-        self._current: Item | None = None  # the item the dispatcher is sizing or admitting
-        self._is_current_dropped = False
+        self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
         self.completed = 0  # every item that ended without an error …
         self.fetched = 0  # … of which the prefetch itself fetched from the origin
         self.failed = 0
@@ -184,9 +208,9 @@ class PrefetchQueue:
         The caller validates keys and origins first, so that a bad body queues nothing.
         Raises QueueFull when the queue would hold more than MAX_PENDING items.
         """
-        if len(self._pending) + len(targets) > MAX_PENDING:
+        if self._pending_count + len(targets) > MAX_PENDING:
             raise QueueFull(
-                f"the prefetch queue holds {len(self._pending)} items; {len(targets)} more "
+                f"the prefetch queue holds {self._pending_count} items; {len(targets)} more "
                 f"would pass its bound of {MAX_PENDING}"
             )
         urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
@@ -210,50 +234,66 @@ class PrefetchQueue:
 
     def on_client_read(self, origin: str, key: str) -> None:
         """Queue the next keys of a numbered run a client has started reading."""
-        if len(self._pending) >= MAX_PENDING:
+        if self._pending_count >= MAX_PENDING:
             return  # best effort: a full queue takes no read-ahead
         for successor in next_keys(key, self.readahead):
             if (origin, successor) not in self._queued:
                 self._push(Item(origin, successor, is_readahead=True))
 
-    def _push(self, item: Item) -> None:
-        self._pending.append(item)
-        self._queued.add((item.origin, item.key))
-        self._has_work.set()
+    @property
+    def _pending_count(self) -> int:
+        return sum(len(lane.pending) for lane in self._lanes)
 
-    def clear(self, batch_id: int | None = None) -> int:
-        """Drop every pending (not yet started) item, or those of one batch; return how many."""
-        keep: collections.deque[Item] = collections.deque()
+    def _push(self, item: Item) -> None:
+        lane = self._lanes[item.is_warming]
+        lane.pending.append(item)
+        self._queued.add((item.origin, item.key))
+        lane.has_work.set()
+
+    def clear(self, batch_id: int | None = None) -> tuple[int, int]:
+        """Drop every queued item, or those of one batch, including one a dispatcher is sizing
+        or holding for budget; release the look-ahead budget their fetched shards hold (they
+        stay cached, unpinned). Return (items dropped, bytes released)."""
         dropped = 0
-        for item in self._pending:
-            if batch_id is not None and (item.batch is None or item.batch.id != batch_id):
-                keep.append(item)
-                continue
-            dropped += 1
-            self._queued.discard((item.origin, item.key))
-            if item.batch is not None:
-                item.batch.total -= 1
-        self._pending = keep
-        current = self._current
-        if current is not None and not self._is_current_dropped:
-            if batch_id is None or (current.batch is not None and current.batch.id == batch_id):
-                self._is_current_dropped = True  # the dispatcher drops it when it can
-                self._queued.discard((current.origin, current.key))
-                if current.batch is not None:
-                    current.batch.total -= 1
+        for lane in self._lanes:
+            keep: collections.deque[Item] = collections.deque()
+            for item in lane.pending:
+                if _in_batch(item, batch_id):
+                    dropped += 1
+                    self._forget(item)
+                else:
+                    keep.append(item)
+            lane.pending = keep
+            current = lane.current
+            if current is not None and not lane.is_current_dropped and _in_batch(current, batch_id):
+                lane.is_current_dropped = True  # its dispatcher drops it when it can
+                self._forget(current)
                 dropped += 1
-                self.cache.unread_changed.set()  # wake it if it waits for budget
-        return dropped
+        released = 0
+        if batch_id is None:
+            released = self.cache.release_unread()
+        elif (batch := self._batches.get(batch_id)) is not None:
+            released = self.cache.release_unread(batch.pinned)
+        self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
+        return dropped, released
+
+    def _forget(self, item: Item) -> None:
+        self._queued.discard((item.origin, item.key))
+        if item.batch is not None:
+            item.batch.total -= 1
 
     def _forget_old_batches(self, keep: int = 256) -> None:
+        """Keep the newest `keep` batches and every unfinished one (a `--wait` still follows
+        it, and Ctrl-C must be able to drop it); unfinished ones are bounded by the queue."""
         for batch_id in sorted(self._batches)[:-keep]:
-            del self._batches[batch_id]
+            if self._batches[batch_id].is_finished:
+                del self._batches[batch_id]
 
     # -- status --------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        return len(self._pending) + self._waiting
+        return self._pending_count + sum(lane.current is not None for lane in self._lanes)
 
     @property
     def in_flight(self) -> int:
@@ -290,48 +330,53 @@ class PrefetchQueue:
     # -- running -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._dispatcher = asyncio.create_task(self._dispatch(), name="prefetch dispatcher")
+        self._dispatchers = [
+            asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
+            for lane, name in zip(self._lanes, ("look-ahead", "warming"), strict=True)
+        ]
 
     async def aclose(self) -> None:
         self.clear()
-        tasks = [self._dispatcher, *self._fetches] if self._dispatcher else list(self._fetches)
+        tasks = [*self._dispatchers, *self._fetches]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _next(self) -> Item:
-        while not self._pending:
-            self._has_work.clear()
-            await self._has_work.wait()
-        return self._pending.popleft()
+    async def _next(self, lane: _Lane) -> Item:
+        while not lane.pending:
+            lane.has_work.clear()
+            await lane.has_work.wait()
+        return lane.pending.popleft()
 
-    async def _dispatch(self) -> None:
-        """Start prefetches strictly in queue order: wait for a free slot, size the object
-        (HEAD), wait for look-ahead budget, start the fill; then go on to the next item."""
+    async def _dispatch(self, lane: _Lane) -> None:
+        """Start one lane's prefetches strictly in its order: wait for a free slot (the slots
+        are shared), size the object (HEAD), wait for look-ahead budget, start the fill; then
+        go on to the next item. An item dropped meanwhile is let go, uncounted."""
         while True:
             await self._slots.acquire()
-            item = await self._next()
-            self._waiting = 1
-            warm = item.batch is not None and item.batch.is_warming
-            self._current, self._is_current_dropped = item, False
+            item = await self._next(lane)
+            lane.current, lane.is_current_dropped = item, False
             try:
                 outcome, fill = await self.cache.start_prefetch(
-                    item.origin, item.key, self._admit_unless_dropped(warm), pin=not warm
+                    item.origin, item.key, self._admission(lane), pin=not lane.is_warming
                 )
             except _Dropped:
                 self._slots.release()
                 continue
             except ShardcacheError as exc:
-                self._finish_item(item, exc)
+                if not lane.is_current_dropped:
+                    self._finish_item(item, exc)
                 self._slots.release()
                 continue
             finally:
-                self._waiting = 0
-                self._current = None
+                lane.current = None
             if fill is None:
-                self._finish_item(item, None)
+                if not lane.is_current_dropped:
+                    self._finish_item(item, None)
                 self._slots.release()
                 continue
+            if item.batch is not None and not lane.is_warming:
+                item.batch.pinned.add(fill.cache_key)
             task = asyncio.create_task(self._follow(item, fill, outcome))
             self._fetches.add(task)
             task.add_done_callback(self._fetches.discard)
@@ -341,10 +386,11 @@ class PrefetchQueue:
         than the whole budget is admitted alone). A wait is logged once, and shown in the
         status until it ends: a loader reading what was prefetched, or an emptied queue, ends
         it."""
+        lane = self._lanes[False]
         while (
             self.cache.unread_bytes
             and self.cache.unread_bytes + size_bytes > self.max_unread_bytes
-            and not self._is_current_dropped
+            and not lane.is_current_dropped
         ):
             if self.waiting_for is None:
                 self.waiting_for = (
@@ -357,14 +403,14 @@ class PrefetchQueue:
             await self.cache.unread_changed.wait()
         self.waiting_for = None
 
-    def _admit_unless_dropped(self, warm: bool) -> Callable[[int], Awaitable[None]]:
-        """The current item's admission: the look-ahead budget (warming needs none, it pins
-        nothing), then a last look whether it was dropped while it was sized or waited."""
+    def _admission(self, lane: _Lane) -> Callable[[int], Awaitable[None]]:
+        """A lane's current item's admission: the look-ahead budget (warming needs none, it
+        pins nothing), then a last look whether it was dropped while it was sized or waited."""
 
         async def admit(size_bytes: int) -> None:
-            if not warm:
+            if not lane.is_warming:
                 await self._admit(size_bytes)
-            if self._is_current_dropped:
+            if lane.is_current_dropped:
                 raise _Dropped
 
         return admit
@@ -378,6 +424,8 @@ class PrefetchQueue:
         else:
             is_fetched = outcome is PrefetchOutcome.FETCHED
             size = fill.info.size_bytes if fill.info and is_fetched else 0
+            if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
+                item.batch.not_cached += 1
             self._finish_item(item, None, size, is_fetched)
         finally:
             self._running -= 1
@@ -406,13 +454,14 @@ class PrefetchQueue:
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
+        lane = self._lanes[False]  # read-ahead is look-ahead
         keep: collections.deque[Item] = collections.deque()
-        for pending in self._pending:
+        for pending in lane.pending:
             if pending.is_readahead and (pending.origin, pending.key) in beyond:
                 self._queued.discard((pending.origin, pending.key))
             else:
                 keep.append(pending)
-        self._pending = keep
+        lane.pending = keep
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
 
     def _record_failure(self, item: Item, exc: ShardcacheError) -> None:

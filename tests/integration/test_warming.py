@@ -104,3 +104,58 @@ def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -
     assert waiting.returncode == 130, stderr
     assert "interrupted: dropped" in stderr and "Traceback" not in stderr
     assert daemon.get_json("/_/prefetch")[1]["pending"] == 0
+
+
+def test_warming_never_waits_behind_a_look_ahead_that_does(
+    origin: OriginServer, start_daemon
+) -> None:
+    _put_shards(origin, 10)
+    daemon: Daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "4MiB"
+    )
+    stuck = _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar")
+    assert stuck.returncode == 0
+    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    warmed = _cli(daemon, "prefetch", "--wait", "/web/s_{006..009}.tar", timeout=30)
+    assert warmed.returncode == 0 and "4/4 shards (100%)" in warmed.stderr, warmed.stderr
+    assert daemon.get_json("/_/prefetch")[1]["waiting_for"]  # the look-ahead still waits
+
+
+def test_dropping_a_look_ahead_batch_releases_what_it_pinned(
+    origin: OriginServer, start_daemon
+) -> None:
+    _put_shards(origin, 6)
+    daemon: Daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "8MiB"
+    )
+    posted = _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar")
+    assert posted.returncode == 0
+    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    batch = max(int(n) for n in [1, 2, 3] if daemon.get_json(f"/_/prefetch?batch={n}")[0] == 200)
+    request = urllib.request.Request(f"{daemon.url}/_/prefetch?batch={batch}", method="DELETE")
+    urllib.request.urlopen(request, timeout=10).close()
+    _wait_for(
+        "the budget back", lambda: daemon.get_json("/_/status")[1]["prefetch"]["unread_bytes"] == 0
+    )  # type: ignore[index]  # noqa: E501
+    assert daemon.metric("shardcache_prefetch_unread_bytes") == 0
+
+
+def test_an_unfinished_batch_is_never_forgotten(origin: OriginServer, start_daemon) -> None:
+    _put_shards(origin, 6)
+    daemon: Daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "4MiB"
+    )
+    assert _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar").returncode == 0
+    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    for _ in range(260):  # newer batches, each finished at once (nothing to fetch)
+        body = b'{"urls": ["/web/s_000.tar"], "warm": true}'
+        urllib.request.urlopen(daemon.url + "/_/prefetch", data=body, timeout=10).close()
+    status, document = daemon.get_json("/_/prefetch?batch=1")
+    assert status == 200 and document["batch"]["is_finished"] is False, document  # type: ignore[index]
+
+
+def test_warming_what_cannot_be_cached_says_so(origin: OriginServer, start_daemon) -> None:
+    origin.put("huge.tar", os.urandom(24 << 20))
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_size="16MiB")
+    warmed = _cli(daemon, "prefetch", "--wait", "/web/huge.tar")
+    assert warmed.returncode == 1 and "1 of the shards could not be cached" in warmed.stderr
