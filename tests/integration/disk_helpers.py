@@ -10,10 +10,9 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -144,14 +143,6 @@ def readyz(url: str) -> tuple[int, dict[str, object]]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 15) -> None:
-    """Poll `condition` (a state only the daemon's own timing decides) until it holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def statuses(log: str) -> list[tuple[str, int]]:

@@ -1,10 +1,14 @@
-"""Small client-side helpers for integration tests: curl as loaders run it, and disk usage."""
+"""Small client-side helpers for integration tests: curl as loaders run it, the CLI as a user
+runs it, polling for what only the daemon's timing decides, and disk usage."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import subprocess
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,3 +63,26 @@ def disk_usage(path: Path) -> int:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`python -m shardcache ARGS`, with no SHARDCACHE_* setting of this environment leaking in
+    (only those in `env`)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shardcache", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**environ, **(env or {})},
+    )
+
+
+def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 15) -> None:
+    """Poll `condition` (a state only the daemon's own timing decides) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.05)

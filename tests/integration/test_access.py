@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_process import Daemon
+from tests.integration.helpers import run_cli
 from tests.origin_server import OriginServer
 
 TOKEN = secrets.token_hex(24)
@@ -125,7 +126,7 @@ def test_require_token_for_reads(origin: OriginServer, start_daemon, tmp_path: P
     header_file = tmp_path / "header"
     header_file.write_text(f"Authorization: Bearer {TOKEN}\n")
     env = {"SHARDCACHE_URL": daemon.url, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
-    mapped = _cli("url", "--pipe", "--curl-header", str(header_file), "/web/s_000.tar", env=env)
+    mapped = run_cli("url", "--pipe", "--curl-header", str(header_file), "/web/s_000.tar", env=env)
     command = mapped.stdout.strip()
     assert command == f"pipe:curl -s -f -H @{header_file} {daemon.url}/web/s_000.tar", mapped
     fetched = subprocess.run(command.removeprefix("pipe:"), shell=True, capture_output=True)
@@ -134,29 +135,18 @@ def test_require_token_for_reads(origin: OriginServer, start_daemon, tmp_path: P
     assert without.returncode == 22  # curl -f on the 401
 
 
-def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "shardcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**environ, **(env or {})},
-    )
-
-
 def test_the_client_cli_and_webdataset_stage_send_the_token(
     guarded: Daemon, tmp_path: Path
 ) -> None:
     env = {"SHARDCACHE_URL": guarded.url}
-    refused = _cli("stats", env=env)
+    refused = run_cli("stats", env=env)
     assert refused.returncode != 0 and "SHARDCACHE_ADMIN_TOKEN" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
-    assert _cli("stats", "--json", env={**env, "SHARDCACHE_ADMIN_TOKEN": TOKEN}).returncode == 0
+    assert run_cli("stats", "--json", env={**env, "SHARDCACHE_ADMIN_TOKEN": TOKEN}).returncode == 0
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     by_file = {**env, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
-    assert _cli("url", "/web/s_000.tar", env=by_file).stdout.strip().endswith("/web/s_000.tar")
+    assert run_cli("url", "/web/s_000.tar", env=by_file).stdout.strip().endswith("/web/s_000.tar")
 
     # The WebDataset stage, in a process of its own as in a dataloader worker.
     stage = (
@@ -212,7 +202,7 @@ def test_the_client_cli_and_webdataset_stage_send_the_token(
 def test_unsafe_access_settings_exit_2_with_one_line(
     tmp_path: Path, args: list[str], env: dict[str, str], needle: str
 ) -> None:
-    result = _cli("serve", "--cache-dir", str(tmp_path / "c"), *args, env=env)
+    result = run_cli("serve", "--cache-dir", str(tmp_path / "c"), *args, env=env)
     assert result.returncode == 2, result.stderr
     assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "short" not in result.stderr.replace("--admin-token", "")  # no secret echoed

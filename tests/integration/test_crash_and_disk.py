@@ -37,9 +37,8 @@ from tests.integration.disk_helpers import (
     readyz,
     tmpfs,
     verify,
-    wait_for,
 )
-from tests.integration.helpers import CurlResult, curl, sha256
+from tests.integration.helpers import CurlResult, curl, sha256, wait_for
 from tests.origin_server import OriginServer
 
 FIGURE = re.compile(r"\b\d+(\.\d+)? ?(bytes|[KMGT]i?B)\b")  # "2834432 bytes", "2.7 MiB"

@@ -6,7 +6,6 @@ import logging
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,17 +15,11 @@ import webdataset as wds
 from shardcache.sample import write_shard
 from shardcache.webdataset import prefetch_ahead
 from tests.daemon_process import Daemon
+from tests.integration.helpers import run_cli, wait_for
 from tests.origin_server import OriginServer
 from tests.ports import free_port
 
 SHARD = os.urandom(24 << 20)
-
-
-def _wait_for(what: str, predicate, timeout_s: float = 20) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_a_reader_that_leaves_early_is_a_499_and_the_fill_goes_on(
@@ -44,21 +37,14 @@ def test_a_reader_that_leaves_early_is_a_499_and_the_fill_goes_on(
     log = daemon.wait_for_log("GET /web/shards_000.tar 499 miss")
     assert "Traceback" not in log and "unhandled error" not in log and " 500 " not in log
     assert daemon.metric("shardcache_client_disconnects_total", origin="web") == 1
-    _wait_for("the fill to finish", lambda: daemon.get_json("/_/status")[1]["cache"]["entries"])
+    wait_for("the fill to finish", lambda: daemon.get_json("/_/status")[1]["cache"]["entries"])
     with urllib.request.urlopen(daemon.url + "/web/shards_000.tar", timeout=30) as response:
         assert response.headers["X-Shardcache"] == "hit" and response.read() == SHARD
     assert origin.gets["shards_000.tar"] >= 1
 
 
 def _cli(*args: str, daemon: Daemon) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "shardcache", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**environ, "SHARDCACHE_URL": daemon.url},
-    )
+    return run_cli(*args, env={"SHARDCACHE_URL": daemon.url})
 
 
 def test_url_maps_plain_paths_and_encodes_keys(start_daemon, tmp_path: Path) -> None:
@@ -94,9 +80,9 @@ def test_prefetch_ahead_finds_the_daemon_in_the_shard_urls(
     shards = [{"url": f"pipe:curl -s -f {daemon.url}/web/s_{i:03d}.tar"} for i in range(4)]
     handed_on = list(prefetch_ahead(3)(iter(shards)))
     assert handed_on == shards
-    _wait_for("the prefetches", lambda: all(origin.gets[f"s_{i:03d}.tar"] for i in range(1, 4)))
+    wait_for("the prefetches", lambda: all(origin.gets[f"s_{i:03d}.tar"] for i in range(1, 4)))
     # Nobody read a shard: only prefetches asked the origin.
-    _wait_for("3 done", lambda: daemon.metric("shardcache_prefetch_completed_total") >= 3)
+    wait_for("3 done", lambda: daemon.metric("shardcache_prefetch_completed_total") >= 3)
 
     dead = f"http://127.0.0.1:{free_port()}"
     nowhere = [{"url": f"pipe:curl -s -f {dead}/web/s_{i:03d}.tar"} for i in range(20)]
@@ -196,7 +182,7 @@ def test_cli_output_in_pipes_and_the_prefetch_summary(origin: OriginServer, star
         queue = daemon.get_json("/_/status")[1]["prefetch"]
         return queue["pending"] == 0 and queue["in_flight"] == 0  # type: ignore[index]
 
-    _wait_for("the read-ahead to settle", settled)
+    wait_for("the read-ahead to settle", settled)
     prefetch = daemon.get_json("/_/status")[1]["prefetch"]
     misses = daemon.metric("shardcache_requests_total", origin="web", result="miss")
     assert sum(origin.gets[f"s_{i:03d}.tar"] for i in range(10)) == 10

@@ -5,6 +5,7 @@ before, `prefetch --wait` of more than a quarter of the cache waited for ever, s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,32 +15,33 @@ import urllib.request
 from collections.abc import Callable
 
 from tests.daemon_process import Daemon
+from tests.integration.helpers import run_cli, wait_for
 from tests.origin_server import OriginServer
 
 SHARD_BYTES = 5 << 19  # 2.5 MiB
 
 
 def _cli(daemon: Daemon, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("SHARDCACHE_")}
-    return subprocess.run(
-        [sys.executable, "-m", "shardcache", *args, "--daemon", daemon.url],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-    )
-
-
-def _wait_for(what: str, predicate: Callable[[], bool], timeout_s: float = 20) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return run_cli(*args, "--daemon", daemon.url, timeout=timeout)
 
 
 def _put_shards(origin: OriginServer, count: int) -> None:
     for i in range(count):
         origin.put(f"s_{i:03d}.tar", os.urandom(SHARD_BYTES))
+
+
+def _stuck_look_ahead(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], shards: int, budget: str
+) -> tuple[Daemon, int]:
+    """A daemon whose look-ahead of the first six shards waits for its `budget` (no loader
+    reads them), and that batch's id."""
+    _put_shards(origin, shards)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", budget)
+    body = json.dumps({"urls": ["/web/s_{000..005}.tar"]}).encode()
+    with urllib.request.urlopen(daemon.url + "/_/prefetch", data=body, timeout=10) as response:
+        batch = int(json.loads(response.read())["batch"])
+    wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    return daemon, batch
 
 
 def test_warming_80_percent_of_the_cache_completes(origin: OriginServer, start_daemon) -> None:
@@ -72,7 +74,7 @@ def test_a_look_ahead_wait_says_why_and_emptying_the_queue_releases_it(
     def waiting() -> str | None:
         return daemon.get_json("/_/prefetch")[1]["waiting_for"]  # type: ignore[return-value]
 
-    _wait_for("the budget wait", lambda: waiting() is not None)
+    wait_for("the budget wait", lambda: waiting() is not None)
     assert "look-ahead budget" in str(waiting())
     daemon.wait_for_log("prefetch waits for the look-ahead budget")
     request = urllib.request.Request(daemon.url + "/_/prefetch", method="DELETE")
@@ -98,7 +100,7 @@ def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -
         text=True,
         env=environ,
     )
-    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
     waiting.send_signal(signal.SIGINT)
     _, stderr = waiting.communicate(timeout=30)
     assert waiting.returncode == 130, stderr
@@ -109,13 +111,7 @@ def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -
 def test_warming_never_waits_behind_a_look_ahead_that_does(
     origin: OriginServer, start_daemon
 ) -> None:
-    _put_shards(origin, 10)
-    daemon: Daemon = start_daemon(
-        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "4MiB"
-    )
-    stuck = _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar")
-    assert stuck.returncode == 0
-    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    daemon, _ = _stuck_look_ahead(origin, start_daemon, shards=10, budget="4MiB")
     warmed = _cli(daemon, "prefetch", "--wait", "/web/s_{006..009}.tar", timeout=30)
     assert warmed.returncode == 0 and "4/4 shards (100%)" in warmed.stderr, warmed.stderr
     assert daemon.get_json("/_/prefetch")[1]["waiting_for"]  # the look-ahead still waits
@@ -124,33 +120,19 @@ def test_warming_never_waits_behind_a_look_ahead_that_does(
 def test_dropping_a_look_ahead_batch_releases_what_it_pinned(
     origin: OriginServer, start_daemon
 ) -> None:
-    _put_shards(origin, 6)
-    daemon: Daemon = start_daemon(
-        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "8MiB"
-    )
-    posted = _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar")
-    assert posted.returncode == 0
-    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
-    batch = max(int(n) for n in [1, 2, 3] if daemon.get_json(f"/_/prefetch?batch={n}")[0] == 200)
+    daemon, batch = _stuck_look_ahead(origin, start_daemon, shards=6, budget="8MiB")
     request = urllib.request.Request(f"{daemon.url}/_/prefetch?batch={batch}", method="DELETE")
     urllib.request.urlopen(request, timeout=10).close()
-    _wait_for(
-        "the budget back", lambda: daemon.get_json("/_/status")[1]["prefetch"]["unread_bytes"] == 0
-    )  # type: ignore[index]  # noqa: E501
-    assert daemon.metric("shardcache_prefetch_unread_bytes") == 0
+    wait_for("the budget back", lambda: daemon.metric("shardcache_prefetch_unread_bytes") == 0)
+    assert daemon.get_json("/_/status")[1]["prefetch"]["unread_bytes"] == 0  # type: ignore[index]
 
 
 def test_an_unfinished_batch_is_never_forgotten(origin: OriginServer, start_daemon) -> None:
-    _put_shards(origin, 6)
-    daemon: Daemon = start_daemon(
-        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", "4MiB"
-    )
-    assert _cli(daemon, "prefetch", "--lookahead", "/web/s_{000..005}.tar").returncode == 0
-    _wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
+    daemon, batch = _stuck_look_ahead(origin, start_daemon, shards=6, budget="4MiB")
     for _ in range(260):  # newer batches, each finished at once (nothing to fetch)
         body = b'{"urls": ["/web/s_000.tar"], "warm": true}'
         urllib.request.urlopen(daemon.url + "/_/prefetch", data=body, timeout=10).close()
-    status, document = daemon.get_json("/_/prefetch?batch=1")
+    status, document = daemon.get_json(f"/_/prefetch?batch={batch}")
     assert status == 200 and document["batch"]["is_finished"] is False, document  # type: ignore[index]
 
 
