@@ -95,27 +95,15 @@ def _hit_ratio(hits: list[bool], trace: Trace) -> float:
     return sum(counted) / len(counted) if counted else 0.0
 
 
-def lru(trace: Trace, capacity: int) -> float:
+def _least_recently_used(
+    trace: Trace, capacity: int, admission: ScanResistantAdmission | None
+) -> float:
+    """LRU eviction; with `admission`, a miss whose victim it protects streams through."""
     cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     hits = []
     for _, key in trace:
-        hit = key in cache
-        hits.append(hit)
-        if hit:
-            cache.move_to_end(key)
-            continue
-        if len(cache) >= capacity:
-            cache.popitem(last=False)
-        cache[key] = None
-    return _hit_ratio(hits, trace)
-
-
-def scan_resistant(trace: Trace, capacity: int) -> float:
-    admission = ScanResistantAdmission()
-    cache: collections.OrderedDict[str, None] = collections.OrderedDict()
-    hits = []
-    for _, key in trace:
-        admission.on_request(key)
+        if admission is not None:
+            admission.on_request(key)
         hit = key in cache
         hits.append(hit)
         if hit:
@@ -123,11 +111,19 @@ def scan_resistant(trace: Trace, capacity: int) -> float:
             continue
         if len(cache) >= capacity:
             victim = next(iter(cache))
-            if admission.is_protected(victim):
+            if admission is not None and admission.is_protected(victim):
                 continue  # streamed through, not admitted
             del cache[victim]
         cache[key] = None
     return _hit_ratio(hits, trace)
+
+
+def lru(trace: Trace, capacity: int) -> float:
+    return _least_recently_used(trace, capacity, None)
+
+
+def scan_resistant(trace: Trace, capacity: int) -> float:
+    return _least_recently_used(trace, capacity, ScanResistantAdmission())
 
 
 def belady(trace: Trace, capacity: int) -> float:

@@ -100,6 +100,8 @@ class FileSender:
     async def _flush_transport(self) -> None:
         """Wait until the transport's buffer is empty: headers (and earlier body bytes) sit
         there until the socket takes them, and sendfile must not overtake them."""
+        if not self._transport.get_write_buffer_size():
+            return  # the common case: nothing to wait for, no syscall to measure progress
         progress = _Progress(self)
         pause_s = 0.001
         while self._transport.get_write_buffer_size():
@@ -156,6 +158,8 @@ class FileSender:
     async def drained(self, at_most_bytes: int = 0) -> None:
         """Wait until the transport holds at most `at_most_bytes` for the client, raising
         `ClientStalled` after the send timeout without progress."""
+        if self._transport.get_write_buffer_size() <= at_most_bytes:
+            return
         progress = _Progress(self)
         while self._transport.get_write_buffer_size() > at_most_bytes:
             await asyncio.sleep(min(PROGRESS_CHECK_S, 0.05 * (1 + progress.checks)))

@@ -181,7 +181,9 @@ class PrefetchQueue:
         self.concurrency = concurrency
         self.max_unread_bytes = max_unread_bytes
         self.readahead = readahead
-        self._lanes = (_Lane(is_warming=False), _Lane(is_warming=True))
+        self._lookahead = _Lane(is_warming=False)
+        self._warming = _Lane(is_warming=True)
+        self._lanes = (self._lookahead, self._warming)
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._running = 0  # admitted and fetching
         self._slots = asyncio.Semaphore(concurrency)
@@ -245,7 +247,7 @@ class PrefetchQueue:
         return sum(len(lane.pending) for lane in self._lanes)
 
     def _push(self, item: Item) -> None:
-        lane = self._lanes[item.is_warming]
+        lane = self._warming if item.is_warming else self._lookahead
         lane.pending.append(item)
         self._queued.add((item.origin, item.key))
         lane.has_work.set()
@@ -285,7 +287,7 @@ class PrefetchQueue:
     def _forget_old_batches(self, keep: int = 256) -> None:
         """Keep the newest `keep` batches and every unfinished one (a `--wait` still follows
         it, and Ctrl-C must be able to drop it); unfinished ones are bounded by the queue."""
-        for batch_id in sorted(self._batches)[:-keep]:
+        for batch_id in list(self._batches)[:-keep]:  # ids ascend in insertion order
             if self._batches[batch_id].is_finished:
                 del self._batches[batch_id]
 
@@ -386,7 +388,7 @@ class PrefetchQueue:
         than the whole budget is admitted alone). A wait is logged once, and shown in the
         status until it ends: a loader reading what was prefetched, or an emptied queue, ends
         it."""
-        lane = self._lanes[False]
+        lane = self._lookahead
         while (
             self.cache.unread_bytes
             and self.cache.unread_bytes + size_bytes > self.max_unread_bytes
@@ -454,7 +456,7 @@ class PrefetchQueue:
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
-        lane = self._lanes[False]  # read-ahead is look-ahead
+        lane = self._lookahead  # read-ahead is look-ahead
         keep: collections.deque[Item] = collections.deque()
         for pending in lane.pending:
             if pending.is_readahead and (pending.origin, pending.key) in beyond:

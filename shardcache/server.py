@@ -200,11 +200,11 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
         except (ClientGone, ConnectionResetError) as exc:  # origin errors are never these
             stalled = isinstance(exc, ClientStalled)
-            if stalled:
+            if stalled:  # closed by us: a timeout, not a departure, but a 499 all the same
                 metrics.client_timeouts.labels("send").inc()
+                request[CLIENT_GONE] = True
             else:
                 _client_left(request, lease.origin)
-            request[CLIENT_GONE] = True  # the access line says 499, not the 200 it began as
             log.debug("client left during %r: %s", request.path, exc)
             _abort(request, discard_unsent=stalled)
             return response
