@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -141,3 +142,25 @@ def test_warming_what_cannot_be_cached_says_so(origin: OriginServer, start_daemo
     daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_size="16MiB")
     warmed = _cli(daemon, "prefetch", "--wait", "/web/huge.tar")
     assert warmed.returncode == 1 and "1 of the shards could not be cached" in warmed.stderr
+
+
+def test_bad_prefetch_arguments_get_a_4xx(origin: OriginServer, start_daemon) -> None:
+    daemon: Daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    for warm in ('"yes"', "1", "null", "[]"):
+        body = f'{{"urls": ["/web/s_000.tar"], "warm": {warm}}}'.encode()
+        request = urllib.request.Request(daemon.url + "/_/prefetch", data=body)
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+            raise AssertionError(f"warm={warm} was accepted")
+        except urllib.error.HTTPError as exc:
+            with exc:
+                assert exc.code == 400 and b"warm" in exc.read(), warm
+    for batch in ("abc", "-1", "0", "1.0", "9" * 30, "%C2%B2"):
+        request = urllib.request.Request(f"{daemon.url}/_/prefetch?batch={batch}", method="DELETE")
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
+            raise AssertionError(f"DELETE ?batch={batch} was accepted")
+        except urllib.error.HTTPError as exc:
+            with exc:
+                assert exc.code == 404 and b'"error"' in exc.read(), batch
+    assert "Traceback" not in daemon.log()
