@@ -102,9 +102,9 @@ def _least_recently_used(
     cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     hits = []
     for _, key in trace:
-        if admission is not None:
-            admission.on_request(key)
         hit = key in cache
+        if admission is not None:
+            admission.on_request(key, hit)
         hits.append(hit)
         if hit:
             cache.move_to_end(key)
@@ -163,6 +163,52 @@ POLICIES: dict[str, Callable[[Trace, int], float]] = {
 }
 
 
+def dataset_switch(n: int, epochs: int, rng: random.Random, before: int = 3) -> Trace:
+    """`before` reshuffled epochs of dataset A, then dataset B (other keys) for the rest."""
+    trace: Trace = []
+    for e in range(epochs):
+        prefix = "a" if e < before else "b"
+        order = [f"{prefix}{i}" for i in range(n)]
+        rng.shuffle(order)
+        trace += [(e, key) for key in order]
+    return trace
+
+
+def hits_per_epoch(trace: Trace, capacity: int) -> list[float]:
+    """Scan-resistant admission's hit ratio in each epoch of `trace`."""
+    admission = ScanResistantAdmission()
+    cache: collections.OrderedDict[str, None] = collections.OrderedDict()
+    hits: collections.Counter[int] = collections.Counter()
+    reads: collections.Counter[int] = collections.Counter()
+    for epoch, key in trace:
+        hit = key in cache
+        admission.on_request(key, hit)
+        reads[epoch] += 1
+        if hit:
+            hits[epoch] += 1
+            cache.move_to_end(key)
+            continue
+        if len(cache) >= capacity:
+            victim = next(iter(cache))
+            if admission.is_protected(victim):
+                continue
+            del cache[victim]
+        cache[key] = None
+    return [hits[e] / reads[e] for e in sorted(reads)]
+
+
+def switch_table(shards: int, fractions: list[float], seed: int) -> Iterator[str]:
+    before, after = 3, 5
+    yield "| cache / dataset | A: passes 1-3 | B: passes 1-5 |"
+    yield "|---|---|---|"
+    for fraction in fractions:
+        trace = dataset_switch(shards, before + after, random.Random(seed), before)
+        ratios = hits_per_epoch(trace, max(1, round(fraction * shards)))
+        a = " ".join(f"{r:.2f}" for r in ratios[:before])
+        b = " ".join(f"{r:.2f}" for r in ratios[before:])
+        yield f"| {fraction:.0%} | {a} | {b} |"
+
+
 def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterator[str]:
     yield "| trace | cache / dataset | " + " | ".join(POLICIES) + " |"
     yield "|---|---|" + "---|" * len(POLICIES)
@@ -181,8 +227,18 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 0.5, 0.75, 0.9])
+    parser.add_argument(
+        "--switch",
+        action="store_true",
+        help="per-pass hit ratios when the workload moves from dataset A to dataset B",
+    )
     args = parser.parse_args()
-    for line in table(args.shards, args.epochs, args.fractions, args.seed):
+    lines = (
+        switch_table(args.shards, args.fractions, args.seed)
+        if args.switch
+        else table(args.shards, args.epochs, args.fractions, args.seed)
+    )
+    for line in lines:
         print(line)
 
 
