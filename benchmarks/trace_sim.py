@@ -23,6 +23,7 @@ import collections
 import heapq
 import random
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -209,6 +210,23 @@ def switch_table(shards: int, fractions: list[float], seed: int) -> Iterator[str
         yield f"| {fraction:.0%} | {a} | {b} |"
 
 
+def decisions_per_second(entries: int = 100_000) -> tuple[float, float]:
+    """Admission's cost at `entries` keys: requests recorded and eviction decisions per second."""
+    admission = ScanResistantAdmission()
+    keys = [f"http://origin.example/bucket/shards_{i:06d}.tar" for i in range(entries)]
+    for key in keys:
+        admission.on_request(key, False)
+    random.Random(1).shuffle(keys)
+    started = time.perf_counter()
+    for key in keys:
+        admission.on_request(key, True)
+    recorded = entries / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for key in keys:
+        admission.is_protected(key)
+    return recorded, entries / (time.perf_counter() - started)
+
+
 def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterator[str]:
     yield "| trace | cache / dataset | " + " | ".join(POLICIES) + " |"
     yield "|---|---|" + "---|" * len(POLICIES)
@@ -232,7 +250,16 @@ def main() -> None:
         action="store_true",
         help="per-pass hit ratios when the workload moves from dataset A to dataset B",
     )
+    parser.add_argument(
+        "--decisions",
+        action="store_true",
+        help="admission's requests recorded and decisions per second at 100k entries",
+    )
     args = parser.parse_args()
+    if args.decisions:
+        recorded, decided = decisions_per_second()
+        print(f"100k entries: {recorded:,.0f} requests recorded/s, {decided:,.0f} decisions/s")
+        return
     lines = (
         switch_table(args.shards, args.fractions, args.seed)
         if args.switch

@@ -143,6 +143,7 @@ class ShardCache:
             finished_before = self._finished.get(url, 0)
             entry = await self._lookup(url)
             if entry is not None:
+                self.store.note_request(url, found=True)
                 # Unpin only now that the file is open: unpinned before, a reservation could
                 # evict it while the lookup runs (then the prefetch would be wasted, refetched).
                 self._read_prefetched(origin, url, None)
@@ -155,6 +156,7 @@ class ShardCache:
             if self._finished.get(url, 0) == finished_before:
                 break
             in_flight = self.flights.get(url)
+        self.store.note_request(url, found=False)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if not joined:
             self._spawn(fill)
@@ -291,6 +293,8 @@ class ShardCache:
         if pin:
             self._unread[url] = info.size_bytes
             self.store.pin(url)
+        else:  # warming stands for the reads to come: admission protects it like one
+            self.store.note_request(url, found=False)
         self._spawn(fill)
         return PrefetchOutcome.FETCHED, fill
 

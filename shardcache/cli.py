@@ -202,6 +202,7 @@ def format_status(document: dict[str, Any]) -> str:
         f"cache          {format_size(cache['size_bytes'])} of "
         f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
         f"{cache['entries']} entries, {cache['evictions']} evictions",
+        _eviction_line(cache.get("eviction")),
         f"loader waited  {document['client_wait_s']:.2f} s for bytes not on disk",
         f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
         f"{prefetch['fetched']} fetched "
@@ -221,6 +222,22 @@ def format_status(document: dict[str, Any]) -> str:
             f"{format_size(served['origin']):>13}  {errors}"
         )
     return "\n".join(lines)
+
+
+def _eviction_line(eviction: dict[str, Any] | None) -> str:
+    if not eviction:
+        return "eviction       -"
+    line = f"eviction       {eviction['policy']}"
+    if eviction["policy"] != "lru":
+        line += (
+            f": {eviction['bypassed']} misses streamed through to keep what is in use, "
+            f"{format_size(eviction['transient_bytes'])} of look-ahead held "
+            f"(read once then kept {eviction['transient_kept']}, "
+            f"dropped {eviction['transient_dropped']})"
+        )
+        if not eviction["resident_set_serving"]:
+            line += "; cached shards no longer read: evictable"
+    return line
 
 
 PROGRESS_LINE_EVERY_S = 60.0  # without a terminal: a line a minute …

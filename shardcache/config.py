@@ -25,6 +25,7 @@ from shardcache.units import parse_size
 
 ENV_PREFIX = "SHARDCACHE_"
 ORIGIN_SCHEMES = ("s3", "http", "https", "file")
+EVICTION_POLICIES = ("auto", "lru")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_TOKEN_CHARS = 16
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -64,6 +65,7 @@ class Settings:
     prefetch_concurrency: int = 4
     prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
     readahead: int = 2
+    eviction: str = "auto"
     origin_connections: int = 8
     segment_size: int = 16 << 20
     worker_threads: int = 64
@@ -223,6 +225,14 @@ OPTIONS: tuple[Option, ...] = (
         "SIZE",
     ),
     Option("readahead", _parse_count, 2, "next N numbered shards to queue on a read; 0 = off", "N"),
+    Option(
+        "eviction",
+        _parse_choice(EVICTION_POLICIES),
+        "auto",
+        "auto (LRU that spares what is in use: no thrash when the dataset outgrows the cache) "
+        "or lru",
+        "POLICY",
+    ),
     Option(
         "origin_connections",
         _parse_workers,

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
+from shardcache.admission import ScanResistantAdmission
 from shardcache.cache import ShardCache
 from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
@@ -39,7 +40,7 @@ from shardcache.prefetch import PrefetchQueue
 from shardcache.segments import RetryPolicy
 from shardcache.server import InFlight, make_app
 from shardcache.status import build_status
-from shardcache.store import Store
+from shardcache.store import AdmissionState, Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
@@ -73,8 +74,15 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
     def on_evict(key: str, size_bytes: int, was_pinned: bool) -> None:
         metrics.evicted(size_bytes, was_pinned)
 
+    admission = ScanResistantAdmission() if settings.eviction == "auto" else None
     try:
-        return Store(settings.cache_dir, settings.cache_size, on_evict)
+        return Store(
+            settings.cache_dir,
+            settings.cache_size,
+            on_evict,
+            admission=admission,
+            transient_max_bytes=settings.prefetch_budget_bytes,
+        )
     except CacheError as exc:
         raise ConfigError(f"--cache-dir: {exc}") from None
 
@@ -296,6 +304,7 @@ class Daemon:
             self.prefetch.failed,
             self.cache.unread_bytes,
             self.guard.open_count,
+            *_eviction_gauges(self.store.admission_state()),
         )
 
     def _check_ready(self) -> str | None:
@@ -331,10 +340,35 @@ class Daemon:
                 "capacity_bytes": usage.capacity_bytes,
                 "entries": usage.entries,
                 "reserved_bytes": usage.reserved_bytes,
+                "eviction": _eviction_status(self.settings.eviction, self.store.admission_state()),
             },
             prefetch=self.prefetch.status(),
             origins=dict(self.origin_urls),
         )
+
+
+def _eviction_status(setting: str, state: AdmissionState) -> dict[str, object]:
+    return {
+        "setting": setting,
+        "policy": state.policy,
+        "bypassed": state.bypassed,
+        "transient_bytes": state.transient_bytes,
+        "transient_area_bytes": state.transient_area_bytes,
+        "transient_kept": state.transient_kept,
+        "transient_dropped": state.transient_dropped,
+        "resident_set_serving": state.is_serving,
+    }
+
+
+def _eviction_gauges(state: AdmissionState) -> tuple[str, int, int, int, int, int]:
+    return (
+        state.policy,
+        state.bypassed,
+        state.transient_bytes,
+        state.transient_kept,
+        state.transient_dropped,
+        int(not state.is_serving),
+    )
 
 
 def _access_summary(settings: Settings) -> str:
@@ -374,6 +408,7 @@ RESTART_SETTINGS = (
     "prefetch_concurrency",
     "prefetch_max_bytes",
     "readahead",
+    "eviction",
     "origin_connections",
     "segment_size",
     "worker_threads",

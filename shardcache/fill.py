@@ -54,7 +54,7 @@ from shardcache.errors import (
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
-from shardcache.store import CacheFull, EntryMeta, Reservation, Store
+from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 
@@ -375,7 +375,12 @@ class Fill:
             )
             return False
         try:
-            self._reservation = await asyncio.to_thread(self._store.reserve, size_bytes)
+            self._reservation = await asyncio.to_thread(
+                self._store.reserve, size_bytes, self.cache_key
+            )
+        except NotAdmitted as exc:  # the steady state of a dataset larger than the cache
+            log.debug("%s streamed through uncached: %s", self.cache_key, exc)
+            return False
         except CacheFull as exc:
             log.warning("%s streamed through uncached: %s", self.cache_key, exc)
             return False

@@ -62,6 +62,12 @@ class CacheGauges:
     prefetch_failed: int = 0
     prefetch_unread_bytes: int = 0
     client_connections: int = 0
+    eviction_policy: str = "lru"
+    admission_bypassed: int = 0
+    transient_bytes: int = 0
+    transient_kept: int = 0
+    transient_dropped: int = 0
+    resident_set_stale: int = 0
 
 
 class _StateCollector(Collector):
@@ -109,6 +115,36 @@ class _StateCollector(Collector):
         )
         yield CounterMetricFamily(
             "shardcache_prefetch_failed", "Prefetches that failed", value=state.prefetch_failed
+        )
+        policy = GaugeMetricFamily(
+            "shardcache_eviction_policy",
+            "The eviction policy in use (1 for the one named by the label)",
+            labels=["policy"],
+        )
+        policy.add_metric([state.eviction_policy], 1)
+        yield policy
+        yield CounterMetricFamily(
+            "shardcache_admission_bypassed",
+            "Fills streamed through uncached: evicting would have thrown away entries in use",
+            value=state.admission_bypassed,
+        )
+        yield GaugeMetricFamily(
+            "shardcache_transient_bytes",
+            "Look-ahead prefetches held outside the resident set (unread or read once)",
+            value=state.transient_bytes,
+        )
+        transient = CounterMetricFamily(
+            "shardcache_transient_settled",
+            "Look-ahead prefetches read once, then kept (admitted) or dropped",
+            labels=["outcome"],
+        )
+        transient.add_metric(["kept"], state.transient_kept)
+        transient.add_metric(["dropped"], state.transient_dropped)
+        yield transient
+        yield GaugeMetricFamily(
+            "shardcache_resident_set_stale",
+            "1 when the cached entries stopped serving hits (the workload moved on)",
+            value=state.resident_set_stale,
         )
 
 

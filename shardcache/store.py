@@ -8,11 +8,21 @@ change commits, so a crash leaves either a whole entry or an orphan file that `o
 
 Space: `reserve(n)` evicts least-recently-used, unpinned entries *before* a fill writes, so the
 index plus reservations never exceed `capacity_bytes`, nor what the filesystem has free (a
-`--cache-size` larger than the disk is bounded by the disk). All methods block: callers run them
-on a worker thread, one hop per logical operation. Every failure of the index or the disk is a
-`CacheError` (`map_store_errors`): the caller streams through uncached. `problem()` says why the
-directory is unusable and reopens the store when its directory was replaced. This module knows
-nothing of HTTP or origins.
+`--cache-size` larger than the disk is bounded by the disk).
+
+Admission (`admission=`, the default policy; None is plain LRU): when the entry eviction would
+take is still in use (`ScanResistantAdmission.is_protected`), the fill is not admitted
+(`NotAdmitted`, it streams through) instead of throwing away what the next epoch reads. A
+look-ahead prefetch (a key pinned before its reservation) is *transient*: it may evict to make
+room, within a transient area that grows to what prefetch has held (at most
+`transient_max_bytes`) and that ordinary fills leave free; once read, it stays only if admission
+would admit it (room, or an unprotected victim), else it is dropped: prefetching a shard the
+resident set has no room for never evicts the resident set twice.
+
+All methods block: callers run them on a worker thread, one hop per logical operation. Every
+failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
+through uncached. `problem()` says why the directory is unusable and reopens the store when its
+directory was replaced. This module knows nothing of HTTP or origins.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from typing import Any
 import diskcache
 from diskcache.core import MODE_BINARY, UNKNOWN
 
+from shardcache.admission import ScanResistantAdmission
 from shardcache.errors import CacheError
 from shardcache.units import format_size
 
@@ -99,6 +110,7 @@ class Reservation:
     path: Path
     fd: int
     is_released: bool = False
+    is_transient: bool = False  # a look-ahead prefetch's (see the module doc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,23 @@ class StoreUsage:
 
 class CacheFull(CacheError):
     """No room can be made: reservations and pinned entries hold the rest of the capacity."""
+
+
+class NotAdmitted(CacheFull):
+    """Admission spares the entries eviction would take: the fill streams through uncached."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionState:
+    """What `/_/status` and `/metrics` report about the eviction policy."""
+
+    policy: str  # "scan-resistant" or "lru"
+    bypassed: int  # fills streamed through because admission spared the resident set
+    transient_bytes: int  # look-ahead prefetches held (unread, or read and not yet settled)
+    transient_area_bytes: int  # what ordinary fills leave free for them
+    transient_kept: int  # read once, then admitted as ordinary entries
+    transient_dropped: int  # read once, then dropped: no room without evicting in-use entries
+    is_serving: bool  # False: the resident set stopped serving hits (a new dataset?)
 
 
 @dataclass(slots=True)
@@ -147,15 +176,27 @@ class Store:
         capacity_bytes: int,
         on_evict: Callable[[str, int, bool], None] | None = None,
         repair: bool = True,
+        admission: ScanResistantAdmission | None = None,
+        transient_max_bytes: int = 0,
     ) -> None:
         """Open (creating) the store; sweep partials; drop index rows and files that disagree.
 
         `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits. With
-        `repair=False` (`shardcache verify`), nothing is created, swept or fixed.
+        `repair=False` (`shardcache verify`), nothing is created, swept or fixed. `admission`
+        and `transient_max_bytes`: see the module doc (None: plain LRU).
         Raises CacheError if the directory is unusable or another daemon holds it.
         """
         self.capacity_bytes = capacity_bytes
         self._on_evict = on_evict
+        self.admission = admission
+        self._transient_max_bytes = transient_max_bytes if admission is not None else 0
+        self._transient: dict[str, int] = {}  # committed look-ahead entries → size
+        self._transient_read: set[str] = set()  # of those, read once: settled at next reserve
+        self._transient_reserved = 0
+        self._transient_area = 0
+        self._bypassed = 0
+        self._transient_kept = 0
+        self._transient_dropped = 0
         self._lock = threading.Lock()
         self._reserved_bytes = 0
         self._pinned: set[str] = set()
@@ -285,6 +326,27 @@ class Store:
             self._touched[key] = time.time()
         return Entry(fd, meta)
 
+    def note_request(self, key: str, found: bool) -> None:
+        """A client read `key`; `found`: it was served from a committed entry. Feeds admission
+        (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop safe."""
+        if self.admission is not None:
+            self.admission.on_request(key, found and key not in self._transient)
+
+    def admission_state(self) -> AdmissionState:
+        admission = self.admission
+        return AdmissionState(
+            "lru" if admission is None else "scan-resistant",
+            self._bypassed,
+            self._transient_bytes(),
+            self._transient_area,
+            self._transient_kept,
+            self._transient_dropped,
+            admission is None or admission.is_serving(),
+        )
+
+    def _transient_bytes(self) -> int:
+        return sum(self._transient.values()) + self._transient_reserved
+
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
         with map_store_errors(f"cannot look up {key}"):
@@ -321,24 +383,40 @@ class Store:
 
     # -- fills ---------------------------------------------------------------------------
 
-    def reserve(self, size_bytes: int) -> Reservation:
+    def reserve(self, size_bytes: int, key: str | None = None) -> Reservation:
         """Make room for `size_bytes` by evicting LRU unpinned entries, and open a partial file.
 
-        Raises CacheFull when reservations and pinned entries leave no room, CacheError when
-        the directory is unusable; the caller should then stream the object through uncached.
-        The caller must `commit()` or `abort()`.
+        `key` pinned already (a look-ahead prefetch) makes the fill transient. Raises
+        NotAdmitted when admission spares the entries eviction would take, CacheFull when
+        reservations and pinned entries leave no room, CacheError when the directory is
+        unusable; the caller should then stream the object through uncached. The caller must
+        `commit()` or `abort()`.
         """
+        transient = self.admission is not None and key is not None and key in self._pinned
         with self._lock, map_store_errors("cannot make room"):
-            self._evict_until_free(size_bytes)
+            self._settle_read_transients()
+            if transient:
+                self._evict_until_free(size_bytes, protect=False)
+                self._transient_reserved += size_bytes
+                self._transient_area = min(
+                    self._transient_max_bytes,
+                    max(self._transient_area, self._transient_bytes()),
+                )
+            else:
+                try:
+                    self._evict_until_free(size_bytes, protect=True, keep_free=self._area_free())
+                except NotAdmitted:
+                    self._bypassed += 1
+                    raise
             self._evict_for_filesystem(size_bytes)
             self._reserved_bytes += size_bytes
         path = self._partial_dir / uuid.uuid4().hex
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            self._release(size_bytes)
+            self._release(size_bytes, transient)
             raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
-        reservation = Reservation(size_bytes, path, fd)
+        reservation = Reservation(size_bytes, path, fd, is_transient=transient)
         try:
             # Claim the blocks now: a full disk fails the fill before its first byte (the
             # caller streams the object through instead), never halfway through a shard.
@@ -378,6 +456,11 @@ class Store:
             self._drop_unindexed(adopt)
             self.abort(reservation)
             raise
+        if reservation.is_transient:
+            with self._lock:
+                self._transient[key] = meta.size_bytes
+                if key not in self._pinned:  # a client read it while it was being fetched
+                    self._transient_read.add(key)
         self._release_reservation(reservation)
 
     def _drop_unindexed(self, adopt: _AdoptFile) -> None:
@@ -409,11 +492,13 @@ class Store:
     def _release_reservation(self, reservation: Reservation) -> None:
         if not reservation.is_released:
             reservation.is_released = True
-            self._release(reservation.size_bytes)
+            self._release(reservation.size_bytes, reservation.is_transient)
 
-    def _release(self, size_bytes: int) -> None:
+    def _release(self, size_bytes: int, transient: bool) -> None:
         with self._lock:
             self._reserved_bytes -= size_bytes
+            if transient:
+                self._transient_reserved -= size_bytes
 
     # -- eviction and pins -----------------------------------------------------------------
 
@@ -428,8 +513,11 @@ class Store:
         log.debug("pinned %s", key)
 
     def unpin(self, key: str) -> bool:
-        """Make `key` an ordinary LRU entry again; return whether it was pinned."""
+        """Make `key` an ordinary LRU entry again (a transient one is settled at the next
+        reservation: kept or dropped); return whether it was pinned."""
         was_pinned = key in self._pinned
+        if key in self._transient:
+            self._transient_read.add(key)
         self._pinned.discard(key)
         log.debug("unpinned %s (was pinned: %s)", key, was_pinned)
         return was_pinned
@@ -438,7 +526,36 @@ class Store:
         """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
         self._pinned.discard(key)
         with map_store_errors(f"cannot delete {key}"):
-            return bool(self._index.delete(key))
+            deleted = bool(self._index.delete(key))
+        with self._lock:
+            self._forget_transient(key)
+        return deleted
+
+    def _forget_transient(self, key: str) -> None:
+        self._transient.pop(key, None)
+        self._transient_read.discard(key)
+
+    def _area_free(self) -> int:
+        """The part of the transient area transient entries do not use now: ordinary fills
+        leave it free (called with self._lock held)."""
+        return max(0, self._transient_area - self._transient_bytes())
+
+    def _settle_read_transients(self) -> None:
+        """Keep each look-ahead entry read since the last call if admission would admit it as
+        an ordinary fill (room, or unprotected victims), else drop it (self._lock held)."""
+        while self._transient_read:
+            key = self._transient_read.pop()
+            size = self._transient.pop(key, None)
+            if size is None:
+                continue
+            try:
+                self._evict_until_free(0, protect=True, keep_free=self._area_free(), spare=key)
+            except CacheFull:
+                self._transient_dropped += 1
+                log.debug("dropping %s: read once, no room in the resident set", key)
+                self._index.delete(key)  # a reader's open fd stays valid
+                continue
+            self._transient_kept += 1
 
     def _flush_touches(self) -> None:
         """Write the batched access times in one transaction (called with self._lock held)."""
@@ -448,13 +565,18 @@ class Store:
                 for key, at in touched.items():
                     self._index._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
 
-    def _evict_until_free(self, size_bytes: int) -> None:
+    def _evict_until_free(
+        self, size_bytes: int, protect: bool = False, keep_free: int = 0, spare: str = ""
+    ) -> None:
+        """Evict until `size_bytes` fit with `keep_free` bytes to spare; with `protect`, raise
+        NotAdmitted rather than evict an entry admission protects; never evict `spare`."""
         # Called with self._lock held, so concurrent reservations cannot count the same room.
         if size_bytes + self._reserved_bytes > self.capacity_bytes:
             raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
         self._flush_touches()
-        while self._used_bytes() + self._reserved_bytes + size_bytes > self.capacity_bytes:
-            if not self._evict_one(size_bytes):
+        needed = size_bytes + keep_free
+        while self._used_bytes() + self._reserved_bytes + needed > self.capacity_bytes:
+            if not self._evict_one(size_bytes, protect, spare):
                 raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
 
     def _evict_for_filesystem(self, size_bytes: int) -> None:
@@ -481,12 +603,15 @@ class Store:
         while free < needed and self._evict_one(size_bytes):
             free = _free_bytes(self._root)
 
-    def _evict_one(self, size_bytes: int) -> bool:
-        """Evict the least recently used unpinned entry; False when there is none."""
-        victim = self._least_recently_used()
+    def _evict_one(self, size_bytes: int, protect: bool = False, spare: str = "") -> bool:
+        """Evict the least recently used unpinned entry; False when there is none. With
+        `protect`, raise NotAdmitted when admission protects that entry."""
+        victim = self._least_recently_used(spare)
         if victim is None:
             return False
         key, victim_size = victim
+        if protect and self.admission is not None and self.admission.is_protected(key):
+            raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
         log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
         try:
             deleted = self._index.delete(key)
@@ -501,18 +626,19 @@ class Store:
             for (filename,) in rows.fetchall():
                 self._index._disk.remove(filename)
             deleted = self._index.delete(key)
+        self._forget_transient(key)
         if deleted and self._on_evict is not None:
             self._on_evict(key, victim_size, False)
         return True
 
-    def _least_recently_used(self) -> tuple[str, int] | None:
+    def _least_recently_used(self, spare: str = "") -> tuple[str, int] | None:
         # diskcache has no public "oldest by access time" query; its Cache table and
         # access_time column are stable across 5.x (pinned in pyproject).
-        limit = _LRU_BATCH + len(self._pinned)
+        limit = _LRU_BATCH + len(self._pinned) + 1
         rows = self._index._sql(
             "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
         ).fetchall()
-        return next(((k, s) for k, s in rows if k not in self._pinned), None)
+        return next(((k, s) for k, s in rows if k not in self._pinned and k != spare), None)
 
     # -- health ------------------------------------------------------------------------------
 

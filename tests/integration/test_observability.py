@@ -168,6 +168,8 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
         "0",
         "--prefetch-max-bytes",
         "4MiB",
+        "--eviction",
+        "lru",  # the counters below count LRU's evictions of a one-pass scan
         cache_size="8MiB",
     )
     prometheus = prometheus_for(f"127.0.0.1:{daemon.port}")

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "origins.file": {"config", "errors", "keys", "origins.base"},
     "origins.http": {"config", "errors", "keys", "origins", "origins.base", "checksums"},
     "origins.s3": {"config", "errors", "origins", "origins.base", "origins.http", "checksums"},
-    "store": {"errors", "units"},
+    "store": {"admission", "errors", "units"},
     "segments": {"origins.base", "errors", "observer", "checksums"},
     "fill": {"store", "origins.base", "checksums", "errors", "observer", "segments"},
     "flights": {"fill"},
