@@ -11,9 +11,12 @@ Traces (N shards, E epochs, one request per shard and epoch and reader):
   node-of-4    the shard list reshuffled each epoch, then split by node: this node's quarter
 Policies: `lru` (admit everything, evict least recently used), `scan-resistant`
 (`shardcache.admission`: spare recently read entries, stream the new fill through instead),
-and `belady` (the offline optimum with bypass: admit only when the new shard is needed again
-before the resident needed furthest away). Shards are the same size, the cache holds C of them.
-The hit ratio counts epochs 2 onwards.
+`plan` (`shardcache.plans`: each job, or each worker, posts its order for this epoch and the
+next at the start of each epoch; eviction and admission follow the plans, scan-resistant
+admission for what no plan reads), `belady` (the offline optimum with bypass: admit only
+when the new shard is needed again before the resident needed furthest away), and `belady
+(next epoch)`, the same knowing only what a plan can know: the current epoch and the next.
+Shards are the same size, the cache holds C of them. The hit ratio counts epochs 2 onwards.
 """
 
 from __future__ import annotations
@@ -21,21 +24,33 @@ from __future__ import annotations
 import argparse
 import collections
 import heapq
+import itertools
 import random
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardcache.admission import ScanResistantAdmission  # noqa: E402
+from shardcache.plans import PlanBook, choose_victim  # noqa: E402
 
-Trace = list[tuple[int, str]]  # (epoch, key)
+LRU_CANDIDATES = 64  # as the store's batch: eviction looks at this many LRU entries at a time
+
+
+class Read(NamedTuple):
+    epoch: int
+    key: str
+    job: int = 0  # the job (or worker) that reads it: each posts its own plan
+
+
+Trace = list[Read]
 
 
 def sequential(n: int, epochs: int, rng: random.Random) -> Trace:
-    return [(e, f"s{i}") for e in range(epochs) for i in range(n)]
+    return [Read(e, f"s{i}") for e in range(epochs) for i in range(n)]
 
 
 def reshuffled(n: int, epochs: int, rng: random.Random) -> Trace:
@@ -43,7 +58,7 @@ def reshuffled(n: int, epochs: int, rng: random.Random) -> Trace:
     for e in range(epochs):
         order = [f"s{i}" for i in range(n)]
         rng.shuffle(order)
-        trace += [(e, key) for key in order]
+        trace += [Read(e, key) for key in order]
     return trace
 
 
@@ -52,9 +67,9 @@ def workers(n: int, epochs: int, rng: random.Random, count: int = 8) -> Trace:
     for e in range(epochs):
         order = [f"s{i}" for i in range(n)]
         rng.shuffle(order)
-        splits = [order[w::count] for w in range(count)]
-        for step in range(max(len(s) for s in splits)):
-            trace += [(e, split[step]) for split in splits if step < len(split)]
+        split = [order[w::count] for w in range(count)]
+        for step in range(max(len(s) for s in split)):
+            trace += [Read(e, split[w][step], w) for w in range(count) if step < len(split[w])]
     return trace
 
 
@@ -64,12 +79,12 @@ def two_jobs(n: int, epochs: int, rng: random.Random) -> Trace:
     slow = reshuffled(n, epochs, rng)
     trace: Trace = []
     slow_iter = iter(slow)
-    for index, (epoch, key) in enumerate(fast):
-        trace.append((epoch, key))
+    for index, read in enumerate(fast):
+        trace.append(read)
         if index % 2:
             following = next(slow_iter, None)
             if following is not None:
-                trace.append((epoch, following[1]))
+                trace.append(Read(following.epoch, following.key, 1))
     return trace
 
 
@@ -78,7 +93,7 @@ def node_of_four(n: int, epochs: int, rng: random.Random) -> Trace:
     for e in range(epochs):
         order = [f"s{i}" for i in range(n)]
         rng.shuffle(order)
-        trace += [(e, key) for key in order[0::4]]
+        trace += [Read(e, key) for key in order[0::4]]
     return trace
 
 
@@ -92,7 +107,7 @@ TRACES: dict[str, Callable[[int, int, random.Random], Trace]] = {
 
 
 def _hit_ratio(hits: list[bool], trace: Trace) -> float:
-    counted = [hit for hit, (epoch, _) in zip(hits, trace, strict=True) if epoch >= 1]
+    counted = [hit for hit, read in zip(hits, trace, strict=True) if read.epoch >= 1]
     return sum(counted) / len(counted) if counted else 0.0
 
 
@@ -102,7 +117,7 @@ def _least_recently_used(
     """LRU eviction; with `admission`, a miss whose victim it protects streams through."""
     cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     hits = []
-    for _, key in trace:
+    for _, key, _ in trace:
         hit = key in cache
         if admission is not None:
             admission.on_request(key, hit)
@@ -134,13 +149,13 @@ def belady(trace: Trace, capacity: int) -> float:
     next_use = [never] * len(trace)
     seen: dict[str, int] = {}
     for index in range(len(trace) - 1, -1, -1):
-        key = trace[index][1]
+        key = trace[index].key
         next_use[index] = seen.get(key, never)
         seen[key] = index
     resident: dict[str, int] = {}  # key -> its next use
     furthest: list[tuple[int, str]] = []  # max-heap by next use (negated), lazily cleaned
     hits = []
-    for index, (_, key) in enumerate(trace):
+    for index, (_, key, _) in enumerate(trace):
         hit = key in resident
         hits.append(hit)
         upcoming = next_use[index]
@@ -157,9 +172,77 @@ def belady(trace: Trace, capacity: int) -> float:
     return _hit_ratio(hits, trace)
 
 
+def planned(trace: Trace, capacity: int) -> float:
+    """Plans through `shardcache.plans`: each job posts, as it starts an epoch, its order for
+    that epoch and the next; the clock is the request count (each job's pace is learned)."""
+    orders: dict[tuple[int, int], list[str]] = {}
+    for read in trace:
+        orders.setdefault((read.job, read.epoch), []).append(read.key)
+    now = [0.0]
+    plans = PlanBook(quiet_after_s=float("inf"), clock=lambda: now[0])
+    admission = ScanResistantAdmission()
+    cache: collections.OrderedDict[str, None] = collections.OrderedDict()
+    posted: set[tuple[int, int]] = set()
+    hits = []
+    for index, (epoch, key, job) in enumerate(trace):
+        now[0] = float(index)
+        if (job, epoch) not in posted:
+            posted.add((job, epoch))
+            plans.post(str(job), epoch, orders[(job, epoch)] + orders.get((job, epoch + 1), []))
+        hit = key in cache
+        admission.on_request(key, hit)
+        plans.on_request(key, hit)
+        hits.append(hit)
+        if hit:
+            cache.move_to_end(key)
+            continue
+        if len(cache) >= capacity:
+            candidates = list(itertools.islice(cache, LRU_CANDIDATES))
+            victim, admit = choose_victim(
+                candidates, key, plans, admission.is_protected, lambda k: False
+            )
+            if victim is None or not admit:
+                continue  # streamed through
+            del cache[victim]
+            plans.on_evicted(victim)
+        cache[key] = None
+        plans.on_cached(key)
+    return _hit_ratio(hits, trace)
+
+
+def belady_next_epoch(trace: Trace, capacity: int) -> float:
+    """Belady knowing what plans can know: a next use counts only within the reader's current
+    epoch and the next; beyond that every shard looks alike (never needed). A bound for `plan`
+    where the whole future is worth more than one epoch ahead (node-of-4)."""
+    never = len(trace)
+    next_use = [never] * len(trace)
+    seen: dict[str, int] = {}
+    for index in range(len(trace) - 1, -1, -1):
+        next_use[index] = seen.get(trace[index].key, never)
+        seen[trace[index].key] = index
+
+    def known(use: int, epoch: int) -> int:
+        return use if use < never and trace[use].epoch <= epoch + 1 else never
+
+    resident: dict[str, int] = {}  # key -> its next use
+    hits = []
+    for index, (epoch, key, _) in enumerate(trace):
+        hit = key in resident
+        hits.append(hit)
+        if not hit and len(resident) >= capacity:
+            victim = max(resident, key=lambda k: known(resident[k], epoch))
+            if known(next_use[index], epoch) >= known(resident[victim], epoch):
+                continue
+            del resident[victim]
+        resident[key] = next_use[index]
+    return _hit_ratio(hits, trace)
+
+
 POLICIES: dict[str, Callable[[Trace, int], float]] = {
     "lru": lru,
     "scan-resistant": scan_resistant,
+    "plan": planned,
+    "belady (next epoch)": belady_next_epoch,
     "belady": belady,
 }
 
@@ -171,7 +254,7 @@ def dataset_switch(n: int, epochs: int, rng: random.Random, before: int = 3) -> 
         prefix = "a" if e < before else "b"
         order = [f"{prefix}{i}" for i in range(n)]
         rng.shuffle(order)
-        trace += [(e, key) for key in order]
+        trace += [Read(e, key) for key in order]
     return trace
 
 
@@ -181,7 +264,7 @@ def hits_per_epoch(trace: Trace, capacity: int) -> list[float]:
     cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     hits: collections.Counter[int] = collections.Counter()
     reads: collections.Counter[int] = collections.Counter()
-    for epoch, key in trace:
+    for epoch, key, _ in trace:
         hit = key in cache
         admission.on_request(key, hit)
         reads[epoch] += 1
@@ -210,21 +293,42 @@ def switch_table(shards: int, fractions: list[float], seed: int) -> Iterator[str
         yield f"| {fraction:.0%} | {a} | {b} |"
 
 
-def decisions_per_second(entries: int = 100_000) -> tuple[float, float]:
-    """Admission's cost at `entries` keys: requests recorded and eviction decisions per second."""
-    admission = ScanResistantAdmission()
+def decisions_per_second(entries: int = 100_000) -> dict[str, float]:
+    """The policies' cost at `entries` cached keys, per second: requests recorded and eviction
+    decisions by scan-resistant admission, and by plans (one plan over every key, all cached,
+    each decision followed by the eviction it chose, as the store does)."""
     keys = [f"http://origin.example/bucket/shards_{i:06d}.tar" for i in range(entries)]
+    admission = ScanResistantAdmission()
     for key in keys:
         admission.on_request(key, False)
-    random.Random(1).shuffle(keys)
+    order = keys[:]
+    random.Random(1).shuffle(order)
+    rates: dict[str, float] = {}
     started = time.perf_counter()
-    for key in keys:
+    for key in order:
         admission.on_request(key, True)
-    recorded = entries / (time.perf_counter() - started)
+    rates["admission: requests recorded"] = entries / (time.perf_counter() - started)
     started = time.perf_counter()
-    for key in keys:
+    for key in order:
         admission.is_protected(key)
-    return recorded, entries / (time.perf_counter() - started)
+    rates["admission: decisions"] = entries / (time.perf_counter() - started)
+    plans = PlanBook(quiet_after_s=float("inf"))
+    plans.post("job", 0, order)
+    for key in keys:
+        plans.on_cached(key)
+    started = time.perf_counter()
+    for key in order[: entries // 2]:
+        plans.on_request(key, True)
+    rates["plans: requests recorded"] = entries / 2 / (time.perf_counter() - started)
+    lru_batch = keys[:LRU_CANDIDATES]
+    decisions = entries // 10
+    started = time.perf_counter()
+    for key in order[entries // 2 : entries // 2 + decisions]:
+        victim, _ = choose_victim(lru_batch, key, plans, admission.is_protected, lambda k: False)
+        if victim is not None:
+            plans.on_evicted(victim)
+    rates["plans: decisions"] = decisions / (time.perf_counter() - started)
+    return rates
 
 
 def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterator[str]:
@@ -232,7 +336,7 @@ def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterat
     yield "|---|---|" + "---|" * len(POLICIES)
     for name, make in TRACES.items():
         trace = make(shards, epochs, random.Random(seed))
-        distinct = len({key for _, key in trace if _ >= 0})
+        distinct = len({read.key for read in trace})
         for fraction in fractions:
             capacity = max(1, round(fraction * (distinct if name != "node-of-4" else shards)))
             ratios = [policy(trace, capacity) for policy in POLICIES.values()]
@@ -257,8 +361,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.decisions:
-        recorded, decided = decisions_per_second()
-        print(f"100k entries: {recorded:,.0f} requests recorded/s, {decided:,.0f} decisions/s")
+        for what, rate in decisions_per_second().items():
+            print(f"100k entries, {what}: {rate:,.0f}/s")
         return
     lines = (
         switch_table(args.shards, args.fractions, args.seed)

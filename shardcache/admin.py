@@ -1,4 +1,4 @@
-"""The `/_/` endpoints: purge, prefetch (queue, show, drop), origins and status.
+"""The `/_/` endpoints: purge, prefetch (queue, show, drop), plans, origins and status.
 
 Every one of them needs the admin token when one is configured (`middleware.admit_request`).
 A prefetch body is read within the body timeout and at most MAX_BODY_BYTES, and parsed and
@@ -13,8 +13,9 @@ import re
 
 from aiohttp import web
 
-from shardcache.errors import BadRequest, RequestTimeout
+from shardcache.errors import BadRequest, QueueFull, RequestTimeout
 from shardcache.middleware import CACHE_KEY, PREFETCH_KEY, STATE_KEY, redacted
+from shardcache.plans import Plan, PlanRefused
 from shardcache.prefetch import parse_targets
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
@@ -70,6 +71,47 @@ def _parse_prefetch_body(raw: bytes, origins: set[str]) -> tuple[list[tuple[str,
     if not isinstance(warm, bool):
         raise BadRequest('"warm" must be true or false')
     return targets, warm
+
+
+async def post_plan(request: web.Request) -> web.Response:
+    """`{"job": ID, "epoch": N, "urls": ["/NAME/KEY", ...]}`: the keys job ID reads next, in
+    order (the rest of this epoch, then optionally the next). Replaces the job's last plan."""
+    cache = request.app[CACHE_KEY]
+    plans = cache.store.plans
+    if plans is None:
+        raise BadRequest("plans are off (--eviction lru): nothing would use this plan")
+    raw = await _read_body(request)
+
+    def post() -> Plan:  # up to MAX_EXPANSION keys: parsed and indexed off the event loop
+        job, epoch, targets = _parse_plan_body(raw, set(cache.origins))
+        keys = [cache.cache_key(origin, key)[1] for origin, key in targets]
+        try:
+            return plans.post(job, epoch, keys)
+        except PlanRefused as exc:
+            raise QueueFull(str(exc)) from None
+
+    plan = await asyncio.to_thread(post)
+    return web.json_response({"job": plan.job, "epoch": plan.epoch, "keys": len(plan.keys)})
+
+
+MAX_JOB_CHARS = 200
+
+
+def _parse_plan_body(raw: bytes, origins: set[str]) -> tuple[str, int, list[tuple[str, str]]]:
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise BadRequest("the body is not JSON (or is nested too deep)") from None
+    if not isinstance(body, dict):
+        raise BadRequest('expected {"job": ID, "epoch": N, "urls": ["/NAME/KEY", …]}')
+    job, epoch = body.pop("job", None), body.pop("epoch", 0)
+    if not isinstance(job, str) or not 0 < len(job) <= MAX_JOB_CHARS or not job.isprintable():
+        raise BadRequest(f'"job" must be a name of 1 to {MAX_JOB_CHARS} printable characters')
+    if type(epoch) is not int or not 0 <= epoch < 2**31:
+        raise BadRequest('"epoch" must be a whole number from 0')
+    if "warm" in body:
+        raise BadRequest("unknown field(s): warm")
+    return job, epoch, parse_targets(body, origins)
 
 
 def _batch_id(request: web.Request) -> int | None:

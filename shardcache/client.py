@@ -27,6 +27,10 @@ _SAFE_IN_KEY = "/{},~"
 class ClientError(Exception):
     """The daemon could not be reached, or it refused the request (the message says why)."""
 
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status of a refusal; None: not reached
+
 
 def daemon_url(daemon: str | None = None) -> str:
     return (daemon or os.environ.get("SHARDCACHE_URL") or DEFAULT_DAEMON_URL).rstrip("/")
@@ -74,7 +78,7 @@ def _request(method: str, url: str, body: object | None = None) -> Any:
                 f"{message} (this process has {hint} token; set SHARDCACHE_ADMIN_TOKEN or "
                 "SHARDCACHE_ADMIN_TOKEN_FILE to the daemon's)"
             )
-        raise ClientError(f"{method} {url}: {exc.code} {message}") from None
+        raise ClientError(f"{method} {url}: {exc.code} {message}", exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise ClientError(f"cannot reach the shardcache daemon at {url}: {reason}") from None
@@ -168,6 +172,19 @@ def prefetch(urls: Iterable[str], daemon: str | None = None, warm: bool = False)
             paths.append(local_path(map_url(url, known, base), base))
     body: dict[str, Any] = {"urls": paths, "warm": True} if warm else {"urls": paths}
     result: dict[str, Any] = _request("POST", base + "/_/prefetch", body)
+    return result
+
+
+def post_plan(
+    job: str, epoch: int, urls: Iterable[str], daemon: str | None = None
+) -> dict[str, Any]:
+    """Tell the daemon the order job `job` reads shards in (daemon URLs or `/NAME/KEY` paths;
+    the rest of this epoch, optionally then the next): eviction keeps what it reads soonest.
+    Replaces the job's previous plan. Returns `{"job", "epoch", "keys"}`."""
+    base = daemon_url(daemon)
+    paths = [local_path(url, base) for url in urls]
+    body = {"job": job, "epoch": epoch, "urls": paths}
+    result: dict[str, Any] = _request("POST", base + "/_/plan", body)
     return result
 
 

@@ -25,7 +25,7 @@ from shardcache.units import parse_size
 
 ENV_PREFIX = "SHARDCACHE_"
 ORIGIN_SCHEMES = ("s3", "http", "https", "file")
-EVICTION_POLICIES = ("auto", "lru")
+EVICTION_POLICIES = ("auto", "plan", "lru")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_TOKEN_CHARS = 16
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -229,8 +229,8 @@ OPTIONS: tuple[Option, ...] = (
         "eviction",
         _parse_choice(EVICTION_POLICIES),
         "auto",
-        "auto (LRU that spares what is in use: no thrash when the dataset outgrows the cache) "
-        "or lru",
+        "auto (loaders' plans where posted, else LRU that spares what is in use: no thrash "
+        "when the dataset outgrows the cache), plan (plans, else plain LRU) or lru",
         "POLICY",
     ),
     Option(

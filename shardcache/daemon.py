@@ -36,6 +36,7 @@ from shardcache.metrics import CacheGauges, Metrics
 from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
+from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.segments import RetryPolicy
 from shardcache.server import InFlight, make_app
@@ -75,6 +76,7 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
         metrics.evicted(size_bytes, was_pinned)
 
     admission = ScanResistantAdmission() if settings.eviction == "auto" else None
+    plans = PlanBook() if settings.eviction in ("auto", "plan") else None
     try:
         return Store(
             settings.cache_dir,
@@ -82,6 +84,7 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
             on_evict,
             admission=admission,
             transient_max_bytes=settings.prefetch_budget_bytes,
+            plans=plans,
         )
     except CacheError as exc:
         raise ConfigError(f"--cache-dir: {exc}") from None
@@ -357,10 +360,29 @@ def _eviction_status(setting: str, state: AdmissionState) -> dict[str, object]:
         "transient_kept": state.transient_kept,
         "transient_dropped": state.transient_dropped,
         "resident_set_serving": state.is_serving,
+        "plans": [
+            {
+                "job": plan.job,
+                "epoch": plan.epoch,
+                "position": plan.position,
+                "length": plan.length,
+                "reads": plan.reads,
+                "measured_hit_ratio": _rounded(plan.measured_hit_ratio),
+                "predicted_hit_ratio": _rounded(plan.predicted_hit_ratio),
+                "seconds_per_shard": _rounded(plan.pace_s),
+            }
+            for plan in state.plans
+        ],
     }
 
 
-def _eviction_gauges(state: AdmissionState) -> tuple[str, int, int, int, int, int]:
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _eviction_gauges(
+    state: AdmissionState,
+) -> tuple[str, int, int, int, int, int, list[tuple[str, float | None, float | None]]]:
     return (
         state.policy,
         state.bypassed,
@@ -368,6 +390,7 @@ def _eviction_gauges(state: AdmissionState) -> tuple[str, int, int, int, int, in
         state.transient_kept,
         state.transient_dropped,
         int(not state.is_serving),
+        [(p.job, p.predicted_hit_ratio, p.measured_hit_ratio) for p in state.plans],
     )
 
 

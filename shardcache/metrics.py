@@ -9,7 +9,7 @@ cache and prefetch state gauges are read at scrape time through callbacks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -46,6 +46,7 @@ LATENCY_BUCKETS = (
     120,
     300,
 )
+PLAN_SERIES = 32  # per-plan series exported at most: job names must not blow up the series count
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -68,6 +69,8 @@ class CacheGauges:
     transient_kept: int = 0
     transient_dropped: int = 0
     resident_set_stale: int = 0
+    # (job, predicted hit ratio for the rest of its plan, measured so far), active plans
+    plans: list[tuple[str, float | None, float | None]] = field(default_factory=list)
 
 
 class _StateCollector(Collector):
@@ -141,6 +144,26 @@ class _StateCollector(Collector):
         transient.add_metric(["kept"], state.transient_kept)
         transient.add_metric(["dropped"], state.transient_dropped)
         yield transient
+        yield GaugeMetricFamily(
+            "shardcache_plans_active", "Loaders' plans in use", value=len(state.plans)
+        )
+        predicted = GaugeMetricFamily(
+            "shardcache_plan_predicted_hit_ratio",
+            "Of the keys a plan still reads, the share cached now (the newest plans only)",
+            labels=["plan"],
+        )
+        measured = GaugeMetricFamily(
+            "shardcache_plan_measured_hit_ratio",
+            "Hits among the reads of a plan so far (the newest plans only)",
+            labels=["plan"],
+        )
+        for job, predicted_ratio, measured_ratio in state.plans[-PLAN_SERIES:]:
+            if predicted_ratio is not None:
+                predicted.add_metric([job], predicted_ratio)
+            if measured_ratio is not None:
+                measured.add_metric([job], measured_ratio)
+        yield predicted
+        yield measured
         yield GaugeMetricFamily(
             "shardcache_resident_set_stale",
             "1 when the cached entries stopped serving hits (the workload moved on)",

@@ -35,6 +35,7 @@ from shardcache.admin import (
     get_origins,
     get_prefetch,
     get_status,
+    post_plan,
     post_prefetch,
 )
 from shardcache.body import (
@@ -331,6 +332,7 @@ def make_app(
     app.router.add_post("/_/prefetch", post_prefetch)
     app.router.add_get("/_/prefetch", get_prefetch)
     app.router.add_delete("/_/prefetch", delete_prefetch)
+    app.router.add_post("/_/plan", post_plan)
     app.router.add_get("/_/origins", get_origins)
     app.router.add_get("/_/status", get_status)
     app.router.add_route("*", "/_/{rest:.*}", not_found)

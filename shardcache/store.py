@@ -19,6 +19,12 @@ room, within a transient area that grows to what prefetch has held (at most
 would admit it (room, or an unprotected victim), else it is dropped: prefetching a shard the
 resident set has no room for never evicts the resident set twice.
 
+Plans (`plans=`, `shardcache.plans`): while a loader's plan is active, eviction takes first
+what no plan reads again (LRU among those, sparing what admission protects), then what the
+plans read furthest away, and admits a fill only when it is needed before that victim. A
+look-ahead prefetch is then an ordinary fill (the plans rank it as needed soon): no transient
+area is kept free.
+
 All methods block: callers run them on a worker thread, one hop per logical operation. Every
 failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
 through uncached. `problem()` says why the directory is unusable and reopens the store when its
@@ -49,6 +55,7 @@ from diskcache.core import MODE_BINARY, UNKNOWN
 
 from shardcache.admission import ScanResistantAdmission
 from shardcache.errors import CacheError
+from shardcache.plans import PlanBook, PlanStatus, choose_victim
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.store")
@@ -133,13 +140,14 @@ class NotAdmitted(CacheFull):
 class AdmissionState:
     """What `/_/status` and `/metrics` report about the eviction policy."""
 
-    policy: str  # "scan-resistant" or "lru"
+    policy: str  # in use now: "plan" (a plan is active), "scan-resistant" or "lru"
     bypassed: int  # fills streamed through because admission spared the resident set
     transient_bytes: int  # look-ahead prefetches held (unread, or read and not yet settled)
     transient_area_bytes: int  # what ordinary fills leave free for them
     transient_kept: int  # read once, then admitted as ordinary entries
     transient_dropped: int  # read once, then dropped: no room without evicting in-use entries
     is_serving: bool  # False: the resident set stopped serving hits (a new dataset?)
+    plans: list[PlanStatus] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -178,6 +186,7 @@ class Store:
         repair: bool = True,
         admission: ScanResistantAdmission | None = None,
         transient_max_bytes: int = 0,
+        plans: PlanBook | None = None,
     ) -> None:
         """Open (creating) the store; sweep partials; drop index rows and files that disagree.
 
@@ -189,6 +198,7 @@ class Store:
         self.capacity_bytes = capacity_bytes
         self._on_evict = on_evict
         self.admission = admission
+        self.plans = plans
         self._transient_max_bytes = transient_max_bytes if admission is not None else 0
         self._transient: dict[str, int] = {}  # committed look-ahead entries → size
         self._transient_read: set[str] = set()  # of those, read once: settled at next reserve
@@ -269,6 +279,9 @@ class Store:
                     if not self._check_index(fix=True):  # can leave an empty dir for the next
                         break
         self._touched = {}
+        if self.plans is not None:  # what is cached now, for the plans' heap
+            keys = self._index._sql("SELECT key FROM Cache").fetchall()
+            self.plans.forget_cached(str(key) for (key,) in keys)
 
     def _drop_damaged_entries(self) -> None:
         """Drop entries whose metadata is unreadable or whose file has another size than
@@ -329,19 +342,25 @@ class Store:
     def note_request(self, key: str, found: bool) -> None:
         """A client read `key`; `found`: it was served from a committed entry. Feeds admission
         (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop safe."""
+        hit = found and key not in self._transient
         if self.admission is not None:
-            self.admission.on_request(key, found and key not in self._transient)
+            self.admission.on_request(key, hit)
+        if self.plans is not None:
+            self.plans.on_request(key, hit)
 
     def admission_state(self) -> AdmissionState:
-        admission = self.admission
+        admission, plans = self.admission, self.plans
+        active = plans.status() if plans is not None else []
+        policy = "plan" if active else "lru" if admission is None else "scan-resistant"
         return AdmissionState(
-            "lru" if admission is None else "scan-resistant",
+            policy,
             self._bypassed,
             self._transient_bytes(),
             self._transient_area,
             self._transient_kept,
             self._transient_dropped,
             admission is None or admission.is_serving(),
+            active,
         )
 
     def _transient_bytes(self) -> int:
@@ -392,11 +411,15 @@ class Store:
         unusable; the caller should then stream the object through uncached. The caller must
         `commit()` or `abort()`.
         """
-        transient = self.admission is not None and key is not None and key in self._pinned
+        # With a plan active, the plans rank a prefetch as needed soon: no transient area.
+        planning = self.plans is not None and self.plans.is_active
+        transient = (
+            self.admission is not None and not planning and key is not None and key in self._pinned
+        )
         with self._lock, map_store_errors("cannot make room"):
             self._settle_read_transients()
             if transient:
-                self._evict_until_free(size_bytes, protect=False)
+                self._evict_until_free(size_bytes, protect=False, for_key=key)
                 self._transient_reserved += size_bytes
                 self._transient_area = min(
                     self._transient_max_bytes,
@@ -404,7 +427,9 @@ class Store:
                 )
             else:
                 try:
-                    self._evict_until_free(size_bytes, protect=True, keep_free=self._area_free())
+                    self._evict_until_free(
+                        size_bytes, protect=True, keep_free=self._area_free(), for_key=key
+                    )
                 except NotAdmitted:
                     self._bypassed += 1
                     raise
@@ -456,6 +481,8 @@ class Store:
             self._drop_unindexed(adopt)
             self.abort(reservation)
             raise
+        if self.plans is not None:
+            self.plans.on_cached(key)
         if reservation.is_transient:
             with self._lock:
                 self._transient[key] = meta.size_bytes
@@ -528,16 +555,21 @@ class Store:
         with map_store_errors(f"cannot delete {key}"):
             deleted = bool(self._index.delete(key))
         with self._lock:
-            self._forget_transient(key)
+            self._forget(key)
         return deleted
 
-    def _forget_transient(self, key: str) -> None:
+    def _forget(self, key: str) -> None:
+        """`key` left the cache: it is no longer transient, nor cached for the plans."""
         self._transient.pop(key, None)
         self._transient_read.discard(key)
+        if self.plans is not None:
+            self.plans.on_evicted(key)
 
     def _area_free(self) -> int:
         """The part of the transient area transient entries do not use now: ordinary fills
         leave it free (called with self._lock held)."""
+        if self.plans is not None and self.plans.is_active:
+            return 0
         return max(0, self._transient_area - self._transient_bytes())
 
     def _settle_read_transients(self) -> None:
@@ -549,11 +581,14 @@ class Store:
             if size is None:
                 continue
             try:
-                self._evict_until_free(0, protect=True, keep_free=self._area_free(), spare=key)
+                self._evict_until_free(
+                    0, protect=True, keep_free=self._area_free(), spare=key, for_key=key
+                )
             except CacheFull:
                 self._transient_dropped += 1
                 log.debug("dropping %s: read once, no room in the resident set", key)
                 self._index.delete(key)  # a reader's open fd stays valid
+                self._forget(key)
                 continue
             self._transient_kept += 1
 
@@ -566,17 +601,23 @@ class Store:
                     self._index._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
 
     def _evict_until_free(
-        self, size_bytes: int, protect: bool = False, keep_free: int = 0, spare: str = ""
+        self,
+        size_bytes: int,
+        protect: bool = False,
+        keep_free: int = 0,
+        spare: str = "",
+        for_key: str | None = None,
     ) -> None:
         """Evict until `size_bytes` fit with `keep_free` bytes to spare; with `protect`, raise
-        NotAdmitted rather than evict an entry admission protects; never evict `spare`."""
+        NotAdmitted rather than evict an entry the policy keeps over a fill of `for_key`;
+        never evict `spare`."""
         # Called with self._lock held, so concurrent reservations cannot count the same room.
         if size_bytes + self._reserved_bytes > self.capacity_bytes:
             raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
         self._flush_touches()
         needed = size_bytes + keep_free
         while self._used_bytes() + self._reserved_bytes + needed > self.capacity_bytes:
-            if not self._evict_one(size_bytes, protect, spare):
+            if not self._evict_one(size_bytes, protect, spare, for_key):
                 raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
 
     def _evict_for_filesystem(self, size_bytes: int) -> None:
@@ -603,15 +644,15 @@ class Store:
         while free < needed and self._evict_one(size_bytes):
             free = _free_bytes(self._root)
 
-    def _evict_one(self, size_bytes: int, protect: bool = False, spare: str = "") -> bool:
-        """Evict the least recently used unpinned entry; False when there is none. With
-        `protect`, raise NotAdmitted when admission protects that entry."""
-        victim = self._least_recently_used(spare)
+    def _evict_one(
+        self, size_bytes: int, protect: bool = False, spare: str = "", for_key: str | None = None
+    ) -> bool:
+        """Evict the entry the policy gives up first; False when none is evictable. With
+        `protect`, raise NotAdmitted when the policy keeps it over a fill of `for_key`."""
+        victim = self._choose_victim(spare, for_key, protect)
         if victim is None:
             return False
         key, victim_size = victim
-        if protect and self.admission is not None and self.admission.is_protected(key):
-            raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
         log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
         try:
             deleted = self._index.delete(key)
@@ -626,19 +667,54 @@ class Store:
             for (filename,) in rows.fetchall():
                 self._index._disk.remove(filename)
             deleted = self._index.delete(key)
-        self._forget_transient(key)
+        self._forget(key)
         if deleted and self._on_evict is not None:
             self._on_evict(key, victim_size, False)
         return True
 
-    def _least_recently_used(self, spare: str = "") -> tuple[str, int] | None:
+    def _choose_victim(
+        self, spare: str, for_key: str | None, protect: bool
+    ) -> tuple[str, int] | None:
+        """LRU, LRU that spares what admission protects, or the plans' choice (module doc)."""
+        candidates = self._least_recently_used(spare)
+        plans, admission = self.plans, self.admission
+        if plans is not None and plans.is_active:
+            victim, admit = choose_victim(
+                [key for key, _ in candidates],
+                for_key,
+                plans,
+                admission.is_protected if admission is not None else _never,
+                lambda key: key in self._pinned or key == spare,
+            )
+            if victim is None:
+                return None
+            if protect and not admit:
+                raise NotAdmitted(f"the plans need the entries eviction would take ({victim})")
+            sizes = dict(candidates)
+            if victim not in sizes:
+                rows = self._index._sql("SELECT size FROM Cache WHERE key = ?", (victim,))
+                found = rows.fetchall()
+                if not found:  # gone meanwhile: forget it, and choose again
+                    plans.on_evicted(victim)
+                    return self._choose_victim(spare, for_key, protect)
+                sizes[victim] = found[0][0]
+            return victim, sizes[victim]
+        if not candidates:
+            return None
+        key, size = candidates[0]
+        if protect and admission is not None and admission.is_protected(key):
+            raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
+        return key, size
+
+    def _least_recently_used(self, spare: str = "") -> list[tuple[str, int]]:
+        """Evictable entries, least recently used first: a batch of them."""
         # diskcache has no public "oldest by access time" query; its Cache table and
         # access_time column are stable across 5.x (pinned in pyproject).
         limit = _LRU_BATCH + len(self._pinned) + 1
         rows = self._index._sql(
             "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
         ).fetchall()
-        return next(((k, s) for k, s in rows if k not in self._pinned and k != spare), None)
+        return [(k, s) for k, s in rows if k not in self._pinned and k != spare]
 
     # -- health ------------------------------------------------------------------------------
 
@@ -741,6 +817,10 @@ class Store:
         with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep
             self._index.close()
         os.close(self._lock_fd)
+
+
+def _never(key: str) -> bool:
+    return False
 
 
 def _meta(tag: object) -> EntryMeta:

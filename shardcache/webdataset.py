@@ -9,14 +9,19 @@ this worker will really read:
         prefetch_ahead(8),
         wds.tarfile_to_samples(), …)
 
-The daemon is the one the shard URLs name. Stdlib only; a daemon that cannot be reached is
-logged once and the pipeline goes on reading.
+The daemon is the one the shard URLs name. Each time the stage starts (each epoch) it also
+posts the worker's whole order as a plan (`POST /_/plan`, job = host, process and stage), so
+that the daemon's eviction keeps what this worker and the others read soonest. Stdlib only; a
+daemon that cannot be reached is logged once and the pipeline goes on reading.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import os
+import socket
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -26,20 +31,32 @@ log = logging.getLogger("shardcache.webdataset")
 Shard = dict[str, Any]
 
 
+_stage_numbers = itertools.count()
+
+
 def prefetch_ahead(
-    k: int = 8, daemon: str | None = None
+    k: int = 8, daemon: str | None = None, plan: bool = True
 ) -> Callable[[Iterable[Shard]], Iterator[Shard]]:
     """Return a stage that, as each shard is handed on, asks the daemon for the next `k`.
 
     The daemon is the one each shard URL names (`http://127.0.0.1:18470/NAME/KEY`, also inside
-    `pipe:curl …`), unless `daemon` is given. A daemon that cannot be reached, or shards that
-    name none, are reported once each as a warning; the pipeline reads on either way.
+    `pipe:curl …`), unless `daemon` is given. With `plan` (the default), each epoch starts by
+    posting the epoch's whole order for this worker: the stage reads the (already shuffled and
+    split) shard list ahead, which is a list of names, not data. A daemon that cannot be
+    reached, or shards that name none, are reported once each as a warning; the pipeline
+    reads on either way.
     """
     if k < 1:
         raise ValueError("k must be at least 1")
+    stage_number = next(_stage_numbers)
+    epochs = itertools.count()
 
     def stage(shards: Iterable[Shard]) -> Iterator[Shard]:
         poster = _Poster(daemon)
+        if plan:
+            shards = list(shards)
+            job = f"{socket.gethostname()}:{os.getpid()}:{stage_number}"
+            poster.post_plan(job, next(epochs), shards)
         window: collections.deque[Shard] = collections.deque()
         for shard in shards:
             window.append(shard)
@@ -61,11 +78,13 @@ class _Poster:
         self._daemon = client.daemon_url(daemon) if daemon else None
         self._posted: set[tuple[str, str]] = set()
         self._unreachable: set[str] = set()
+        self._planless: set[str] = set()  # daemons that refused a plan
         self._warned_unserved = False
 
-    def post(self, upcoming: list[Shard]) -> None:
+    def _by_daemon(self, shards: list[Shard]) -> dict[str, list[str]]:
+        """The shards' local paths, grouped by the daemon that serves them, in order."""
         by_daemon: dict[str, list[str]] = {}
-        for shard in upcoming:
+        for shard in shards:
             url = str(shard["url"])
             base = self._daemon or client.daemon_of(url)
             try:
@@ -77,9 +96,32 @@ class _Poster:
                     self._warned_unserved = True
                     log.warning("prefetch_ahead: %s; not prefetching such shards", exc)
                 continue
-            if (base, path) not in self._posted and base not in self._unreachable:
+            if base not in self._unreachable:
                 by_daemon.setdefault(base, []).append(path)
+        return by_daemon
+
+    def post_plan(self, job: str, epoch: int, shards: list[Shard]) -> None:
+        for base, paths in self._by_daemon(shards).items():
+            if base in self._planless:
+                continue
+            try:
+                client.post_plan(job, epoch, paths, base)
+            except client.ClientError as exc:
+                if exc.status in (400, 404, 405, 429):  # --eviction lru, an older daemon, full
+                    self._planless.add(base)
+                    log.warning("prefetch_ahead: %s; reading on without a plan", exc)
+                else:  # down, or the token is wrong: prefetching would fail the same way
+                    self._unreachable.add(base)
+                    log.warning("prefetch_ahead: %s; reading on without prefetch", exc)
+
+    def post(self, upcoming: list[Shard]) -> None:
+        by_daemon = {
+            base: [path for path in paths if (base, path) not in self._posted]
+            for base, paths in self._by_daemon(upcoming).items()
+        }
         for base, paths in by_daemon.items():
+            if not paths:
+                continue
             try:
                 client.prefetch(paths, base)
             except client.ClientError as exc:

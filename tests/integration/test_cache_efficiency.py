@@ -1,6 +1,7 @@
 """Issue 12 end to end: a dataset twice the cache's size, read in a fresh shard order every
 epoch by the real WebDataset pipeline (with the `prefetch_ahead` stage) through real curl and the
-daemon. LRU throws away what the next epoch needs; the default policy keeps about half.
+daemon. LRU throws away what the next epoch needs; the default policy keeps about half; with two
+loaders on different shuffles, the plans their stages post bring it near the offline optimum.
 
 The figure is the daemon's own: `shardcache_origin_bytes_total` per epoch against the bytes
 the loader read, so a shard that a prefetch fetched from the origin counts as fetched, even
@@ -8,9 +9,16 @@ though the loader's read of it is a hit."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import webdataset as wds
 
 from shardcache.sample import write_sample_shards
@@ -19,29 +27,33 @@ from tests.daemon_process import Daemon
 from tests.integration.helpers import run_cli
 from tests.origin_server import OriginServer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import trace_sim  # noqa: E402
+
 SHARDS = 100
+SAMPLES_PER_SHARD = 8
 EPOCHS = 4
 ENTRY_OVERHEAD = 8 * 1024  # store.ENTRY_OVERHEAD_BYTES: what each entry costs beyond its bytes
 INDEX_ALLOWANCE = 768 * 1024  # the index database and its write-ahead log allowance
 
 
-def _epoch(daemon: Daemon, epoch: int) -> int:
+def _epoch(daemon: Daemon, epoch: int, plan: bool) -> int:
     """Read every sample of every shard once, in this epoch's shuffled order; return samples."""
     urls = [f"pipe:curl -s -f {daemon.url}/data/train/shards_{i:03d}.tar" for i in range(SHARDS)]
     random.Random(1000 + epoch).shuffle(urls)
     pipeline = wds.DataPipeline(
         wds.SimpleShardList(urls),
-        prefetch_ahead(2),  # the stage sees the shuffled order, as after split_by_worker
+        prefetch_ahead(2, plan=plan),  # it sees the shuffled order, as after split_by_worker
         wds.tarfile_to_samples(),
     )
     return sum(1 for _ in pipeline)
 
 
-def _byte_hit_ratios(
-    origin: OriginServer, start_daemon, tmp_path: Path, *flags: str
-) -> tuple[list[float], Daemon]:
+def _dataset(origin: OriginServer, tmp_path: Path) -> tuple[int, int]:
+    """Put the shards on the origin; return (dataset bytes, a cache size holding half)."""
     shards = write_sample_shards(
-        tmp_path / "shards", SHARDS, samples_per_shard=8, payload_bytes=32768
+        tmp_path / "shards", SHARDS, samples_per_shard=SAMPLES_PER_SHARD, payload_bytes=32768
     )
     dataset_bytes = 0
     for path in shards:
@@ -49,35 +61,48 @@ def _byte_hit_ratios(
         dataset_bytes += path.stat().st_size
     shard_bytes = dataset_bytes // SHARDS
     # A cache that holds half of the shards: C/N = 0.5.
-    cache_size = (SHARDS // 2) * (shard_bytes + ENTRY_OVERHEAD) + INDEX_ALLOWANCE
+    return dataset_bytes, (SHARDS // 2) * (shard_bytes + ENTRY_OVERHEAD) + INDEX_ALLOWANCE
+
+
+def _byte_hit_ratios(
+    origin: OriginServer, start_daemon, tmp_path: Path, *flags: str, plan: bool = True
+) -> tuple[list[float], Daemon]:
+    dataset_bytes, cache_size = _dataset(origin, tmp_path)
     daemon = start_daemon(
         {"data": origin.url}, "--readahead", "0", *flags, cache_size=str(cache_size)
     )
     ratios = []
     for epoch in range(EPOCHS):
         before = daemon.metric("shardcache_origin_bytes_total", origin="data")
-        assert _epoch(daemon, epoch) == SHARDS * 8
+        assert _epoch(daemon, epoch, plan) == SHARDS * SAMPLES_PER_SHARD
         fetched = daemon.metric("shardcache_origin_bytes_total", origin="data") - before
         ratios.append(1 - fetched / dataset_bytes)
     print("byte hit ratios", flags, [round(r, 3) for r in ratios])
     return ratios, daemon
 
 
+@pytest.mark.parametrize("plan", [False, True], ids=["scan-resistant", "plan"])
 def test_reshuffled_epochs_keep_half_the_dataset_with_a_half_size_cache(
-    origin: OriginServer, start_daemon, tmp_path: Path
+    origin: OriginServer, start_daemon, tmp_path: Path, plan: bool
 ) -> None:
-    ratios, daemon = _byte_hit_ratios(origin, start_daemon, tmp_path)
+    """Without plans, scan-resistant admission (look-ahead prefetches in the transient area);
+    with the stage's plans (the default), the plans decide."""
+    ratios, daemon = _byte_hit_ratios(origin, start_daemon, tmp_path, plan=plan)
     assert ratios[0] <= 0.01  # the first epoch reads everything from the origin
     assert all(ratio >= 0.45 for ratio in ratios[1:]), ratios
     status = daemon.get_json("/_/status")[1]
     eviction = status["cache"]["eviction"]  # type: ignore[index]
-    assert eviction["policy"] == "scan-resistant"
-    assert eviction["bypassed"] + eviction["transient_dropped"] >= 3 * SHARDS // 3
-    assert daemon.metric("shardcache_eviction_policy", policy="scan-resistant") == 1
+    policy = "plan" if plan else "scan-resistant"
+    assert eviction["policy"] == policy
+    assert daemon.metric("shardcache_eviction_policy", policy=policy) == 1
+    if plan:  # a prefetch the plan needs sooner takes the place of a shard read already
+        assert daemon.metric("shardcache_cache_evictions_total") >= SHARDS
+    else:  # look-ahead prefetches of shards with no room: read once, dropped
+        assert eviction["transient_dropped"] >= SHARDS
     stats = run_cli("stats", "--daemon", daemon.url)
     assert stats.returncode == 0, stats.stderr
     line = next(line for line in stats.stdout.splitlines() if line.startswith("eviction"))
-    assert f"scan-resistant: {eviction['bypassed']} misses streamed through" in line
+    assert f"{policy}: {eviction['bypassed']} misses streamed through" in line
 
 
 def test_lru_keeps_little_of_the_same_workload(
@@ -87,3 +112,137 @@ def test_lru_keeps_little_of_the_same_workload(
     ratios, daemon = _byte_hit_ratios(origin, start_daemon, tmp_path, "--eviction", "lru")
     assert all(ratio < 0.3 for ratio in ratios[1:]), ratios
     assert daemon.metric("shardcache_eviction_policy", policy="lru") == 1
+
+
+def _loader(daemon: Daemon, seed: int) -> wds.DataPipeline:
+    """A loader as a training job builds it once: the shard list reshuffled every epoch by
+    WebDataset's own deterministic shuffle, then the prefetch stage (which posts the plan)."""
+    urls = [f"pipe:curl -s -f {daemon.url}/data/train/shards_{i:03d}.tar" for i in range(SHARDS)]
+    return wds.DataPipeline(
+        wds.SimpleShardList(urls),
+        wds.detshuffle(bufsize=SHARDS, initial=SHARDS, seed=seed),
+        prefetch_ahead(2),
+        wds.tarfile_to_samples(),
+    )
+
+
+def _shards_of(samples: Iterator[dict[str, object]]) -> Iterator[str]:
+    """Read a loader shard by shard: yield each shard's key once its samples are consumed."""
+    while True:
+        batch = [sample for _, sample in zip(range(SAMPLES_PER_SHARD), samples, strict=False)]
+        if not batch:
+            return
+        assert len(batch) == SAMPLES_PER_SHARD
+        yield str(batch[0]["__url__"]).rsplit("/", 1)[1]
+
+
+class _Job:
+    """One loader read shard by shard over several epochs, as its trainer would."""
+
+    def __init__(self, daemon: Daemon, seed: int, epochs: int) -> None:
+        self.loader = _loader(daemon, seed)
+        self.epochs = epochs
+        self.epoch = -1
+        self._reader: Iterator[str] = iter(())
+
+    def next_shard(self) -> tuple[int, str] | None:
+        shard = next(self._reader, None)
+        if shard is None:
+            self.epoch += 1
+            if self.epoch == self.epochs:
+                return None
+            self._reader = _shards_of(iter(self.loader))
+            shard = next(self._reader)
+        return self.epoch, shard
+
+
+def test_two_loaders_posting_plans_come_near_the_offline_optimum(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    """Two jobs on one node over one dataset, each with its own shuffle, one reading two shards
+    for each of the other's (the simulator's two-jobs trace). Their stages post each epoch's
+    order; from the fast job's second epoch on, the daemon's byte hit ratio is compared with the
+    simulator's Belady (the offline optimum, knowing the whole future) for the very same reads."""
+    dataset_bytes, cache_size = _dataset(origin, tmp_path)
+    shard_bytes = dataset_bytes / SHARDS
+    daemon = start_daemon({"data": origin.url}, "--readahead", "0", cache_size=str(cache_size))
+    fast, slow = _Job(daemon, seed=0, epochs=4), _Job(daemon, seed=1000, epochs=2)
+    trace: trace_sim.Trace = []
+    counted_from: float | None = None
+    for step in itertools.count():
+        job = slow if step % 3 == 2 else fast
+        read = job.next_shard()
+        if read is None:
+            if job is fast:
+                break
+            continue
+        if counted_from is None and fast.epoch == 1:
+            counted_from = daemon.metric("shardcache_origin_bytes_total", origin="data")
+        # The simulator counts reads tagged epoch >= 1: from the fast job's second epoch on.
+        trace.append(trace_sim.Read(int(counted_from is not None), read[1], int(job is slow)))
+    assert counted_from is not None
+    fetched = daemon.metric("shardcache_origin_bytes_total", origin="data") - counted_from
+    counted = sum(1 for read in trace if read.epoch == 1)
+    measured = 1 - fetched / (counted * shard_bytes)
+    optimum = trace_sim.belady(trace, SHARDS // 2)
+    print(f"two loaders: byte hit ratio {measured:.3f}, belady {optimum:.3f}")
+    assert measured >= 0.9 * optimum, (measured, optimum)
+    eviction = daemon.get_json("/_/status")[1]["cache"]["eviction"]  # type: ignore[index]
+    assert eviction["policy"] == "plan"
+    assert sorted(plan["epoch"] for plan in eviction["plans"]) == [1, 3]
+    assert all(plan["position"] == plan["length"] == SHARDS for plan in eviction["plans"])
+    assert daemon.metric("shardcache_plans_active") == 2
+
+
+def _post_plan(daemon: Daemon, body: bytes) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        daemon.url + "/_/plan", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        assert exc.headers["Content-Type"].startswith("application/json")
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        (b"not json", 400, "not JSON"),
+        (b"[]", 400, "expected"),
+        (b'{"epoch": 0, "urls": ["/data/a.tar"]}', 400, '"job"'),
+        (b'{"job": "", "urls": ["/data/a.tar"]}', 400, '"job"'),
+        (rb'{"job": "j\u0000", "urls": ["/data/a.tar"]}', 400, '"job"'),
+        (b'{"job": "j", "epoch": -1, "urls": ["/data/a.tar"]}', 400, '"epoch"'),
+        (b'{"job": "j", "epoch": true, "urls": ["/data/a.tar"]}', 400, '"epoch"'),
+        (b'{"job": "j", "urls": ["/nope/a.tar"]}', 400, "no origin"),
+        (b'{"job": "j", "urls": "/data/a.tar"}', 400, "list"),
+        (b'{"job": "j", "urls": ["/data/../a.tar"]}', 400, "urls"),
+        (b'{"job": "j", "urls": ["/data/a.tar"], "warm": true}', 400, "unknown"),
+        (b'{"job": "j", "urls": ["/data/a.tar"], "extra": 1}', 400, "unknown"),
+    ],
+)
+def test_a_bad_plan_gets_a_json_4xx_and_changes_nothing(
+    origin: OriginServer, start_daemon, body: bytes, status: int, says: str
+) -> None:
+    daemon = start_daemon({"data": origin.url})
+    code, answer = _post_plan(daemon, body)
+    assert (code, says in str(answer["error"])) == (status, True), answer
+    assert daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"] == []  # type: ignore[index]
+
+
+def test_a_plan_is_taken_replaced_and_refused_under_lru(origin: OriginServer, start_daemon) -> None:
+    daemon = start_daemon({"data": origin.url})
+    code, answer = _post_plan(
+        daemon, b'{"job": "j", "epoch": 2, "urls": ["/data/shards_{000..009}.tar"]}'
+    )
+    assert (code, answer) == (200, {"job": "j", "epoch": 2, "keys": 10})
+    code, answer = _post_plan(daemon, b'{"job": "j", "epoch": 3, "urls": ["/data/a.tar"]}')
+    plans = daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
+    assert [(p["job"], p["epoch"], p["length"]) for p in plans] == [("j", 3, 1)]
+    lru = start_daemon(
+        {"data": origin.url}, "--eviction", "lru", cache_dir=daemon.cache_dir.parent / "lru"
+    )
+    code, answer = _post_plan(lru, b'{"job": "j", "urls": ["/data/a.tar"]}')
+    assert code == 400 and "--eviction lru" in str(answer["error"])

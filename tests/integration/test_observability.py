@@ -169,7 +169,7 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
         "--prefetch-max-bytes",
         "4MiB",
         "--eviction",
-        "lru",  # the counters below count LRU's evictions of a one-pass scan
+        "plan",  # plain LRU until the plan posted at the end: its evictions are counted below
         cache_size="8MiB",
     )
     prometheus = prometheus_for(f"127.0.0.1:{daemon.port}")
@@ -235,12 +235,28 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     assert status["requests"] == {"hit": 3, "miss": 11, "coalesced": 8, "error": 2}
     assert status["hit_ratio"]["requests"] == round(3 / 24, 4)
     assert status["hit_ratio"]["bytes"] == round(from_cache / (from_cache + from_origin), 4)
+    assert status["cache"]["eviction"]["policy"] == "lru"  # no plan yet
+    # A loader's plan of four shards: predicted = the share of them cached now.
+    planned = [f"s_{i}.tar" for i in (6, 7, 8, 9)]
+    cached = [curl(f"{daemon.url}/web/{k}", "-I").headers["x-shardcache"] for k in planned]
+    plan = {"job": "trainer-0", "epoch": 0, "urls": [f"/web/{key}" for key in planned]}
+    request = urllib.request.Request(
+        daemon.url + "/_/plan", method="POST", data=json.dumps(plan).encode()
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    assert daemon.metric("shardcache_plans_active") == 1
+    assert daemon.metric("shardcache_eviction_policy", policy="plan") == 1
+    predicted = daemon.metric("shardcache_plan_predicted_hit_ratio", plan="trainer-0")
+    assert predicted == cached.count("hit") / 4
+    first = curl(f"{daemon.url}/web/s_6.tar").headers["x-shardcache"]
+    measured = daemon.metric("shardcache_plan_measured_hit_ratio", plan="trainer-0")
+    assert measured == (1.0 if first == "hit" else 0.0)
 
     # Wait until Prometheus holds the final figures, and a few more scrapes for rate().
     deadline = time.monotonic() + 30
     while True:
         total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
-        if total and float(total[0]["value"][1]) == 24:  # type: ignore[index]
+        if total and float(total[0]["value"][1]) == 25:  # type: ignore[index]
             break
         assert time.monotonic() < deadline, "Prometheus never saw the final counters"
         time.sleep(0.5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -215,3 +216,27 @@ def test_webdataset_stage_keeps_the_loader_ahead_of_a_slow_origin(
     )
     assert waited_with < waited_without / 3, (waited_with, waited_without)
     print(f"client wait: {waited_without:.2f}s without the stage, {waited_with:.2f}s with it")
+
+
+def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
+    origin: OriginServer, start_daemon, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shards = write_sample_shards(
+        tmp_path / "shards", shards=4, samples_per_shard=3, payload_bytes=1024
+    )
+    for path in shards:
+        origin.put(path.name, path.read_bytes(), delay_s=0.2)
+    url = "pipe:curl -s -f {}/web/shards_{{000..003}}.tar"
+
+    planning = start_daemon({"web": origin.url}, "--readahead", "0", cache_dir=tmp_path / "a")
+    assert _epoch(url.format(planning.url), [prefetch_ahead(1)], 0.1) == 12
+    plans = planning.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
+    assert [(p["epoch"], p["position"], p["length"]) for p in plans] == [(0, 4, 4)]
+
+    lru = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--eviction", "lru", cache_dir=tmp_path / "b"
+    )
+    with caplog.at_level(logging.WARNING, logger="shardcache.webdataset"):
+        assert _epoch(url.format(lru.url), [prefetch_ahead(1)], 0.1) == 12
+    assert "reading on without a plan" in caplog.text
+    assert lru.metric("shardcache_prefetch_completed_total") >= 3  # look-ahead still works

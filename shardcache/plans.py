@@ -1,0 +1,282 @@
+"""Loaders' plans: which cached entries each job reads next, and when (pure, no I/O).
+
+A plan is the ordered list of cache keys one job (one loader worker) will read: this epoch's
+remaining order after its node and worker split, optionally followed by the next epoch's
+(`POST /_/plan`). The book tracks each plan's position from the job's own reads of its keys (no
+extra calls: a read of the key at or after the cursor moves the cursor past it) and its pace
+(seconds per shard, a moving average), so that a position becomes a time: the next planned use
+of a key is the soonest, over every plan that reads it again, of (index - cursor) x pace.
+
+Eviction with plans (`Store`): first the entries no plan reads again, then the one whose next
+planned use is furthest (Belady's rule). One max-heap holds the cached keys by the predicted
+time of their next use (a clock time: a plan's positions move with its reads, the times do
+not); an entry is pushed again when a read or a post changes it, and the top is rechecked and
+re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
+never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
+Memory: about 250 bytes per planned key (its slot in the plan, its occurrence record, heap
+entries while cached). A plan whose job posted nothing and read none of
+its keys for `quiet_after_s` is dropped; a job that posts again replaces its plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+QUIET_AFTER_S = 600.0
+PACE_WEIGHT = 0.125  # the moving average of seconds per shard follows the last few reads
+SKIP_WINDOW = 4  # how far ahead of its cursor a read may move a plan
+MAX_PLANS = 1024
+MAX_PLANNED_KEYS = 2_000_000  # over all plans; a post beyond it is refused (about 500 MB)
+
+
+class PlanRefused(Exception):
+    """The book is full: too many plans or planned keys (the caller answers 4xx)."""
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    job: str
+    epoch: int
+    keys: list[str]
+    posted_at: float
+    cursor: int = 0  # index of the next key the job reads
+    last_read_at: float | None = None
+    pace_s: float | None = None  # seconds per shard, once two reads were seen
+    reads: int = 0
+    hits: int = 0
+
+    def active_since(self) -> float:
+        return max(self.posted_at, self.last_read_at or 0.0)
+
+    def seconds_until(self, index: int) -> float:
+        return (index - self.cursor) * (self.pace_s if self.pace_s is not None else 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStatus:
+    job: str
+    epoch: int
+    position: int
+    length: int
+    reads: int
+    measured_hit_ratio: float | None  # hits among the plan's reads so far
+    predicted_hit_ratio: float | None  # of the keys still to read, the share cached now
+    pace_s: float | None
+
+
+class PlanBook:
+    """Every active plan, indexed by key. Thread-safe: posts and reads arrive on the event loop,
+    eviction asks from the store's worker threads."""
+
+    def __init__(
+        self, quiet_after_s: float = QUIET_AFTER_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.quiet_after_s = quiet_after_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._plans: dict[str, Plan] = {}
+        self._occurrences: dict[str, list[tuple[Plan, int]]] = {}
+        self._cached: set[str] = set()
+        self._planned_keys = 0
+        # (-predicted time of next use, key) for cached keys; stale entries are rechecked.
+        self._heap: list[tuple[float, str]] = []
+
+    # -- what loaders and the cache tell it ---------------------------------------------------
+
+    def post(self, job: str, epoch: int, keys: list[str]) -> Plan:
+        """Replace `job`'s plan by `keys` (in read order). Raises PlanRefused when full."""
+        with self._lock:
+            self._drop_quiet()
+            old = self._plans.pop(job, None)
+            if old is not None:
+                self._forget(old)
+            if len(self._plans) >= MAX_PLANS:
+                raise PlanRefused(f"{MAX_PLANS} plans are active; post again when jobs end")
+            if self._planned_keys + len(keys) > MAX_PLANNED_KEYS:
+                raise PlanRefused(f"more than {MAX_PLANNED_KEYS} planned keys in all")
+            plan = Plan(job, epoch, list(keys), self._clock())
+            self._plans[job] = plan
+            self._planned_keys += len(keys)
+            for index, key in enumerate(plan.keys):
+                self._occurrences.setdefault(key, []).append((plan, index))
+            for key in set(plan.keys) & self._cached:
+                self._push(key)
+            return plan
+
+    def on_request(self, key: str, hit: bool) -> None:
+        """A client read `key`: each plan that reads it next moves past it."""
+        with self._lock:
+            occurrences = self._occurrences.get(key)
+            if not occurrences:
+                return
+            now = self._clock()
+            for plan, index in occurrences:
+                # A worker reads in its order; a read a little beyond the cursor means it skipped
+                # some (a failure, a late start). Reads carry no job identity: another job's
+                # read of a key far ahead in this plan must not move it.
+                if plan.cursor <= index < plan.cursor + SKIP_WINDOW:
+                    self._advance(plan, index, hit, now)
+            if key in self._cached:
+                self._push(key)  # its next use moved on
+
+    def _advance(self, plan: Plan, index: int, hit: bool, now: float) -> None:
+        if plan.last_read_at is not None:
+            step = (now - plan.last_read_at) / (index + 1 - plan.cursor)
+            pace = plan.pace_s
+            plan.pace_s = step if pace is None else pace + (step - pace) * PACE_WEIGHT
+        plan.cursor = index + 1
+        plan.last_read_at = now
+        plan.reads += 1
+        plan.hits += hit
+
+    def on_cached(self, key: str) -> None:
+        with self._lock:
+            self._cached.add(key)
+            self._push(key)
+
+    def _push(self, key: str) -> None:
+        when = self._next_use(key)
+        if when is None:
+            return
+        heapq.heappush(self._heap, (-(self._clock() + when), key))
+        if len(self._heap) > 4 * len(self._cached) + 1024:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        now = self._clock()
+        self._heap = []
+        for key in self._cached:
+            when = self._next_use(key)
+            if when is not None:
+                self._heap.append((-(now + when), key))
+        heapq.heapify(self._heap)
+
+    def on_evicted(self, key: str) -> None:
+        with self._lock:
+            self._cached.discard(key)  # heap entries go lazily
+
+    # -- what eviction asks -------------------------------------------------------------------
+
+    @property
+    def is_active(self) -> bool:
+        with self._lock:
+            self._drop_quiet()
+            return bool(self._plans)
+
+    def next_use_s(self, key: str) -> float | None:
+        """Seconds until some plan reads `key` again, or None when none does."""
+        with self._lock:
+            return self._next_use(key)
+
+    def _next_use(self, key: str) -> float | None:
+        soonest: float | None = None
+        for plan, index in self._occurrences.get(key, ()):
+            if index >= plan.cursor:
+                when = plan.seconds_until(index)
+                soonest = when if soonest is None else min(soonest, when)
+        return soonest
+
+    def furthest(self, excluded: Callable[[str], bool]) -> tuple[str, float] | None:
+        """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
+        being settled), with that use's time; None when no plan reads a cached key again."""
+        with self._lock:
+            now = self._clock()
+            skipped: list[tuple[float, str]] = []
+            best: tuple[str, float] | None = None
+            while self._heap:
+                negative_at, key = heapq.heappop(self._heap)
+                if key not in self._cached:
+                    continue  # evicted since
+                when = self._next_use(key)
+                if when is None:
+                    continue  # no plan reads it again: eviction's first choice, not ours
+                if abs((now + when) + negative_at) > max(1e-6, 0.01 * when):
+                    heapq.heappush(self._heap, (-(now + when), key))  # stale: recheck
+                    continue
+                if excluded(key):
+                    skipped.append((negative_at, key))
+                    continue
+                best = (key, when)
+                heapq.heappush(self._heap, (negative_at, key))  # still cached until evicted
+                break
+            for entry in skipped:
+                heapq.heappush(self._heap, entry)
+            return best
+
+    # -- housekeeping and status --------------------------------------------------------------
+
+    def _drop_quiet(self) -> None:
+        now = self._clock()
+        quiet = [p for p in self._plans.values() if now - p.active_since() > self.quiet_after_s]
+        for plan in quiet:
+            del self._plans[plan.job]
+            self._forget(plan)
+
+    def _forget(self, plan: Plan) -> None:
+        self._planned_keys -= len(plan.keys)
+        for key in set(plan.keys):
+            kept = [o for o in self._occurrences.get(key, ()) if o[0] is not plan]
+            if kept:
+                self._occurrences[key] = kept
+            else:
+                self._occurrences.pop(key, None)
+
+    def forget_cached(self, keys: Iterable[str]) -> None:
+        """Start over with these keys as the cached set (the store's index at start)."""
+        with self._lock:
+            self._cached = set(keys)
+
+    def status(self) -> list[PlanStatus]:
+        with self._lock:
+            self._drop_quiet()
+            return [self._status(plan) for plan in self._plans.values()]
+
+    def _status(self, plan: Plan) -> PlanStatus:
+        remaining = plan.keys[plan.cursor :]
+        cached = sum(1 for key in remaining if key in self._cached)
+        return PlanStatus(
+            plan.job,
+            plan.epoch,
+            plan.cursor,
+            len(plan.keys),
+            plan.reads,
+            plan.hits / plan.reads if plan.reads else None,
+            cached / len(remaining) if remaining else None,
+            plan.pace_s,
+        )
+
+
+def choose_victim(
+    candidates: Iterable[str],
+    fill_key: str | None,
+    plans: PlanBook,
+    is_protected: Callable[[str], bool],
+    excluded: Callable[[str], bool],
+) -> tuple[str | None, bool]:
+    """Plan-aware eviction: return (victim, admit) for a fill of `fill_key`.
+
+    `candidates` are evictable keys, least recently used first (a bounded batch). The victim is
+    the first that no plan reads again and admission does not protect; else the first no plan
+    reads again (protected: only a fill some plan reads again may take its place); else the one
+    whose next planned use is furthest, which a fill may take only when it is needed sooner.
+    `admit` False means: stream the fill through. (None, False) when nothing is evictable.
+    """
+    unplanned_protected: str | None = None
+    for key in candidates:
+        if plans.next_use_s(key) is None:
+            if not is_protected(key):
+                return key, True
+            if unplanned_protected is None:
+                unplanned_protected = key
+    fill_use = plans.next_use_s(fill_key) if fill_key is not None else None
+    if unplanned_protected is not None:
+        return unplanned_protected, fill_use is not None
+    furthest = plans.furthest(excluded)
+    if furthest is None:
+        return None, False
+    victim, victim_use = furthest
+    return victim, fill_use is not None and fill_use < victim_use
