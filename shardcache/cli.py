@@ -237,6 +237,9 @@ def _eviction_line(eviction: dict[str, Any] | None) -> str:
         )
         if not eviction["resident_set_serving"]:
             line += "; cached shards no longer read: evictable"
+    plans = eviction.get("plans") or []
+    if plans:
+        line += f"; {len(plans)} loader plan{'s' if len(plans) > 1 else ''} active"
     return line
 
 

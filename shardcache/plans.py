@@ -13,24 +13,27 @@ time of their next use (a clock time: a plan's positions move with its reads, th
 not); an entry is pushed again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
 never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
-Memory: about 250 bytes per planned key (its slot in the plan, its occurrence record, heap
-entries while cached). A plan whose job posted nothing and read none of
-its keys for `quiet_after_s` is dropped; a job that posts again replaces its plan.
+Memory (tracemalloc, 100,000 keys): about 220 bytes per planned key (its slot in the plan, its
+occurrence record) besides the key's own string, and 130 per cached key (the cached set, heap
+entries). A plan whose job posted nothing and read none of its keys for `quiet_after_s` is
+dropped; a job that posts again replaces its plan.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import heapq
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 QUIET_AFTER_S = 600.0
 PACE_WEIGHT = 0.125  # the moving average of seconds per shard follows the last few reads
 SKIP_WINDOW = 4  # how far ahead of its cursor a read may move a plan
 MAX_PLANS = 1024
-MAX_PLANNED_KEYS = 2_000_000  # over all plans; a post beyond it is refused (about 500 MB)
+MAX_PLANNED_KEYS = 1_000_000  # over all plans; a post beyond it is refused (about 300 MB)
 
 
 class PlanRefused(Exception):
@@ -48,6 +51,7 @@ class Plan:
     pace_s: float | None = None  # seconds per shard, once two reads were seen
     reads: int = 0
     hits: int = 0
+    cached_ahead: int = 0  # positions from the cursor on whose key is cached (kept up to date)
 
     def active_since(self) -> float:
         return max(self.posted_at, self.last_read_at or 0.0)
@@ -84,12 +88,13 @@ class PlanBook:
         self._planned_keys = 0
         # (-predicted time of next use, key) for cached keys; stale entries are rechecked.
         self._heap: list[tuple[float, str]] = []
+        self._pending: collections.deque[tuple[str, bool, float]] = collections.deque()
 
     # -- what loaders and the cache tell it ---------------------------------------------------
 
     def post(self, job: str, epoch: int, keys: list[str]) -> Plan:
         """Replace `job`'s plan by `keys` (in read order). Raises PlanRefused when full."""
-        with self._lock:
+        with self._locked():
             self._drop_quiet()
             old = self._plans.pop(job, None)
             if old is not None:
@@ -103,17 +108,35 @@ class PlanBook:
             self._planned_keys += len(keys)
             for index, key in enumerate(plan.keys):
                 self._occurrences.setdefault(key, []).append((plan, index))
+                plan.cached_ahead += key in self._cached
             for key in set(plan.keys) & self._cached:
                 self._push(key)
             return plan
 
     def on_request(self, key: str, hit: bool) -> None:
-        """A client read `key`: each plan that reads it next moves past it."""
+        """A client read `key`: each plan that reads it next moves past it. Never waits: on
+        the event loop, while a worker thread holds the lock (a large post), the read is queued
+        and applied by whoever takes the lock next."""
+        self._pending.append((key, hit, self._clock()))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._apply_pending()
+            finally:
+                self._lock.release()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
         with self._lock:
-            occurrences = self._occurrences.get(key)
-            if not occurrences:
-                return
-            now = self._clock()
+            self._apply_pending()
+            yield
+
+    def _apply_pending(self) -> None:
+        while self._pending:
+            self._apply_read(*self._pending.popleft())
+
+    def _apply_read(self, key: str, hit: bool, now: float) -> None:
+        occurrences = self._occurrences.get(key)
+        if occurrences:
             for plan, index in occurrences:
                 # A worker reads in its order; a read a little beyond the cursor means it skipped
                 # some (a failure, a late start). Reads carry no job identity: another job's
@@ -124,6 +147,8 @@ class PlanBook:
                 self._push(key)  # its next use moved on
 
     def _advance(self, plan: Plan, index: int, hit: bool, now: float) -> None:
+        passed = plan.keys[plan.cursor : index + 1]
+        plan.cached_ahead -= sum(1 for key in passed if key in self._cached)
         if plan.last_read_at is not None:
             step = (now - plan.last_read_at) / (index + 1 - plan.cursor)
             pace = plan.pace_s
@@ -134,9 +159,16 @@ class PlanBook:
         plan.hits += hit
 
     def on_cached(self, key: str) -> None:
-        with self._lock:
-            self._cached.add(key)
+        with self._locked():
+            if key not in self._cached:
+                self._cached.add(key)
+                self._count_ahead(key, +1)
             self._push(key)
+
+    def _count_ahead(self, key: str, change: int) -> None:
+        for plan, index in self._occurrences.get(key, ()):
+            if index >= plan.cursor:
+                plan.cached_ahead += change
 
     def _push(self, key: str) -> None:
         when = self._next_use(key)
@@ -156,20 +188,22 @@ class PlanBook:
         heapq.heapify(self._heap)
 
     def on_evicted(self, key: str) -> None:
-        with self._lock:
-            self._cached.discard(key)  # heap entries go lazily
+        with self._locked():
+            if key in self._cached:
+                self._cached.discard(key)  # heap entries go lazily
+                self._count_ahead(key, -1)
 
     # -- what eviction asks -------------------------------------------------------------------
 
     @property
     def is_active(self) -> bool:
-        with self._lock:
+        with self._locked():
             self._drop_quiet()
             return bool(self._plans)
 
     def next_use_s(self, key: str) -> float | None:
         """Seconds until some plan reads `key` again, or None when none does."""
-        with self._lock:
+        with self._locked():
             return self._next_use(key)
 
     def _next_use(self, key: str) -> float | None:
@@ -183,7 +217,7 @@ class PlanBook:
     def furthest(self, excluded: Callable[[str], bool]) -> tuple[str, float] | None:
         """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
         being settled), with that use's time; None when no plan reads a cached key again."""
-        with self._lock:
+        with self._locked():
             now = self._clock()
             skipped: list[tuple[float, str]] = []
             best: tuple[str, float] | None = None
@@ -227,17 +261,21 @@ class PlanBook:
 
     def forget_cached(self, keys: Iterable[str]) -> None:
         """Start over with these keys as the cached set (the store's index at start)."""
-        with self._lock:
+        with self._locked():
             self._cached = set(keys)
+            for plan in self._plans.values():
+                ahead = plan.keys[plan.cursor :]
+                plan.cached_ahead = sum(1 for key in ahead if key in self._cached)
+            self._rebuild()
 
     def status(self) -> list[PlanStatus]:
-        with self._lock:
+        with self._locked():
             self._drop_quiet()
             return [self._status(plan) for plan in self._plans.values()]
 
     def _status(self, plan: Plan) -> PlanStatus:
-        remaining = plan.keys[plan.cursor :]
-        cached = sum(1 for key in remaining if key in self._cached)
+        remaining = len(plan.keys) - plan.cursor
+        cached = plan.cached_ahead
         return PlanStatus(
             plan.job,
             plan.epoch,
@@ -245,7 +283,7 @@ class PlanBook:
             len(plan.keys),
             plan.reads,
             plan.hits / plan.reads if plan.reads else None,
-            cached / len(remaining) if remaining else None,
+            cached / remaining if remaining else None,
             plan.pace_s,
         )
 

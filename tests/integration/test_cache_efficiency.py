@@ -88,7 +88,7 @@ def test_reshuffled_epochs_keep_half_the_dataset_with_a_half_size_cache(
     """Without plans, scan-resistant admission (look-ahead prefetches in the transient area);
     with the stage's plans (the default), the plans decide."""
     ratios, daemon = _byte_hit_ratios(origin, start_daemon, tmp_path, plan=plan)
-    assert ratios[0] <= 0.01  # the first epoch reads everything from the origin
+    assert ratios[0] < 0.05  # the first epoch reads (nearly) everything from the origin
     assert all(ratio >= 0.45 for ratio in ratios[1:]), ratios
     status = daemon.get_json("/_/status")[1]
     eviction = status["cache"]["eviction"]  # type: ignore[index]

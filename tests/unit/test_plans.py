@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,47 @@ def test_plans_reach_most_of_the_optimum(name: str, fraction: float) -> None:
     assert planned >= 0.95 * trace_sim.belady_next_epoch(trace, capacity) - 0.005
     if not (name == "node-of-4" and fraction < 0.5):
         assert planned >= 0.9 * trace_sim.belady(trace, capacity)
+
+
+def test_a_read_never_waits_for_a_thread_holding_the_book() -> None:
+    """The event loop records reads while a worker thread posts a large plan: the read is
+    queued, not waited for, and counts once the lock is free."""
+    book = PlanBook(clock=Clock())
+    book.post("job", 0, ["a", "b"])
+    released = threading.Event()
+
+    def hold() -> None:
+        with book._lock:
+            released.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    while not book._lock.locked():
+        time.sleep(0.001)
+    started = time.monotonic()
+    book.on_request("a", hit=True)
+    assert time.monotonic() - started < 0.05
+    released.set()
+    holder.join()
+    assert book.status()[0].position == 1
+
+
+def test_the_predicted_ratio_is_kept_up_to_date_without_a_scan() -> None:
+    """status() must not walk every planned key (a scrape would then cost O(planned keys)):
+    the count of cached keys ahead of each cursor follows caching, eviction and reads."""
+    book = PlanBook(clock=Clock())
+    keys = [f"k{i}" for i in range(10)]
+    book.on_cached("k0")
+    book.post("job", 0, keys)
+    for key in ("k3", "k4", "k3"):
+        book.on_cached(key)
+    book.on_evicted("k4")
+    book.on_evicted("k9")  # never cached: no change
+    for key in ("k0", "k1", "k2", "k3"):
+        book.on_request(key, hit=key in ("k0", "k3"))
+    (plan,) = book.status()
+    assert plan.predicted_hit_ratio == 0.0  # of k4..k9, none is cached
+    book.on_cached("k7")
+    book.forget_cached(["k5", "k6", "k7"])  # the store reopened: what it holds now
+    assert book.status()[0].predicted_hit_ratio == 0.5
+    assert sum(1 for k in keys[4:] if k in book._cached) / 6 == 0.5
