@@ -345,10 +345,16 @@ def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterat
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shards", type=int, default=400)
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 0.5, 0.75, 0.9])
+    parser.add_argument("--shards", type=int, default=400, help="dataset size, in shards")
+    parser.add_argument("--epochs", type=int, default=5, help="epochs per trace")
+    parser.add_argument("--seed", type=int, default=1, help="of the shuffles")
+    parser.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[0.1, 0.25, 0.5, 0.75, 0.9],
+        help="cache sizes, as fractions of the dataset",
+    )
     parser.add_argument(
         "--switch",
         action="store_true",
@@ -357,7 +363,7 @@ def main() -> None:
     parser.add_argument(
         "--decisions",
         action="store_true",
-        help="admission's requests recorded and decisions per second at 100k entries",
+        help="requests recorded and eviction decisions per second at 100k entries, by policy",
     )
     args = parser.parse_args()
     if args.decisions:

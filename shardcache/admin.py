@@ -13,7 +13,7 @@ import re
 
 from aiohttp import web
 
-from shardcache.errors import BadRequest, QueueFull, RequestTimeout
+from shardcache.errors import BadRequest, PlansOff, QueueFull, RequestTimeout
 from shardcache.middleware import CACHE_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.plans import Plan, PlanRefused
 from shardcache.prefetch import parse_targets
@@ -79,7 +79,7 @@ async def post_plan(request: web.Request) -> web.Response:
     cache = request.app[CACHE_KEY]
     plans = cache.store.plans
     if plans is None:
-        raise BadRequest("plans are off (--eviction lru): nothing would use this plan")
+        raise PlansOff("plans are off (--eviction lru): nothing would use this plan")
     raw = await _read_body(request)
 
     def post() -> Plan:  # up to MAX_EXPANSION keys: parsed and indexed off the event loop
@@ -102,7 +102,7 @@ def _parse_plan_body(raw: bytes, origins: set[str]) -> tuple[str, int, list[tupl
         body = json.loads(raw)
     except (ValueError, RecursionError):
         raise BadRequest("the body is not JSON (or is nested too deep)") from None
-    if not isinstance(body, dict):
+    if not isinstance(body, dict) or not ({"urls", "keys"} & body.keys()):
         raise BadRequest('expected {"job": ID, "epoch": N, "urls": ["/NAME/KEY", …]}')
     job, epoch = body.pop("job", None), body.pop("epoch", 0)
     if not isinstance(job, str) or not 0 < len(job) <= MAX_JOB_CHARS or not job.isprintable():
@@ -111,6 +111,8 @@ def _parse_plan_body(raw: bytes, origins: set[str]) -> tuple[str, int, list[tupl
         raise BadRequest('"epoch" must be a whole number from 0')
     if "warm" in body:
         raise BadRequest("unknown field(s): warm")
+    if body.get("urls") == [] and "keys" not in body:
+        return job, epoch, []  # nothing more to read: the job's plan ends
     return job, epoch, parse_targets(body, origins)
 
 

@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ class PrefetchOutcome(enum.Enum):
     FETCHED = "fetched"
     JOINED = "joined"
     TOO_LARGE = "too_large"
+    NOT_ADMITTED = "not_admitted"  # the eviction policy would not cache it now: not fetched
 
 
 class Result(enum.Enum):
@@ -93,6 +94,23 @@ class Lease:
         if self.stream is not None:
             await self.stream.aclose()
             self.stream = None
+
+
+class _CountedStream:
+    """An origin stream whose bytes count in `shardcache_origin_bytes_total`, as a fill's do."""
+
+    def __init__(self, stream: OriginStream, received: Callable[[int], None]) -> None:
+        self.info = stream.info
+        self._stream = stream
+        self._received = received
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._received(len(chunk))
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 class ShardCache:
@@ -203,7 +221,7 @@ class ShardCache:
         if not stream.info.checksums and fill.info is not None:
             if fill.info.differs_from(stream.info) is None:
                 stream.info = dataclasses.replace(stream.info, checksums=fill.checksums)
-        return stream
+        return _CountedStream(stream, lambda size: self._observer.origin_bytes(origin.name, size))
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
         """Return what a GET would answer, without fetching the body or touching LRU order."""
@@ -269,7 +287,8 @@ class ShardCache:
         (`pin=False`, warming: an ordinary entry, as a client's miss would leave it).
 
         `admit(size_bytes)` is awaited before a new download starts (the look-ahead budget).
-        Returns (CACHED, None), (JOINED, fill) when a fetch was already under way, or
+        Returns (CACHED, None), (NOT_ADMITTED, None) when the eviction policy would not cache
+        it now (nothing is fetched), (JOINED, fill) when a fetch was already under way, or
         (FETCHED, fill); pass the fill to `finish_prefetch()`. Raises OriginNotFound or another
         OriginError from the HEAD that sizes the object.
         """
@@ -286,6 +305,9 @@ class ShardCache:
         # a fill for it has finished since) or may be fetching it (join_or_start joins it).
         if self._finished.get(url, 0) != finished_before:
             return PrefetchOutcome.CACHED, None
+        if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
+            log.debug("not prefetching %s: the eviction policy would not cache it now", url)
+            return PrefetchOutcome.NOT_ADMITTED, None
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         if joined:
             return PrefetchOutcome.JOINED, fill
@@ -297,6 +319,12 @@ class ShardCache:
             self.store.note_request(url, found=False)
         self._spawn(fill)
         return PrefetchOutcome.FETCHED, fill
+
+    async def _would_admit(self, url: str, info: ObjectInfo, look_ahead: bool) -> bool:
+        try:
+            return await asyncio.to_thread(self.store.would_admit, url, info.size_bytes, look_ahead)
+        except CacheError:
+            return True  # the fill finds out for itself, and streams through
 
     async def finish_prefetch(self, fill: Fill, outcome: PrefetchOutcome) -> PrefetchOutcome:
         """Wait for a prefetch's fill; return FETCHED, JOINED or TOO_LARGE (not cacheable).

@@ -263,7 +263,8 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
     if batch.get("not_cached"):
         print(
             f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
-            "the cache, or its room is held by pinned look-ahead); see the daemon's log",
+            "the cache, its room held by pinned look-ahead, or full of shards still in use: "
+            "see Sizing in the README); see the daemon's log",
             file=sys.stderr,
         )
     return 1 if batch["failed"] or batch.get("not_cached") else 0

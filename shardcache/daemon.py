@@ -201,8 +201,8 @@ class Daemon:
         self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")
         usage = self.store.usage()
         log.info(
-            "shardcache %s serving on http://%s (%s); cache %s: %s of %s used, %d entries; "
-            "origins: %s",
+            "shardcache %s serving on http://%s (%s); cache %s: %s of %s used, %d entries, "
+            "--eviction %s; origins: %s",
             __version__,
             settings.listen,
             _access_summary(settings),
@@ -210,6 +210,7 @@ class Daemon:
             format_size(usage.size_bytes),
             format_size(usage.capacity_bytes),
             usage.entries,
+            settings.eviction,
             ", ".join(f"{n}={u}" for n, u in self.origin_urls.items()) or "none",
         )
         notify(f"READY=1\nSTATUS=serving on http://{settings.listen}\nMAINPID={os.getpid()}")

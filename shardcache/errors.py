@@ -8,6 +8,7 @@
     ├── RequestTimeout                  408     timeout      the client sent its body too slowly
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
+    ├── PlansOff                        409     plans_off    a plan posted to --eviction lru
     ├── RangeNotSatisfiable             416     range
     ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
@@ -46,6 +47,13 @@ class ConfigError(ShardcacheError):
 class BadRequest(ShardcacheError):
     status = 400
     kind = "bad_request"
+
+
+class PlansOff(ShardcacheError):
+    """A well-formed plan that nothing would use: the daemon runs `--eviction lru`."""
+
+    status = 409
+    kind = "plans_off"
 
 
 class InvalidKey(ShardcacheError):

@@ -446,6 +446,7 @@ class _ContinuedStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         position = 0
         async for chunk in self._first:
+            self._requests.received(len(chunk))  # shardcache_origin_bytes_total, as a fill's
             yield chunk
             position += len(chunk)
         if position < self.info.size_bytes:
@@ -455,6 +456,7 @@ class _ContinuedStream:
             if change is not None:
                 raise OriginChanged(f"{self._requests.key} changed while streamed: {change}")
             async for chunk in self._rest:
+                self._requests.received(len(chunk))
                 yield chunk
 
     async def aclose(self) -> None:

@@ -124,7 +124,8 @@ class _StateCollector(Collector):
             "The eviction policy in use (1 for the one named by the label)",
             labels=["policy"],
         )
-        policy.add_metric([state.eviction_policy], 1)
+        for name in ("plan", "scan-resistant", "lru"):  # every series from start-up
+            policy.add_metric([name], int(name == state.eviction_policy))
         yield policy
         yield CounterMetricFamily(
             "shardcache_admission_bypassed",

@@ -373,6 +373,8 @@ class PrefetchQueue:
             finally:
                 lane.current = None
             if fill is None:
+                if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
+                    item.batch.not_cached += 1
                 if not lane.is_current_dropped:
                     self._finish_item(item, None)
                 self._slots.release()

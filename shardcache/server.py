@@ -300,7 +300,25 @@ async def metrics_page(request: web.Request) -> web.Response:
 
 
 async def not_found(request: web.Request) -> web.Response:
+    """Any other `/_/` request: a 405 naming the allowed methods when the path exists, else a
+    404 (the catch-all route would otherwise hide aiohttp's own 405)."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.canonical in (CATCH_ALL, "/{origin}/{key}"):
+            continue
+        match, methods = await resource.resolve(request)
+        if match is None:
+            allowed |= methods
+    if allowed:
+        return json_error(
+            405,
+            f"{request.method} is not allowed on {request.path}",
+            {"Allow": ", ".join(sorted(allowed))},
+        )
     return json_error(404, f"no such endpoint: {request.path}")
+
+
+CATCH_ALL = "/_/{rest}"
 
 
 def make_app(
@@ -335,7 +353,7 @@ def make_app(
     app.router.add_post("/_/plan", post_plan)
     app.router.add_get("/_/origins", get_origins)
     app.router.add_get("/_/status", get_status)
-    app.router.add_route("*", "/_/{rest:.*}", not_found)
+    app.router.add_route("*", "/_/{rest:.*}", not_found)  # canonically CATCH_ALL
     app.router.add_get("/{origin}/{key:.*}", get_object, allow_head=False)
     app.router.add_head("/{origin}/{key:.*}", head_object)
     return app

@@ -592,6 +592,25 @@ class Store:
                 continue
             self._transient_kept += 1
 
+    def would_admit(self, key: str, size_bytes: int, look_ahead: bool) -> bool:
+        """Whether a fill of `key` would be admitted now, without evicting anything: a prefetch
+        asks before fetching, so that one the policy would refuse is not downloaded only to
+        be thrown away. A dry run of the first eviction only (the fill itself decides)."""
+        planning = self.plans is not None and self.plans.is_active
+        if self.admission is None and not planning:
+            return True  # plain LRU admits everything
+        if look_ahead and self.admission is not None and not planning:
+            return True  # a transient fill: it may evict within its area
+        with self._lock, map_store_errors(f"cannot size up {key}"):
+            self._flush_touches()
+            room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
+            if room - self._area_free() >= size_bytes:
+                return True
+            try:
+                return self._choose_victim("", key, protect=True) is not None
+            except NotAdmitted:
+                return False
+
     def _flush_touches(self) -> None:
         """Write the batched access times in one transaction (called with self._lock held)."""
         touched, self._touched = self._touched, {}

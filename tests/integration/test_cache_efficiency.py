@@ -13,6 +13,7 @@ import itertools
 import json
 import random
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ import webdataset as wds
 from shardcache.sample import write_sample_shards
 from shardcache.webdataset import prefetch_ahead
 from tests.daemon_process import Daemon
-from tests.integration.helpers import run_cli
+from tests.integration.helpers import curl, run_cli
 from tests.origin_server import OriginServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -221,6 +222,7 @@ def _post_plan(daemon: Daemon, body: bytes) -> tuple[int, dict[str, object]]:
         (b'{"job": "j", "urls": ["/data/../a.tar"]}', 400, "urls"),
         (b'{"job": "j", "urls": ["/data/a.tar"], "warm": true}', 400, "unknown"),
         (b'{"job": "j", "urls": ["/data/a.tar"], "extra": 1}', 400, "unknown"),
+        (b'{"job": "j", "epoch": 1}', 400, '"urls"'),
     ],
 )
 def test_a_bad_plan_gets_a_json_4xx_and_changes_nothing(
@@ -239,10 +241,65 @@ def test_a_plan_is_taken_replaced_and_refused_under_lru(origin: OriginServer, st
     )
     assert (code, answer) == (200, {"job": "j", "epoch": 2, "keys": 10})
     code, answer = _post_plan(daemon, b'{"job": "j", "epoch": 3, "urls": ["/data/a.tar"]}')
+    assert (code, answer) == (200, {"job": "j", "epoch": 3, "keys": 1})
     plans = daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
     assert [(p["job"], p["epoch"], p["length"]) for p in plans] == [("j", 3, 1)]
+    code, answer = _post_plan(daemon, b'{"job": "j", "urls": []}')  # the job is done
+    assert (code, answer) == (200, {"job": "j", "epoch": 0, "keys": 0})
+    status, answer = daemon.get_json("/_/plan")
+    assert status == 405 and "not allowed" in str(answer["error"])
     lru = start_daemon(
         {"data": origin.url}, "--eviction", "lru", cache_dir=daemon.cache_dir.parent / "lru"
     )
     code, answer = _post_plan(lru, b'{"job": "j", "urls": ["/data/a.tar"]}')
-    assert code == 400 and "--eviction lru" in str(answer["error"])
+    assert code == 409 and "--eviction lru" in str(answer["error"])
+
+
+def test_a_prefetch_the_plans_would_not_keep_is_not_downloaded(
+    origin: OriginServer, start_daemon
+) -> None:
+    """A full cache of shards just read, which admission protects: a look-ahead prefetch of a
+    shard no plan reads would be streamed to nobody. It is sized (HEAD) and skipped, never
+    fetched; one the plan reads next is fetched and takes the place of a read shard."""
+    mib = 1 << 20
+    for name in ("a", "b", "c", "d", "e", "x"):
+        origin.put(f"{name}.tar", bytes([ord(name)]) * mib)
+    cache_size = 4 * (mib + ENTRY_OVERHEAD) + INDEX_ALLOWANCE
+    daemon = start_daemon({"data": origin.url}, "--readahead", "0", cache_size=str(cache_size))
+    code, _ = _post_plan(
+        daemon,
+        b'{"job": "j", "urls": ["/data/a.tar", "/data/b.tar", "/data/c.tar", '
+        b'"/data/d.tar", "/data/e.tar"]}',
+    )
+    assert code == 200
+    for name in ("a", "b", "c", "d"):
+        assert curl(f"{daemon.url}/data/{name}.tar").headers["x-shardcache"] == "miss"
+    assert daemon.get_json("/_/status")[1]["cache"]["entries"] == 4  # type: ignore[index]
+
+    batch = _prefetch(daemon, ["/data/x.tar"])
+    assert batch["not_cached"] == 1 and batch["failed"] == 0
+    assert origin.gets["x.tar"] == 0 and origin.heads["x.tar"] == 1
+    batch = _prefetch(daemon, ["/data/e.tar"])
+    assert batch["not_cached"] == 0 and origin.gets["e.tar"] >= 1
+    assert curl(f"{daemon.url}/data/e.tar").headers["x-shardcache"] == "hit"
+    # A miss streamed through is still counted as origin bytes.
+    before = daemon.metric("shardcache_origin_bytes_total", origin="data")
+    assert curl(f"{daemon.url}/data/x.tar").headers["x-shardcache"] == "miss"
+    assert daemon.metric("shardcache_origin_bytes_total", origin="data") - before == mib
+    assert daemon.get_json("/_/status")[1]["cache"]["eviction"]["bypassed"] >= 1  # type: ignore[index]
+
+
+def _prefetch(daemon: Daemon, paths: list[str]) -> dict[str, object]:
+    """Queue `paths` as look-ahead and wait for the batch; return its status."""
+    request = urllib.request.Request(
+        daemon.url + "/_/prefetch", data=json.dumps({"urls": paths}).encode()
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        batch_id = json.loads(response.read())["batch"]
+    deadline = time.monotonic() + 20
+    while True:
+        batch = daemon.get_json(f"/_/prefetch?batch={batch_id}")[1]["batch"]
+        if batch["done"] == batch["total"]:  # type: ignore[index]
+            return batch  # type: ignore[return-value]
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.05)
