@@ -107,7 +107,7 @@ class _Poster:
             try:
                 client.post_plan(job, epoch, paths, base)
             except client.ClientError as exc:
-                if exc.status in (400, 404, 405, 429):  # --eviction lru, an older daemon, full
+                if exc.status in (400, 404, 405, 409, 429):  # --eviction lru, older daemon, full
                     self._planless.add(base)
                     log.warning("prefetch_ahead: %s; reading on without a plan", exc)
                 else:  # down, or the token is wrong: prefetching would fail the same way
