@@ -316,7 +316,7 @@ class ShardCache:
             self._unread[url] = info.size_bytes
             self.store.pin(url)
         else:  # warming stands for the reads to come: admission protects it like one
-            self.store.note_request(url, found=False)
+            self.store.note_warm(url)
         self._spawn(fill)
         return PrefetchOutcome.FETCHED, fill
 

@@ -13,27 +13,33 @@ time of their next use (a clock time: a plan's positions move with its reads, th
 not); an entry is pushed again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
 never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
-Memory (tracemalloc, 100,000 keys): about 220 bytes per planned key (its slot in the plan, its
-occurrence record) besides the key's own string, and 130 per cached key (the cached set, heap
-entries). A plan whose job posted nothing and read none of its keys for `quiet_after_s` is
+Each plan indexes its own keys (a dict of first positions, ints only, and sorted positions for
+the few keys listed twice), so a plan costs a handful of objects the garbage collector tracks,
+not one per key: a post of a million keys must not make every later collection stall the event
+loop. A read is matched against each plan (at most MAX_PLANS dict lookups). Memory: about 75
+bytes per planned key besides the key string (tracemalloc, 100,000 keys); posts are refused
+beyond MAX_PLANNED_KEYS keys or MAX_PLANNED_KEY_CHARS characters in all, finished plans giving
+way first. A plan whose job posted nothing and read none of its keys for `quiet_after_s` is
 dropped; a job that posts again replaces its plan.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import heapq
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 QUIET_AFTER_S = 600.0
 PACE_WEIGHT = 0.125  # the moving average of seconds per shard follows the last few reads
 SKIP_WINDOW = 4  # how far ahead of its cursor a read may move a plan
-MAX_PLANS = 1024
-MAX_PLANNED_KEYS = 1_000_000  # over all plans; a post beyond it is refused (about 300 MB)
+MAX_PLANS = 256  # each read is matched against every plan: a bound on that work
+MAX_PLANNED_KEYS = 1_000_000  # over all plans
+MAX_PLANNED_KEY_CHARS = 128 << 20  # over all plans: long keys must not take gigabytes
 
 
 class PlanRefused(Exception):
@@ -52,6 +58,42 @@ class Plan:
     reads: int = 0
     hits: int = 0
     cached_ahead: int = 0  # positions from the cursor on whose key is cached (kept up to date)
+    chars: int = 0  # of its keys, for the book's bound
+    first: dict[str, int] = field(default_factory=dict)  # key -> its first position
+    repeats: dict[str, list[int]] = field(default_factory=dict)  # key -> positions, if > 1
+
+    def __post_init__(self) -> None:
+        for index, key in enumerate(self.keys):
+            if key not in self.first:
+                self.first[key] = index
+            elif key in self.repeats:
+                self.repeats[key].append(index)
+            else:
+                self.repeats[key] = [self.first[key], index]
+        self.chars = sum(map(len, self.first)) + 8 * len(self.keys)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.cursor >= len(self.keys)
+
+    def position_of(self, key: str, start: int) -> int | None:
+        """The first position of `key` at or after `start`, or None."""
+        first = self.first.get(key)
+        if first is None or first >= start:
+            return first
+        positions = self.repeats.get(key)
+        if positions is None:
+            return None
+        at = bisect.bisect_left(positions, start)
+        return positions[at] if at < len(positions) else None
+
+    def count_from(self, key: str, start: int) -> int:
+        """How many times `key` is listed at or after `start`."""
+        positions = self.repeats.get(key)
+        if positions is not None:
+            return len(positions) - bisect.bisect_left(positions, start)
+        first = self.first.get(key)
+        return int(first is not None and first >= start)
 
     def active_since(self) -> float:
         return max(self.posted_at, self.last_read_at or 0.0)
@@ -83,9 +125,7 @@ class PlanBook:
         self._clock = clock
         self._lock = threading.Lock()
         self._plans: dict[str, Plan] = {}
-        self._occurrences: dict[str, list[tuple[Plan, int]]] = {}
         self._cached: set[str] = set()
-        self._planned_keys = 0
         # (-predicted time of next use, key) for cached keys; stale entries are rechecked.
         self._heap: list[tuple[float, str]] = []
         self._pending: collections.deque[tuple[str, bool, float]] = collections.deque()
@@ -93,25 +133,36 @@ class PlanBook:
     # -- what loaders and the cache tell it ---------------------------------------------------
 
     def post(self, job: str, epoch: int, keys: list[str]) -> Plan:
-        """Replace `job`'s plan by `keys` (in read order). Raises PlanRefused when full."""
+        """Replace `job`'s plan by `keys` (in read order). Raises PlanRefused when the book is
+        full even without finished plans (the job's old plan is then kept)."""
+        plan = Plan(job, epoch, list(keys), self._clock())  # indexed before taking the lock
         with self._locked():
             self._drop_quiet()
-            old = self._plans.pop(job, None)
-            if old is not None:
-                self._forget(old)
-            if len(self._plans) >= MAX_PLANS:
-                raise PlanRefused(f"{MAX_PLANS} plans are active; post again when jobs end")
-            if self._planned_keys + len(keys) > MAX_PLANNED_KEYS:
-                raise PlanRefused(f"more than {MAX_PLANNED_KEYS} planned keys in all")
-            plan = Plan(job, epoch, list(keys), self._clock())
+            others = [p for p in self._plans.values() if p.job != job]
+            while self._over_bounds(others, plan):
+                finished = [p for p in others if p.is_finished]
+                if not finished:
+                    raise PlanRefused(
+                        f"the plans in use are at the bound ({MAX_PLANS} plans, "
+                        f"{MAX_PLANNED_KEYS} keys, {MAX_PLANNED_KEY_CHARS >> 20} Mi characters); "
+                        "post again when jobs end"
+                    )
+                oldest = min(finished, key=Plan.active_since)
+                others.remove(oldest)
+                del self._plans[oldest.job]
             self._plans[job] = plan
-            self._planned_keys += len(keys)
-            for index, key in enumerate(plan.keys):
-                self._occurrences.setdefault(key, []).append((plan, index))
-                plan.cached_ahead += key in self._cached
-            for key in set(plan.keys) & self._cached:
+            plan.cached_ahead = sum(1 for key in plan.keys if key in self._cached)
+            for key in plan.first.keys() & self._cached:
                 self._push(key)
             return plan
+
+    @staticmethod
+    def _over_bounds(others: list[Plan], plan: Plan) -> bool:
+        return (
+            len(others) + 1 > MAX_PLANS
+            or sum(len(p.keys) for p in others) + len(plan.keys) > MAX_PLANNED_KEYS
+            or sum(p.chars for p in others) + plan.chars > MAX_PLANNED_KEY_CHARS
+        )
 
     def on_request(self, key: str, hit: bool) -> None:
         """A client read `key`: each plan that reads it next moves past it. Never waits: on
@@ -135,16 +186,17 @@ class PlanBook:
             self._apply_read(*self._pending.popleft())
 
     def _apply_read(self, key: str, hit: bool, now: float) -> None:
-        occurrences = self._occurrences.get(key)
-        if occurrences:
-            for plan, index in occurrences:
-                # A worker reads in its order; a read a little beyond the cursor means it skipped
-                # some (a failure, a late start). Reads carry no job identity: another job's
-                # read of a key far ahead in this plan must not move it.
-                if plan.cursor <= index < plan.cursor + SKIP_WINDOW:
-                    self._advance(plan, index, hit, now)
-            if key in self._cached:
-                self._push(key)  # its next use moved on
+        moved = False
+        for plan in self._plans.values():
+            # A worker reads in its order; a read a little beyond the cursor means it skipped
+            # some (a failure, a late start). Reads carry no job identity: another job's read
+            # of a key far ahead in this plan must not move it.
+            index = plan.position_of(key, plan.cursor)
+            if index is not None and index < plan.cursor + SKIP_WINDOW:
+                self._advance(plan, index, hit, now)
+                moved = True
+        if moved and key in self._cached:
+            self._push(key)  # its next use moved on
 
     def _advance(self, plan: Plan, index: int, hit: bool, now: float) -> None:
         passed = plan.keys[plan.cursor : index + 1]
@@ -166,9 +218,8 @@ class PlanBook:
             self._push(key)
 
     def _count_ahead(self, key: str, change: int) -> None:
-        for plan, index in self._occurrences.get(key, ()):
-            if index >= plan.cursor:
-                plan.cached_ahead += change
+        for plan in self._plans.values():
+            plan.cached_ahead += change * plan.count_from(key, plan.cursor)
 
     def _push(self, key: str) -> None:
         when = self._next_use(key)
@@ -208,8 +259,9 @@ class PlanBook:
 
     def _next_use(self, key: str) -> float | None:
         soonest: float | None = None
-        for plan, index in self._occurrences.get(key, ()):
-            if index >= plan.cursor:
+        for plan in self._plans.values():
+            index = plan.position_of(key, plan.cursor)
+            if index is not None:
                 when = plan.seconds_until(index)
                 soonest = when if soonest is None else min(soonest, when)
         return soonest
@@ -248,16 +300,6 @@ class PlanBook:
         quiet = [p for p in self._plans.values() if now - p.active_since() > self.quiet_after_s]
         for plan in quiet:
             del self._plans[plan.job]
-            self._forget(plan)
-
-    def _forget(self, plan: Plan) -> None:
-        self._planned_keys -= len(plan.keys)
-        for key in set(plan.keys):
-            kept = [o for o in self._occurrences.get(key, ()) if o[0] is not plan]
-            if kept:
-                self._occurrences[key] = kept
-            else:
-                self._occurrences.pop(key, None)
 
     def forget_cached(self, keys: Iterable[str]) -> None:
         """Start over with these keys as the cached set (the store's index at start)."""

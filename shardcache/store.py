@@ -348,6 +348,12 @@ class Store:
         if self.plans is not None:
             self.plans.on_request(key, hit)
 
+    def note_warm(self, key: str) -> None:
+        """A shard is being warmed: admission protects it as it would a read; plans do not
+        move (no job read it). Event-loop safe."""
+        if self.admission is not None:
+            self.admission.on_request(key, False)
+
     def admission_state(self) -> AdmissionState:
         admission, plans = self.admission, self.plans
         active = plans.status() if plans is not None else []
@@ -362,6 +368,13 @@ class Store:
             admission is None or admission.is_serving(),
             active,
         )
+
+    def _is_transient(self, key: str) -> bool:
+        """A look-ahead prefetch (pinned) that only admission ranks: one a plan reads is an
+        ordinary fill, which the plans rank as needed soon."""
+        if self.admission is None or key not in self._pinned:
+            return False
+        return self.plans is None or self.plans.next_use_s(key) is None
 
     def _transient_bytes(self) -> int:
         return sum(self._transient.values()) + self._transient_reserved
@@ -411,20 +424,11 @@ class Store:
         unusable; the caller should then stream the object through uncached. The caller must
         `commit()` or `abort()`.
         """
-        # With a plan active, the plans rank a prefetch as needed soon: no transient area.
-        planning = self.plans is not None and self.plans.is_active
-        transient = (
-            self.admission is not None and not planning and key is not None and key in self._pinned
-        )
+        transient = key is not None and self._is_transient(key)
         with self._lock, map_store_errors("cannot make room"):
             self._settle_read_transients()
             if transient:
                 self._evict_until_free(size_bytes, protect=False, for_key=key)
-                self._transient_reserved += size_bytes
-                self._transient_area = min(
-                    self._transient_max_bytes,
-                    max(self._transient_area, self._transient_bytes()),
-                )
             else:
                 try:
                     self._evict_until_free(
@@ -435,6 +439,12 @@ class Store:
                     raise
             self._evict_for_filesystem(size_bytes)
             self._reserved_bytes += size_bytes
+            if transient:
+                self._transient_reserved += size_bytes
+                self._transient_area = min(
+                    self._transient_max_bytes,
+                    max(self._transient_area, self._transient_bytes()),
+                )
         path = self._partial_dir / uuid.uuid4().hex
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
@@ -567,7 +577,8 @@ class Store:
 
     def _area_free(self) -> int:
         """The part of the transient area transient entries do not use now: ordinary fills
-        leave it free (called with self._lock held)."""
+        leave it free (called with self._lock held). Not while a plan is active: the plans
+        rank what they read, and a look-ahead no plan names evicts by that ranking instead."""
         if self.plans is not None and self.plans.is_active:
             return 0
         return max(0, self._transient_area - self._transient_bytes())
@@ -599,7 +610,8 @@ class Store:
         planning = self.plans is not None and self.plans.is_active
         if self.admission is None and not planning:
             return True  # plain LRU admits everything
-        if look_ahead and self.admission is not None and not planning:
+        unplanned = self.plans is None or self.plans.next_use_s(key) is None
+        if look_ahead and self.admission is not None and unplanned:
             return True  # a transient fill: it may evict within its area
         with self._lock, map_store_errors(f"cannot size up {key}"):
             self._flush_touches()
@@ -692,12 +704,13 @@ class Store:
         return True
 
     def _choose_victim(
-        self, spare: str, for_key: str | None, protect: bool
+        self, spare: str, for_key: str | None, protect: bool, attempts: int = 8
     ) -> tuple[str, int] | None:
-        """LRU, LRU that spares what admission protects, or the plans' choice (module doc)."""
+        """LRU, LRU that spares what admission protects, or the plans' choice (module doc).
+        After `attempts` keys the plans thought cached and the index did not, plain LRU."""
         candidates = self._least_recently_used(spare)
         plans, admission = self.plans, self.admission
-        if plans is not None and plans.is_active:
+        if plans is not None and plans.is_active and attempts > 0:
             victim, admit = choose_victim(
                 [key for key, _ in candidates],
                 for_key,
@@ -713,9 +726,9 @@ class Store:
             if victim not in sizes:
                 rows = self._index._sql("SELECT size FROM Cache WHERE key = ?", (victim,))
                 found = rows.fetchall()
-                if not found:  # gone meanwhile: forget it, and choose again
+                if not found:  # gone meanwhile (a purge raced its commit): forget it, again
                     plans.on_evicted(victim)
-                    return self._choose_victim(spare, for_key, protect)
+                    return self._choose_victim(spare, for_key, protect, attempts - 1)
                 sizes[victim] = found[0][0]
             return victim, sizes[victim]
         if not candidates:

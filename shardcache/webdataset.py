@@ -34,39 +34,46 @@ Shard = dict[str, Any]
 _stage_numbers = itertools.count()
 
 
+PLAN_WINDOW = 2048  # shards a plan names at once: an endless source (ResampledShards) flows
+
+
 def prefetch_ahead(
     k: int = 8, daemon: str | None = None, plan: bool = True
 ) -> Callable[[Iterable[Shard]], Iterator[Shard]]:
     """Return a stage that, as each shard is handed on, asks the daemon for the next `k`.
 
     The daemon is the one each shard URL names (`http://127.0.0.1:18470/NAME/KEY`, also inside
-    `pipe:curl …`), unless `daemon` is given. With `plan` (the default), each epoch starts by
-    posting the epoch's whole order for this worker: the stage reads the (already shuffled and
-    split) shard list ahead, which is a list of names, not data. A daemon that cannot be
-    reached, or shards that name none, are reported once each as a warning; the pipeline
-    reads on either way.
+    `pipe:curl …`), unless `daemon` is given. With `plan` (the default), the stage also posts
+    this worker's order as a plan: it reads the (already shuffled and split) shard list up to
+    PLAN_WINDOW names ahead, and posts the window again each time half of it was handed on, so
+    an endless or very long source still flows at once. A daemon that cannot be reached, or
+    shards that name none, are reported once each as a warning; the pipeline reads on either
+    way.
     """
     if k < 1:
         raise ValueError("k must be at least 1")
     stage_number = next(_stage_numbers)
     epochs = itertools.count()
+    reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
 
     def stage(shards: Iterable[Shard]) -> Iterator[Shard]:
         poster = _Poster(daemon)
+        source = iter(shards)
+        job = f"{socket.gethostname()}:{os.getpid()}:{stage_number}"
+        epoch = next(epochs)
+        ahead: collections.deque[Shard] = collections.deque(itertools.islice(source, reach))
+        handed_since_plan = 0
         if plan:
-            shards = list(shards)
-            job = f"{socket.gethostname()}:{os.getpid()}:{stage_number}"
-            poster.post_plan(job, next(epochs), shards)
-        window: collections.deque[Shard] = collections.deque()
-        for shard in shards:
-            window.append(shard)
-            if len(window) <= k:
-                continue
-            poster.post(list(window)[1:])
-            yield window.popleft()
-        while window:
-            poster.post(list(window)[1:])
-            yield window.popleft()
+            poster.post_plan(job, epoch, list(ahead))
+        while ahead:
+            shard = ahead.popleft()
+            ahead.extend(itertools.islice(source, reach - len(ahead)))
+            handed_since_plan += 1
+            if plan and handed_since_plan >= PLAN_WINDOW // 2 and ahead:
+                poster.post_plan(job, epoch, list(ahead))  # the rest, from here
+                handed_since_plan = 0
+            poster.post(list(itertools.islice(ahead, k)))
+            yield shard
 
     return stage
 
@@ -107,7 +114,7 @@ class _Poster:
             try:
                 client.post_plan(job, epoch, paths, base)
             except client.ClientError as exc:
-                if exc.status in (400, 404, 405, 409, 429):  # --eviction lru, older daemon, full
+                if exc.status in (400, 404, 405, 409, 413, 429):  # lru, older, too big, full
                     self._planless.add(base)
                     log.warning("prefetch_ahead: %s; reading on without a plan", exc)
                 else:  # down, or the token is wrong: prefetching would fail the same way

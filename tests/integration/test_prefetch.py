@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ import webdataset as wds
 
 from shardcache.sample import write_sample_shards
 from shardcache.webdataset import prefetch_ahead
-from tests.integration.helpers import curl, disk_usage, sha256
+from tests.integration.helpers import curl, disk_usage, sha256, wait_for
 from tests.origin_server import OriginServer
 
 MiB = 1024 * 1024
@@ -240,3 +241,24 @@ def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
         assert _epoch(url.format(lru.url), [prefetch_ahead(1)], 0.1) == 12
     assert "reading on without a plan" in caplog.text
     assert lru.metric("shardcache_prefetch_completed_total") >= 3  # look-ahead still works
+
+
+def test_the_stage_flows_from_an_endless_source_posting_its_plan_in_windows(
+    origin: OriginServer, start_daemon, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wds.ResampledShards` never ends: the stage must hand shards on at once and name a
+    bounded window of them in its plan, posted again as the loader moves through it."""
+    monkeypatch.setattr("shardcache.webdataset.PLAN_WINDOW", 8)
+    for i in range(4):
+        origin.put(f"s_{i}.tar", b"x" * 1024)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    urls = [f"pipe:curl -s -f {daemon.url}/web/s_{i}.tar" for i in range(4)]
+    endless = ({"url": url} for url in itertools.cycle(urls))
+    stage = prefetch_ahead(2)(endless)
+    started = time.monotonic()
+    handed = [next(stage)["url"] for _ in range(13)]
+    assert time.monotonic() - started < 10
+    assert handed == [urls[i % 4] for i in range(13)]
+    plans = daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
+    assert [p["length"] for p in plans] == [8]  # the window, not the endless list
+    wait_for("prefetches", lambda: daemon.metric("shardcache_prefetch_completed_total") >= 3)

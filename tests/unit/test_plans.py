@@ -4,6 +4,7 @@ at least 90% of the offline optimum, never below LRU by more than 0.02."""
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import threading
@@ -168,3 +169,51 @@ def test_the_predicted_ratio_is_kept_up_to_date_without_a_scan() -> None:
     book.forget_cached(["k5", "k6", "k7"])  # the store reopened: what it holds now
     assert book.status()[0].predicted_hit_ratio == 0.5
     assert sum(1 for k in keys[4:] if k in book._cached) / 6 == 0.5
+
+
+def test_a_refused_post_keeps_the_jobs_plan_and_finished_plans_give_way(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("shardcache.plans.MAX_PLANNED_KEYS", 10)
+    book = PlanBook(clock=Clock())
+    book.post("j", 0, [f"k{i}" for i in range(10)])
+    with pytest.raises(PlanRefused):
+        book.post("j", 1, [f"k{i}" for i in range(11)])
+    assert [(p.job, p.epoch) for p in book.status()] == [("j", 0)]
+    for i in range(10):  # j reads its plan to the end: finished, it gives way to a new job
+        book.on_request(f"k{i}", hit=False)
+    book.post("other", 0, ["x", "y"])
+    assert [p.job for p in book.status()] == ["other"]
+
+
+def test_long_keys_are_bounded_by_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shardcache.plans.MAX_PLANNED_KEY_CHARS", 10_000)
+    book = PlanBook(clock=Clock())
+    with pytest.raises(PlanRefused):
+        book.post("j", 0, [f"/{'a' * 990}{i}" for i in range(11)])
+    book.post("j", 0, [f"/{'a' * 990}{i}" for i in range(9)])
+
+
+def test_a_key_listed_many_times_costs_a_lookup_not_a_walk() -> None:
+    """The same key 100,000 times: a read finds its next position by bisection and moves the
+    cursor by one, not through every duplicate."""
+    book = PlanBook(clock=Clock())
+    book.post("j", 0, ["same"] * 100_000)
+    started = time.perf_counter()
+    for _ in range(1000):
+        book.on_request("same", hit=True)
+    assert time.perf_counter() - started < 0.5
+    assert book.status()[0].position == 1000
+    assert book.next_use_s("same") == 0.0
+
+
+def test_a_large_plan_adds_few_objects_for_the_garbage_collector() -> None:
+    """A million planned keys held as one object each would make every full collection stall
+    the event loop for seconds: a plan is a few tracked containers, whatever its length."""
+    book = PlanBook(clock=Clock())
+    keys = [f"http://origin/shards_{i:06d}.tar" for i in range(100_000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    book.post("j", 0, keys + keys[:10])
+    gc.collect()
+    assert len(gc.get_objects()) - before < 50

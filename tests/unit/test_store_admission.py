@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shardcache.admission import ScanResistantAdmission
+from shardcache.plans import PlanBook
 from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Store
 
 KiB = 1024
@@ -162,3 +163,48 @@ def test_a_new_dataset_takes_over_once_the_old_one_stops_serving(store: Store) -
 def test_reservations_beyond_the_capacity_are_still_cache_full(store: Store) -> None:
     with pytest.raises(CacheFull):
         store.reserve(CAPACITY + 1, "huge")
+
+
+def test_another_jobs_plan_leaves_look_ahead_of_unplanned_shards_transient(
+    tmp_path: Path,
+) -> None:
+    """One job posting a plan must not turn every other job's look-ahead into fills the plans
+    refuse (fetched for nothing): a pinned prefetch no plan reads stays transient."""
+    plans = PlanBook()
+    store = Store(
+        tmp_path / "cache",
+        CAPACITY,
+        admission=ScanResistantAdmission(),
+        transient_max_bytes=2 * SHARD,
+        plans=plans,
+    )
+    try:
+        keys = [f"s{i}" for i in range(16)]
+        _epochs(store, keys, 2)
+        plans.post("other-job", 0, ["elsewhere-1", "elsewhere-2"])
+        outsider = next(key for key in keys if key not in _cached(store))
+        assert store.would_admit(outsider, SHARD, look_ahead=True)
+        store.pin(outsider)
+        _fill(store, outsider)  # not refused: transient
+        assert store.admission_state().transient_bytes == SHARD
+    finally:
+        store.close()
+
+
+def test_keys_the_plans_think_cached_but_the_index_lacks_do_not_recurse(
+    tmp_path: Path,
+) -> None:
+    plans = PlanBook()
+    store = Store(tmp_path / "cache", CAPACITY, plans=plans)
+    try:
+        resident = [f"s{i}" for i in range(12)]
+        _epochs(store, resident, 1)
+        phantoms = [f"phantom{i}" for i in range(5000)]
+        # Every resident is planned, the phantoms furthest: eviction looks at them first.
+        plans.post("job", 0, ["zz", *resident, *phantoms])
+        for key in phantoms:  # as a purge racing a commit could leave one behind
+            plans.on_cached(key)
+        _fill(store, "zz")  # needs room: the phantoms are tried, forgotten, then plain LRU
+        assert "zz" in _cached(store)
+    finally:
+        store.close()
