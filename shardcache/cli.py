@@ -203,7 +203,8 @@ def format_status(document: dict[str, Any]) -> str:
         f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
         f"{cache['entries']} entries, {cache['evictions']} evictions",
         _eviction_line(cache.get("eviction")),
-        f"loader waited  {document['client_wait_s']:.2f} s for bytes not on disk",
+        f"loader stalled {document.get('loader_stall_s', 0):.2f} s waiting for bytes not on disk "
+        f"({document['client_wait_s']:.2f} s added up over every stream)",
         f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
         f"{prefetch['fetched']} fetched "
         f"(+{prefetch['done'] - prefetch['fetched']} found cached or being read), "

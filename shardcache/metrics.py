@@ -8,6 +8,7 @@ cache and prefetch state gauges are read at scrape time through callbacks.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
+from shardcache.stall import StallClock
 from shardcache.status import Snapshot
 
 RESULTS = ("hit", "miss", "coalesced", "error")
@@ -205,10 +207,18 @@ class Metrics:
         )
         self.client_wait = Counter(
             "shardcache_client_wait_seconds",
-            "Time clients waited for bytes not yet on local disk",
+            "Time clients waited for bytes not yet on local disk, added up over every stream",
             ["origin"],
             registry=registry,
         )
+        self.loader_stall = Counter(
+            "shardcache_loader_stall_seconds",
+            "Wall-clock time during which at least one client waited for bytes not yet on "
+            "local disk (the union of the waits): the loader-stall figure",
+            ["origin"],
+            registry=registry,
+        )
+        self._stall_clocks: dict[str, StallClock] = {}
         self.origin_requests = Counter(
             "shardcache_origin_requests",
             "Requests made to origins by outcome",
@@ -292,6 +302,7 @@ class Metrics:
                 self.origin_errors.labels(origin, kind)
             self.origin_requests.labels(origin, "ok")
             self.client_wait.labels(origin)
+            self.loader_stall.labels(origin)
             self.client_disconnects.labels(origin)
             self.origin_retries.labels(origin)
             self.origin_bytes_total.labels(origin)
@@ -329,6 +340,10 @@ class Metrics:
                 o: value("shardcache_client_wait_seconds_total", {"origin": o}) or 0
                 for o in origins
             },
+            loader_stall_s={
+                o: value("shardcache_loader_stall_seconds_total", {"origin": o}) or 0
+                for o in origins
+            },
             evictions=value("shardcache_cache_evictions_total") or 0,
         )
 
@@ -353,6 +368,15 @@ class Metrics:
 
     def fetch_finished(self, origin: str, duration_s: float) -> None:
         self.origin_fetch.labels(origin).observe(duration_s)
+
+    def waited(self, origin: str, seconds: float) -> None:
+        """A client waited `seconds`, just now, for bytes not yet on local disk."""
+        if seconds <= 0:
+            return
+        self.client_wait.labels(origin).inc(seconds)
+        now = time.monotonic()
+        clock = self._stall_clocks.setdefault(origin, StallClock())
+        self.loader_stall.labels(origin).inc(clock.add(now - seconds, now))
 
     def evicted(self, size_bytes: int, was_pinned: bool) -> None:
         self.evictions.inc()

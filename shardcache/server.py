@@ -168,7 +168,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     lease = await cache.open(request.match_info["origin"], request.match_info["key"])
     request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
     if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
-        metrics.client_wait.labels(lease.origin).inc(loop.time() - began)
+        metrics.waited(lease.origin, loop.time() - began)
     try:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
@@ -254,8 +254,7 @@ async def _send_body(
     metrics: Metrics,
 ) -> None:
     def on_wait(seconds: float) -> None:
-        if seconds > 0:
-            metrics.client_wait.labels(lease.origin).inc(seconds)
+        metrics.waited(lease.origin, seconds)
 
     if start == end:
         return  # settled before the headers

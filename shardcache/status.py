@@ -20,6 +20,7 @@ class Snapshot:
     origin_errors: dict[tuple[str, str], float] = field(default_factory=dict)
     origin_retries: dict[str, float] = field(default_factory=dict)
     client_wait_s: dict[str, float] = field(default_factory=dict)
+    loader_stall_s: dict[str, float] = field(default_factory=dict)
     evictions: float = 0
 
 
@@ -53,6 +54,7 @@ def build_status(
             "origin_errors": errors,
             "origin_retries": int(snapshot.origin_retries.get(name, 0)),
             "client_wait_s": round(snapshot.client_wait_s.get(name, 0.0), 3),
+            "loader_stall_s": round(snapshot.loader_stall_s.get(name, 0.0), 3),
         }
     total_requests = {
         r: sum(o["requests"][r] for o in per_origin.values())
@@ -70,6 +72,8 @@ def build_status(
         "requests": total_requests,
         "bytes": total_bytes,
         "client_wait_s": round(sum(snapshot.client_wait_s.values()), 3),
+        # Per origin; over origins the sum bounds the union from above.
+        "loader_stall_s": round(sum(snapshot.loader_stall_s.values()), 3),
         "cache": {
             **cache,
             "evictions": int(snapshot.evictions),

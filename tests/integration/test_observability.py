@@ -321,3 +321,38 @@ def test_stats_command_prints_a_table_and_json(origin: OriginServer, start_daemo
         timeout=30,
     )
     assert down.returncode == 2 and "cannot reach the shardcache daemon" in down.stderr
+
+
+def test_the_loader_stall_counts_concurrent_waits_once(origin: OriginServer, start_daemon) -> None:
+    """Four clients wait together for the same cold shard: the per-stream sum counts the wait
+    four times, the loader-stall figure (the union of the waits) once."""
+    hold = threading.Event()
+    origin.put("slow.tar", b"s" * MiB, hold=hold)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    results: list[str] = []
+    readers = [
+        threading.Thread(
+            target=lambda: results.append(
+                curl(f"{daemon.url}/web/slow.tar").headers["x-shardcache"]
+            )
+        )
+        for _ in range(4)
+    ]
+    began = time.monotonic()
+    for reader in readers:
+        reader.start()
+    while daemon.metric("shardcache_requests_total", origin="web", result="coalesced") < 3:
+        time.sleep(0.02)
+    time.sleep(1.0)
+    hold.set()
+    for reader in readers:
+        reader.join(30)
+    held = time.monotonic() - began
+    assert sorted(results) == ["coalesced"] * 3 + ["miss"]
+    stall = daemon.metric("shardcache_loader_stall_seconds_total", origin="web")
+    summed = daemon.metric("shardcache_client_wait_seconds_total", origin="web")
+    assert 1.0 <= stall <= held
+    assert summed >= 3 * 1.0 + stall * 0.9  # three waited at least the second, one the whole
+    assert summed > 2.5 * stall
+    status = daemon.get_json("/_/status")[1]
+    assert status["loader_stall_s"] == pytest.approx(stall, abs=0.01)
