@@ -114,7 +114,10 @@ class _Poster:
             try:
                 client.post_plan(job, epoch, paths, base)
             except client.ClientError as exc:
-                if exc.status in (400, 404, 405, 409, 413, 429):  # lru, older, too big, full
+                if exc.status == 409:  # --eviction lru: plans are off by the operator's choice
+                    self._planless.add(base)
+                    log.debug("prefetch_ahead: %s; reading on without a plan", exc)
+                elif exc.status in (400, 404, 405, 413, 429):  # older daemon, too big, full
                     self._planless.add(base)
                     log.warning("prefetch_ahead: %s; reading on without a plan", exc)
                 else:  # down, or the token is wrong: prefetching would fail the same way

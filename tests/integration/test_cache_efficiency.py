@@ -71,7 +71,13 @@ def _byte_hit_ratios(
 ) -> tuple[list[float], Daemon]:
     dataset_bytes, cache_size = _dataset(origin, tmp_path)
     daemon = start_daemon(
-        {"data": origin.url}, "--readahead", "0", *flags, cache_size=str(cache_size)
+        {"data": origin.url},
+        "--readahead",
+        "0",
+        "--eviction",
+        "auto",
+        *flags,
+        cache_size=str(cache_size),
     )
     ratios = []
     for epoch in range(EPOCHS):
@@ -168,7 +174,9 @@ def test_two_loaders_posting_plans_come_near_the_offline_optimum(
     simulator's Belady (the offline optimum, knowing the whole future) for the very same reads."""
     dataset_bytes, cache_size = _dataset(origin, tmp_path)
     shard_bytes = dataset_bytes / SHARDS
-    daemon = start_daemon({"data": origin.url}, "--readahead", "0", cache_size=str(cache_size))
+    daemon = start_daemon(
+        {"data": origin.url}, "--readahead", "0", "--eviction", "auto", cache_size=str(cache_size)
+    )
     fast, slow = _Job(daemon, seed=0, epochs=4), _Job(daemon, seed=1000, epochs=2)
     trace: trace_sim.Trace = []
     counted_from: float | None = None
@@ -230,14 +238,14 @@ def _post_plan(daemon: Daemon, body: bytes) -> tuple[int, dict[str, object]]:
 def test_a_bad_plan_gets_a_json_4xx_and_changes_nothing(
     origin: OriginServer, start_daemon, body: bytes, status: int, says: str
 ) -> None:
-    daemon = start_daemon({"data": origin.url})
+    daemon = start_daemon({"data": origin.url}, "--eviction", "auto")
     code, answer = _post_plan(daemon, body)
     assert (code, says in str(answer["error"])) == (status, True), answer
     assert daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"] == []  # type: ignore[index]
 
 
 def test_a_plan_is_taken_replaced_and_refused_under_lru(origin: OriginServer, start_daemon) -> None:
-    daemon = start_daemon({"data": origin.url})
+    daemon = start_daemon({"data": origin.url}, "--eviction", "auto")
     code, answer = _post_plan(
         daemon, b'{"job": "j", "epoch": 2, "urls": ["/data/shards_{000..009}.tar"]}'
     )
@@ -268,7 +276,9 @@ def test_a_prefetch_the_plans_would_not_keep_is_not_downloaded(
         origin.put(f"{name}.tar", bytes([ord(name)]) * mib)
     # Four fit whatever the index takes (up to 1.4 MiB); a fifth never does.
     cache_size = 4 * (mib + ENTRY_OVERHEAD) + INDEX_ALLOWANCE + 640 * 1024
-    daemon = start_daemon({"data": origin.url}, "--readahead", "0", cache_size=str(cache_size))
+    daemon = start_daemon(
+        {"data": origin.url}, "--readahead", "0", "--eviction", "auto", cache_size=str(cache_size)
+    )
     code, _ = _post_plan(
         daemon,
         b'{"job": "j", "origin": "data", "keys": ["a.tar", "b.tar", "c.tar", "d.tar", "x.tar"]}',

@@ -229,7 +229,9 @@ def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
         origin.put(path.name, path.read_bytes(), delay_s=0.2)
     url = "pipe:curl -s -f {}/web/shards_{{000..003}}.tar"
 
-    planning = start_daemon({"web": origin.url}, "--readahead", "0", cache_dir=tmp_path / "a")
+    planning = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--eviction", "auto", cache_dir=tmp_path / "a"
+    )
     assert _epoch(url.format(planning.url), [prefetch_ahead(1)], 0.1) == 12
     plans = planning.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
     assert [(p["epoch"], p["position"], p["length"]) for p in plans] == [(0, 4, 4)]
@@ -237,7 +239,7 @@ def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
     lru = start_daemon(
         {"web": origin.url}, "--readahead", "0", "--eviction", "lru", cache_dir=tmp_path / "b"
     )
-    with caplog.at_level(logging.WARNING, logger="shardcache.webdataset"):
+    with caplog.at_level(logging.DEBUG, logger="shardcache.webdataset"):
         assert _epoch(url.format(lru.url), [prefetch_ahead(1)], 0.1) == 12
     assert "reading on without a plan" in caplog.text
     assert lru.metric("shardcache_prefetch_completed_total") >= 3  # look-ahead still works
@@ -251,7 +253,7 @@ def test_the_stage_flows_from_an_endless_source_posting_its_plan_in_windows(
     monkeypatch.setattr("shardcache.webdataset.PLAN_WINDOW", 8)
     for i in range(4):
         origin.put(f"s_{i}.tar", b"x" * 1024)
-    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", "--eviction", "auto")
     urls = [f"pipe:curl -s -f {daemon.url}/web/s_{i}.tar" for i in range(4)]
     endless = ({"url": url} for url in itertools.cycle(urls))
     stage = prefetch_ahead(2)(endless)
