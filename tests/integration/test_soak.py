@@ -246,7 +246,19 @@ def _problem_with_body(
     for version in versions:
         if len(version) == total and version[first : last + 1] == body:
             return None
-    return "range matches no version's slice"
+    return f"range matches no version's slice (served as {headers.get('x-shardcache')}; " + (
+        _first_difference(body, [v[first : last + 1] for v in versions if len(v) == total]) + ")"
+    )
+
+
+def _first_difference(body: bytes, slices: list[bytes]) -> str:
+    """Where a corrupt body first parts from each version's slice: the clue to which path
+    (a hit, a fill, a stream-through) and which piece of it went wrong."""
+    offsets = [
+        next((i for i, (a, b) in enumerate(zip(body, piece, strict=True)) if a != b), -1)
+        for piece in slices
+    ]
+    return f"first differing byte per version: {offsets}"
 
 
 @dataclass
