@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,23 +96,6 @@ class Lease:
             self.stream = None
 
 
-class _CountedStream:
-    """An origin stream whose bytes count in `shardcache_origin_bytes_total`, as a fill's do."""
-
-    def __init__(self, stream: OriginStream, received: Callable[[int], None]) -> None:
-        self.info = stream.info
-        self._stream = stream
-        self._received = received
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            self._received(len(chunk))
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
 class ShardCache:
     def __init__(
         self,
@@ -186,8 +169,7 @@ class ShardCache:
             # fill is still registered until it commits). For the client that is a hit.
             result = Result.HIT
         if state is FillState.PASSTHROUGH:
-            stream = await self._join_passthrough(origin, key, fill) if joined else None
-            stream = stream or fill.take_passthrough()
+            stream = await fill.join_passthrough() if joined else fill.take_passthrough()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
         if result is Result.HIT:  # verified, not yet indexed: answer as a hit would
@@ -213,15 +195,6 @@ class ShardCache:
         except CacheError as exc:
             log.warning("treating %s as not cached: %s", url, exc)
             return None
-
-    async def _join_passthrough(self, origin: Origin, key: str, fill: Fill) -> OriginStream:
-        """A second reader of an uncacheable object gets its own whole-object GET, verified
-        against the checksums the starter learned when that GET is the same version."""
-        stream = await origin.open(key)
-        if not stream.info.checksums and fill.info is not None:
-            if fill.info.differs_from(stream.info) is None:
-                stream.info = dataclasses.replace(stream.info, checksums=fill.checksums)
-        return _CountedStream(stream, lambda size: self._observer.origin_bytes(origin.name, size))
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
         """Return what a GET would answer, without fetching the body or touching LRU order."""

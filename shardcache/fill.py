@@ -192,6 +192,22 @@ class Fill:
             raise RuntimeError("passthrough stream already taken")
         return stream
 
+    async def join_passthrough(self) -> OriginStream:
+        """A stream for another reader of an uncacheable object: its own whole-object GET of
+        the version the starter learned checksums for (If-Match on its ETag), with those
+        checksums. Another version is refused (OriginChanged), whatever the origin did with
+        If-Match: its body could only have been checked against its length."""
+        if self.state is not FillState.PASSTHROUGH or self.info is None:
+            raise RuntimeError(f"{self.cache_key} is not streamed through")
+        info = self.info
+        stream = await self._requests.open(0, None, info.etag)
+        self._requests.count("ok")  # counted when opened, as the starter's stream is
+        change = info.differs_from(stream.info)
+        if change is not None:
+            await stream.aclose()
+            raise OriginChanged(f"{self.origin_key} changed while streamed: {change}")
+        return _RelayedStream(stream, self._requests, self.checksums)
+
     def acquire_reader(self) -> int:
         """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
         must `release_reader()`. The fd stays valid after commit renames the file."""
@@ -463,6 +479,26 @@ class _ContinuedStream:
         await self._first.aclose()
         if self._rest is not None:
             await self._rest.aclose()
+
+
+class _RelayedStream:
+    """One more reader's whole-object stream of an uncacheable object, with the checksums its
+    version is verified against, its bytes counted as a fill's are."""
+
+    def __init__(
+        self, stream: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
+    ) -> None:
+        self.info = dataclasses.replace(stream.info, checksums=checksums)
+        self._stream = stream
+        self._requests = requests
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._requests.received(len(chunk))
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:

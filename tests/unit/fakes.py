@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from shardcache.checksums import Checksum
@@ -51,6 +51,7 @@ class FakeOrigin:
     fail_at: dict[str, int] = field(default_factory=dict)  # fail each read at this byte…
     failures_left: Counter[str] = field(default_factory=Counter)  # …this many times
     gate: asyncio.Event | None = None  # when set on the fake, bodies wait for it
+    head_gate: asyncio.Event | None = None  # when set on the fake, HEADs wait for it
     chunk_bytes: int = 4096
     accepts_ranges: bool = False
     ranges: list[tuple[str, int, int | None]] = field(default_factory=list)
@@ -60,6 +61,8 @@ class FakeOrigin:
     open_failures: Counter[str] = field(default_factory=Counter)  # opens to refuse
     refuse_from: dict[str, int] = field(default_factory=dict)  # refuse every GET from here on
     without_validators: set[str] = field(default_factory=set)  # keys served with no ETag
+    checksums_on_get: bool = True  # False: only a HEAD publishes them (S3 without ChecksumMode)
+    on_open: dict[str, Callable[[int], None]] = field(default_factory=dict)  # key → f(nth open)
 
     def corrupt(self, key: str, at: int) -> None:
         """Flip one byte of the served body; the published checksum stays the original's."""
@@ -89,6 +92,8 @@ class FakeOrigin:
 
     async def head(self, key: str) -> ObjectInfo:
         self.heads[key] += 1
+        if self.head_gate is not None:
+            await self.head_gate.wait()
         if self.head_failures[key] > 0:
             self.head_failures[key] -= 1
             raise OriginUnavailable(f"{key}: origin answered 503 to HEAD")
@@ -104,6 +109,8 @@ class FakeOrigin:
             raise OriginUnavailable(f"{key}: connection refused")
         if start >= self.refuse_from.get(key, start + 1):
             raise OriginUnavailable(f"{key}: connection refused for bytes {start}-")
+        if key in self.on_open:
+            self.on_open[key](sum(1 for k, _ in self.opens if k == key))
         if key in self.replace_on_open:
             after, replacement = self.replace_on_open[key]
             if sum(1 for k, _ in self.opens if k == key) > after:
@@ -118,7 +125,7 @@ class FakeOrigin:
             self.failures_left[key] -= 1
             fail_at = self.fail_at.get(key)
         data = self.objects[key] if end is None else self.objects[key][:end]
-        if start or end is not None:  # as S3 and HTTP: a part carries no object checksums
+        if start or end is not None or not self.checksums_on_get:  # a part carries none
             info = ObjectInfo(info.size_bytes, info.etag, (), accepts_ranges=info.accepts_ranges)
         return FakeStream(info, data, start, self.chunk_bytes, fail_at, self.gate)
 

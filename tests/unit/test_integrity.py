@@ -192,6 +192,63 @@ async def test_objects_streamed_through_uncached_are_verified(
         store.close()
 
 
+@pytest.mark.parametrize("ignore_if_match", [False, True])
+async def test_a_second_reader_streamed_through_never_gets_another_version_unchecked(
+    tmp_path: Path, origin: FakeOrigin, ignore_if_match: bool
+) -> None:
+    """Found by the fault soak (issue 12: admission made stream-through the common miss). A
+    reader that joins an uncacheable object's fill gets its own GET. The object changed in
+    between and that GET carried no checksum (S3 publishes them on HEAD with ChecksumMode):
+    its corrupt bytes were checked against the length alone, and relayed as complete."""
+    store = Store(tmp_path / "small", 4 * MiB)
+    cache = ShardCache(store, {"fake": origin}, SEGMENTED, NullObserver())
+    origin.checksums_on_get = False
+    origin.ignore_if_match = ignore_if_match
+    first, second = os.urandom(8 * MiB), os.urandom(8 * MiB)
+    origin.put("big.tar", first)
+
+    def change_before_the_joiners_get(nth_open: int) -> None:
+        if nth_open == 2:  # the starter's first segment was open 1
+            origin.put("big.tar", second)
+            origin.corrupt("big.tar", 5 * MiB)
+
+    origin.on_open["big.tar"] = change_before_the_joiners_get
+    from shardcache.body import send_stream
+
+    try:
+        origin.head_gate = asyncio.Event()  # the fill waits for its checksums…
+        starting = asyncio.create_task(cache.open("fake", "big.tar"))
+        while not origin.heads["big.tar"]:
+            await asyncio.sleep(0.01)
+        joining = asyncio.create_task(cache.open("fake", "big.tar"))
+        await asyncio.sleep(0.2)  # …while the second reader's lookup misses and joins it
+        origin.head_gate.set()
+        starter = await starting
+        assert starter.result is Result.MISS and starter.stream is not None
+        try:
+            joiner = await joining
+        except OriginChanged:  # refused before any header: the client sees a 502
+            joiner = None
+        assert ("big.tar", 0, None) in origin.ranges  # the joiner's own whole-object GET
+        if joiner is not None:
+            assert joiner.result is Result.COALESCED and joiner.stream is not None
+            sent = bytearray()
+
+            async def write(chunk: bytes) -> None:
+                sent.extend(chunk)
+
+            with pytest.raises((IntegrityError, OriginChanged)):
+                await send_stream(
+                    joiner.stream, write, 0, 8 * MiB, 5.0, lambda s: None, lambda n: None
+                )
+            assert len(sent) < 8 * MiB
+            await joiner.aclose()
+        await starter.aclose()
+    finally:
+        await cache.aclose()
+        store.close()
+
+
 async def test_a_failed_index_write_discards_the_fill_without_strands_or_orphans(
     cache: ShardCache, origin: FakeOrigin, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
