@@ -255,10 +255,13 @@ class Fill:
         try:
             # The first request asks for the first segment only, so that no byte is fetched
             # twice; a full-object GET could not be cut short without discarding what the
-            # network already carried.
-            first = await self._requests.open(0, self._policy.first_segment_bytes, None)
+            # network already carried. With one connection there are no other segments to
+            # share the object with: the first request is the plain GET of all of it (each
+            # more request would pay the origin's time to first byte again).
+            first_end = None if self._policy.connections == 1 else self._policy.first_segment_bytes
+            first = await self._requests.open(0, first_end, None)
             if first.info.etag is None:
-                first = await self._whole_object(first)
+                first = await self._whole_object(first, is_ranged=first_end is not None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
                 checksums = await self._learn_checksums(info)
@@ -293,10 +296,10 @@ class Fill:
             self._checksums_known.set()
             self._finished.set()
 
-    async def _whole_object(self, first: OriginStream) -> OriginStream:
+    async def _whole_object(self, first: OriginStream, is_ranged: bool) -> OriginStream:
         """An object whose responses carry no ETag: nothing could reliably tell a later ranged
         request's version from the first one's, so fetch it in one request (no segments)."""
-        if first.info.size_bytes > self._policy.first_segment_bytes:
+        if is_ranged and first.info.size_bytes > self._policy.first_segment_bytes:
             await first.aclose()
             self._requests.count("ok")
             first = await self._requests.open(0, None, None)

@@ -64,14 +64,15 @@ class RetryPolicy:
 
 
 def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Segment]:
-    """Cut [0, size) into segments; one segment when the origin cannot serve ranges.
+    """Cut [0, size) into segments; one segment when the origin cannot serve ranges, or with
+    one connection (the fill's first request is then for the whole object).
 
     The first segment is what the first request asked for (`first_segment_bytes`, small, so a
     reader's first bytes come after one short transfer); the rest is shared out so that all
     `connections` work even on a mid-size shard, in pieces of at most `segment_bytes`.
     """
     first = policy.first_segment_bytes
-    if not accepts_ranges or size_bytes <= first:
+    if not accepts_ranges or size_bytes <= first or policy.connections == 1:
         return [Segment(0, size_bytes)]
     rest = size_bytes - first
     piece = min(policy.segment_bytes, max(first, -(-rest // policy.connections)))

@@ -230,3 +230,42 @@ async def test_segmented_checksum_mismatch_fails(segmented: ShardCache, origin: 
         await read_all(await segmented.open("fake", "a.tar"))
     await settle(segmented)
     assert segmented.store.usage().entries == 0
+
+
+async def test_one_connection_fetches_like_one_plain_get(
+    tmp_path: Path, origin: FakeOrigin
+) -> None:
+    """Issue 13: with `--origin-connections 1` a fill was the first segment and then one ranged
+    request per piece, each paying the origin's time to first byte again: slower than the plain
+    GET a loader would have made. Now it is that GET, resumed by range only after a failure."""
+    origin.accepts_ranges = True
+    store = Store(tmp_path / "one", 8 * MiB)
+    policy = RetryPolicy(
+        retries=2,
+        base_s=0.001,
+        connections=1,
+        segment_bytes=64 * 1024,
+        first_segment_bytes=64 * 1024,
+    )
+    cache = ShardCache(store, {"fake": origin}, policy, NullObserver())
+    data = os.urandom(MiB + 1000)
+    origin.put("a.tar", data)
+    origin.put("b.tar", data[::-1])
+    origin.fail_at["b.tar"] = 300_000
+    origin.failures_left["b.tar"] = 1
+    try:
+        assert await read_all(await cache.open("fake", "a.tar")) == data
+        assert await read_all(await cache.open("fake", "b.tar")) == data[::-1]
+        await settle(cache)
+        assert [r for r in origin.ranges if r[0] == "a.tar"] == [("a.tar", 0, None)]
+        assert origin.heads["a.tar"] == 0  # a whole-object answer carries its checksums
+        assert [r for r in origin.ranges if r[0] == "b.tar"] == [
+            ("b.tar", 0, None),
+            ("b.tar", 300_000, len(data)),  # the failure resumed from the missing byte
+        ]
+        hit = await cache.open("fake", "a.tar")
+        assert hit.result is Result.HIT
+        await hit.aclose()
+    finally:
+        await cache.aclose()
+        store.close()
