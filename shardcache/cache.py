@@ -222,6 +222,11 @@ class ShardCache:
 
     # -- prefetch --------------------------------------------------------------------------
 
+    def needed_in_s(self, url: str) -> float | None:
+        """Seconds until a loader will read cache key `url`, by the plans; None when no plan
+        names it. May wait for the plans' lock: call it from a worker thread."""
+        return self.store.next_use_s(url)
+
     @property
     def unread_bytes(self) -> int:
         return sum(self._unread.values())

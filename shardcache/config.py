@@ -62,7 +62,7 @@ class Settings:
     origin_connect_timeout: float
     origin_read_timeout: float
     origin_retries: int
-    prefetch_concurrency: int = 4
+    prefetch_concurrency: int | None = None  # None: auto, tuned to what the origin delivers
     prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
     readahead: int = 2
     eviction: str = "lru"  # "auto" stays opt-in until its soak failure is explained
@@ -150,6 +150,10 @@ def _parse_workers(value: Any) -> int:
     return number
 
 
+def _parse_optional_workers(value: Any) -> int | None:
+    return None if str(value).strip().lower() == "auto" else _parse_workers(value)
+
+
 def _parse_optional_size(value: Any) -> int | None:
     return None if str(value).strip().lower() == "auto" else parse_size(value)
 
@@ -216,7 +220,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("origin_connect_timeout", _parse_seconds, 10.0, "seconds to connect", "S"),
     Option("origin_read_timeout", _parse_seconds, 30.0, "seconds without a byte = stalled", "S"),
     Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
-    Option("prefetch_concurrency", _parse_workers, 4, "prefetches at once", "N"),
+    Option(
+        "prefetch_concurrency",
+        _parse_optional_workers,
+        "auto",
+        "prefetches at once; auto = as many as raise what the origin delivers (4 to 32)",
+        "N",
+    ),
     Option(
         "prefetch_max_bytes",
         _parse_optional_size,

@@ -309,6 +309,7 @@ class Daemon:
             self.cache.unread_bytes,
             self.guard.open_count,
             *_eviction_gauges(self.store.admission_state()),
+            prefetch_concurrency=self.prefetch.limit,
         )
 
     def _check_ready(self) -> str | None:

@@ -145,6 +145,11 @@ class Fill:
         return self._download.contiguous_bytes if self._download is not None else 0
 
     @property
+    def received_bytes(self) -> int:
+        """Bytes received from the origin so far, holes or not (what the origin delivers)."""
+        return self._download.received_bytes if self._download is not None else 0
+
+    @property
     def verified_by(self) -> tuple[str, ...]:
         """What the body is checked against: its length and the checksum used."""
         return ("length", *(c.source for c in self.checksums))

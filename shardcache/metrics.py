@@ -73,6 +73,7 @@ class CacheGauges:
     resident_set_stale: int = 0
     # (job, predicted hit ratio for the rest of its plan, measured so far), active plans
     plans: list[tuple[str, float | None, float | None]] = field(default_factory=list)
+    prefetch_concurrency: int = 0
 
 
 class _StateCollector(Collector):
@@ -101,6 +102,11 @@ class _StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "shardcache_prefetch_in_flight", "Prefetches running", value=state.prefetch_in_flight
+        )
+        yield GaugeMetricFamily(
+            "shardcache_prefetch_concurrency",
+            "Prefetches allowed at once now (tuned to the origin unless fixed)",
+            value=state.prefetch_concurrency,
         )
         yield GaugeMetricFamily(
             "shardcache_prefetch_unread_bytes",

@@ -1,8 +1,16 @@
 """The prefetch queue: fetch the shards a loader will read next, ahead of it, within a budget.
 
-- Order: first in, first fetched (a POSTed list is in the order the loader needs it).
-- Concurrency: at most `concurrency` prefetches at once. Client misses never wait here: they go
-  straight to `ShardCache.open`, and a client asking for a key being prefetched joins that fill.
+- Order: earliest deadline first, across every loader and worker. A key's deadline is when a
+  loader will need it: from the loaders' plans when one names it (its position in the job's
+  order × the job's pace, `PlanBook`), else its place in the POSTed list (FALLBACK_SPACING_S
+  per place from the post's time), so that eight workers each posting their next four are
+  served a1, b1, … h1, a2, … as a `DataLoader` reads them, not a1 … a4, b1 … b4.
+- Concurrency: `concurrency` prefetches at once, or, when it is None (`auto`, the default), as
+  many as the origin rewards (`tuning.ConcurrencyTuner`, between 1 and MAX_CONCURRENCY,
+  judged every TUNING_WINDOW_S on the bytes prefetches received). Client misses never wait
+  here: they go straight to `ShardCache.open`, and a client asking for a key being prefetched
+  joins that fill; a queued prefetch whose key a client is fetching already follows that fill
+  without holding a slot (the late prefetch jumps the queue).
 - Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
   within `max_unread_bytes` (the size comes from a HEAD first). Unread entries are pinned in the
   store, so later prefetches can never evict them before the loader reads them (no thrash).
@@ -18,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import itertools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -28,6 +38,7 @@ from shardcache.errors import BadRequest, OriginNotFound, QueueFull, ShardcacheE
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
+from shardcache.tuning import ConcurrencyTuner
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
@@ -36,6 +47,10 @@ MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a
 # Characters the names of one request may add up to, counted before expanding: 100,000 names
 # of 4,000 characters each were 400 MB of strings before the key-length check saw one.
 MAX_EXPANDED_CHARS = 16 << 20
+FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
+START_CONCURRENCY = 4  # where `auto` starts
+MAX_CONCURRENCY = 32  # `auto`'s ceiling; each prefetch may open --origin-connections more
+TUNING_WINDOW_S = 0.5
 
 
 def _shown(text: str, limit: int = 100) -> str:
@@ -154,15 +169,31 @@ class Item:
 
 
 class _Lane:
-    """One dispatcher's queue. Look-ahead items may wait for the budget; warming items never
-    do, and have a lane of their own so that they never wait behind one that does."""
+    """One dispatcher's queue, earliest deadline first (warming: in the order posted). Look-ahead
+    items may wait for the budget; warming items never do, and have a lane of their own so that
+    they never wait behind one that does."""
 
     def __init__(self, is_warming: bool) -> None:
         self.is_warming = is_warming
-        self.pending: collections.deque[Item] = collections.deque()
+        self.pending: list[tuple[float, int, Item]] = []  # a heap: (deadline, order, item)
         self.current: Item | None = None  # being sized (HEAD) or admitted
         self.is_current_dropped = False
         self.has_work = asyncio.Event()
+
+    def push(self, deadline: float, order: int, item: Item) -> None:
+        heapq.heappush(self.pending, (deadline, order, item))
+        self.has_work.set()
+
+    def pop(self) -> Item:
+        return heapq.heappop(self.pending)[2]
+
+    def keep_only(self, keep: Callable[[Item], bool]) -> list[Item]:
+        """Drop the pending items `keep` refuses; return them."""
+        dropped = [entry[2] for entry in self.pending if not keep(entry[2])]
+        if dropped:
+            self.pending = [entry for entry in self.pending if keep(entry[2])]
+            heapq.heapify(self.pending)
+        return dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,18 +206,32 @@ class Submitted:
 
 class PrefetchQueue:
     def __init__(
-        self, cache: ShardCache, concurrency: int, max_unread_bytes: int, readahead: int
+        self,
+        cache: ShardCache,
+        concurrency: int | None,
+        max_unread_bytes: int,
+        readahead: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`concurrency`: prefetches at once, or None to let the tuner find it (module doc)."""
         self.cache = cache
-        self.concurrency = concurrency
+        self.tuner = (
+            ConcurrencyTuner(START_CONCURRENCY, MAX_CONCURRENCY) if concurrency is None else None
+        )
+        self.concurrency = concurrency if concurrency is not None else START_CONCURRENCY
         self.max_unread_bytes = max_unread_bytes
         self.readahead = readahead
+        self._clock = clock
         self._lookahead = _Lane(is_warming=False)
         self._warming = _Lane(is_warming=True)
         self._lanes = (self._lookahead, self._warming)
         self._queued: set[tuple[str, str]] = set()  # pending or running
+        self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
-        self._slots = asyncio.Semaphore(concurrency)
+        self._busy_slots = 0
+        self._slot_freed = asyncio.Event()
+        self._following: set[Fill] = set()  # fills prefetches follow: their bytes tune
+        self._followed_bytes = 0  # received by fills no longer followed
         self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
@@ -216,12 +261,11 @@ class PrefetchQueue:
                 f"would pass its bound of {MAX_PENDING}"
             )
         urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
-        cached = await asyncio.to_thread(
-            lambda: {url for url in urls if self.cache.store.peek(url) is not None}
-        )
+        cached, needed_in_s = await asyncio.to_thread(self._look_up, urls, warm)
         batch = Batch(next(self._batch_ids), total=0, is_warming=warm)
         queued = in_flight = 0
-        for (origin, key), url in zip(targets, urls, strict=True):
+        now = self._clock()
+        for place, ((origin, key), url) in enumerate(zip(targets, urls, strict=True)):
             if url in cached:
                 continue
             batch.total += 1
@@ -229,28 +273,40 @@ class PrefetchQueue:
                 in_flight += 1
             else:
                 queued += 1
-            self._push(Item(origin, key, batch))
+            planned = needed_in_s.get(url)
+            after_s = planned if planned is not None else (place + 1) * FALLBACK_SPACING_S
+            self._push(Item(origin, key, batch), 0.0 if warm else now + after_s)
         self._batches[batch.id] = batch
         self._forget_old_batches()
         return Submitted(queued, len(cached), in_flight, batch.id)
+
+    def _look_up(self, urls: list[str], warm: bool) -> tuple[set[str], dict[str, float]]:
+        """(On a worker thread: the index and the plans' lock may take a while.) The urls
+        cached already, and when the plans say the others are needed, in seconds from now."""
+        cached = {url for url in urls if self.cache.store.peek(url) is not None}
+        if warm:
+            return cached, {}
+        needed = {url: self.cache.needed_in_s(url) for url in urls if url not in cached}
+        return cached, {url: s for url, s in needed.items() if s is not None}
 
     def on_client_read(self, origin: str, key: str) -> None:
         """Queue the next keys of a numbered run a client has started reading."""
         if self._pending_count >= MAX_PENDING:
             return  # best effort: a full queue takes no read-ahead
-        for successor in next_keys(key, self.readahead):
+        now = self._clock()
+        for place, successor in enumerate(next_keys(key, self.readahead)):
             if (origin, successor) not in self._queued:
-                self._push(Item(origin, successor, is_readahead=True))
+                item = Item(origin, successor, is_readahead=True)
+                self._push(item, now + (place + 1) * FALLBACK_SPACING_S)
 
     @property
     def _pending_count(self) -> int:
         return sum(len(lane.pending) for lane in self._lanes)
 
-    def _push(self, item: Item) -> None:
+    def _push(self, item: Item, deadline: float) -> None:
         lane = self._warming if item.is_warming else self._lookahead
-        lane.pending.append(item)
+        lane.push(deadline, next(self._order), item)
         self._queued.add((item.origin, item.key))
-        lane.has_work.set()
 
     def clear(self, batch_id: int | None = None) -> tuple[int, int]:
         """Drop every queued item, or those of one batch, including one a dispatcher is sizing
@@ -258,14 +314,9 @@ class PrefetchQueue:
         stay cached, unpinned). Return (items dropped, bytes released)."""
         dropped = 0
         for lane in self._lanes:
-            keep: collections.deque[Item] = collections.deque()
-            for item in lane.pending:
-                if _in_batch(item, batch_id):
-                    dropped += 1
-                    self._forget(item)
-                else:
-                    keep.append(item)
-            lane.pending = keep
+            for item in lane.keep_only(lambda item: not _in_batch(item, batch_id)):
+                dropped += 1
+                self._forget(item)
             current = lane.current
             if current is not None and not lane.is_current_dropped and _in_batch(current, batch_id):
                 lane.is_current_dropped = True  # its dispatcher drops it when it can
@@ -301,6 +352,11 @@ class PrefetchQueue:
     def in_flight(self) -> int:
         return self._running
 
+    @property
+    def limit(self) -> int:
+        """Prefetches allowed at once now (the tuner's choice, or the fixed setting)."""
+        return self.tuner.limit if self.tuner is not None else self.concurrency
+
     def status(self) -> dict[str, object]:
         return {
             "pending": self.depth,
@@ -312,7 +368,8 @@ class PrefetchQueue:
             "bytes_done": self.bytes_done,
             "unread_bytes": self.cache.unread_bytes,
             "max_unread_bytes": self.max_unread_bytes,
-            "concurrency": self.concurrency,
+            "concurrency": self.limit,
+            "concurrency_mode": "auto" if self.tuner is not None else "fixed",
             "readahead": self.readahead,
             "recent_failures": list(self.recent_failures),
         }
@@ -336,6 +393,8 @@ class PrefetchQueue:
             asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
             for lane, name in zip(self._lanes, ("look-ahead", "warming"), strict=True)
         ]
+        if self.tuner is not None:
+            self._dispatchers.append(asyncio.create_task(self._tune(), name="prefetch tuner"))
 
     async def aclose(self) -> None:
         self.clear()
@@ -345,17 +404,64 @@ class PrefetchQueue:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _next(self, lane: _Lane) -> Item:
-        while not lane.pending:
-            lane.has_work.clear()
-            await lane.has_work.wait()
-        return lane.pending.popleft()
+        """The lane's earliest item, once there is one and a slot for it: a lane with nothing
+        to do holds no slot (the lanes share them), and the item is chosen when the slot is
+        free, so that one posted meanwhile with an earlier deadline goes first."""
+        while True:
+            while not lane.pending:
+                lane.has_work.clear()
+                await lane.has_work.wait()
+            await self._acquire_slot()
+            if lane.pending:  # still: a clear() may have emptied the lane meanwhile
+                return lane.pop()
+            self._release_slot()
+
+    # -- slots and their tuning ------------------------------------------------------------
+
+    async def _acquire_slot(self) -> None:
+        while self._busy_slots >= self.limit:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        self._busy_slots += 1
+
+    def _release_slot(self) -> None:
+        self._busy_slots -= 1
+        self._slot_freed.set()
+
+    def _received_bytes(self) -> int:
+        return self._followed_bytes + sum(fill.received_bytes for fill in self._following)
+
+    def _is_saturated(self) -> bool:
+        """Every slot busy and more work waiting, not for the look-ahead budget."""
+        return (
+            self._busy_slots >= self.limit and self._pending_count > 0 and self.waiting_for is None
+        )
+
+    async def _tune(self) -> None:
+        """Every TUNING_WINDOW_S, tell the tuner what the prefetches received; a window is
+        saturated when the queue was at its start and at its end."""
+        assert self.tuner is not None
+        received, at, was_saturated = self._received_bytes(), self._clock(), False
+        while True:
+            await asyncio.sleep(TUNING_WINDOW_S)
+            now_received, now, is_saturated = (
+                self._received_bytes(),
+                self._clock(),
+                self._is_saturated(),
+            )
+            rate = (now_received - received) / max(now - at, 1e-3)
+            before = self.tuner.limit
+            after = self.tuner.observe(rate, was_saturated and is_saturated)
+            if after != before:
+                log.debug("prefetch concurrency %d -> %d (%.1f MB/s)", before, after, rate / 1e6)
+                self._slot_freed.set()  # a raise frees slots for the dispatchers
+            received, at, was_saturated = now_received, now, is_saturated
 
     async def _dispatch(self, lane: _Lane) -> None:
-        """Start one lane's prefetches strictly in its order: wait for a free slot (the slots
-        are shared), size the object (HEAD), wait for look-ahead budget, start the fill; then
-        go on to the next item. An item dropped meanwhile is let go, uncounted."""
+        """Start one lane's prefetches strictly in its order: wait for an item and a free slot
+        (the slots are shared), size the object (HEAD), wait for look-ahead budget, start the
+        fill; then go on to the next item. An item dropped meanwhile is let go, uncounted."""
         while True:
-            await self._slots.acquire()
             item = await self._next(lane)
             lane.current, lane.is_current_dropped = item, False
             try:
@@ -363,12 +469,12 @@ class PrefetchQueue:
                     item.origin, item.key, self._admission(lane), pin=not lane.is_warming
                 )
             except _Dropped:
-                self._slots.release()
+                self._release_slot()
                 continue
             except ShardcacheError as exc:
                 if not lane.is_current_dropped:
                     self._finish_item(item, exc)
-                self._slots.release()
+                self._release_slot()
                 continue
             finally:
                 lane.current = None
@@ -377,11 +483,14 @@ class PrefetchQueue:
                     item.batch.not_cached += 1
                 if not lane.is_current_dropped:
                     self._finish_item(item, None)
-                self._slots.release()
+                self._release_slot()
                 continue
             if item.batch is not None and not lane.is_warming:
                 item.batch.pinned.add(fill.cache_key)
-            task = asyncio.create_task(self._follow(item, fill, outcome))
+            holds_slot = outcome is not PrefetchOutcome.JOINED or fill.is_prefetch
+            if not holds_slot:  # a client is fetching it already: no slot for following it
+                self._release_slot()
+            task = asyncio.create_task(self._follow(item, fill, outcome, holds_slot))
             self._fetches.add(task)
             task.add_done_callback(self._fetches.discard)
 
@@ -419,8 +528,13 @@ class PrefetchQueue:
 
         return admit
 
-    async def _follow(self, item: Item, fill: Fill, outcome: PrefetchOutcome) -> None:
+    async def _follow(
+        self, item: Item, fill: Fill, outcome: PrefetchOutcome, holds_slot: bool = True
+    ) -> None:
         self._running += 1
+        counted = fill not in self._following  # two items may follow one fill
+        if counted:
+            self._following.add(fill)
         try:
             outcome = await self.cache.finish_prefetch(fill, outcome)
         except ShardcacheError as exc:
@@ -433,7 +547,11 @@ class PrefetchQueue:
             self._finish_item(item, None, size, is_fetched)
         finally:
             self._running -= 1
-            self._slots.release()
+            if counted:
+                self._following.discard(fill)
+                self._followed_bytes += fill.received_bytes
+            if holds_slot:
+                self._release_slot()
 
     def _finish_item(
         self,
@@ -459,13 +577,10 @@ class PrefetchQueue:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
         lane = self._lookahead  # read-ahead is look-ahead
-        keep: collections.deque[Item] = collections.deque()
-        for pending in lane.pending:
-            if pending.is_readahead and (pending.origin, pending.key) in beyond:
-                self._queued.discard((pending.origin, pending.key))
-            else:
-                keep.append(pending)
-        lane.pending = keep
+        for dropped in lane.keep_only(
+            lambda pending: not (pending.is_readahead and (pending.origin, pending.key) in beyond)
+        ):
+            self._queued.discard((dropped.origin, dropped.key))
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
 
     def _record_failure(self, item: Item, exc: ShardcacheError) -> None:

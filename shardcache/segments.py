@@ -184,6 +184,11 @@ class SegmentedDownload:
             return self.info.size_bytes
         return self.segments[self._first_incomplete].position
 
+    @property
+    def received_bytes(self) -> int:
+        """Bytes on disk, over every segment (with holes between them)."""
+        return sum(segment.done_bytes for segment in self.segments)
+
     def crc32c(self) -> int:
         """The CRC-32C of the whole object, once every segment is complete."""
         crc = 0

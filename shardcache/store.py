@@ -603,6 +603,11 @@ class Store:
                 continue
             self._transient_kept += 1
 
+    def next_use_s(self, key: str) -> float | None:
+        """Seconds until a loader's plan reads `key`, or None when no plan names it (or plans
+        are off). Takes the plans' lock: call it from a worker thread."""
+        return self.plans.next_use_s(key) if self.plans is not None else None
+
     def would_admit(self, key: str, size_bytes: int, look_ahead: bool) -> bool:
         """Whether a fill of `key` would be admitted now, without evicting anything: a prefetch
         asks before fetching, so that one the policy would refuse is not downloaded only to

@@ -14,6 +14,26 @@ from shardcache.origins.base import ObjectInfo
 
 
 @dataclass
+class Pace:
+    """Bandwidth for the fake's bodies: each chunk waits `chunk_delay_s`, a per-connection cap;
+    with `shared`, the waits take turns, so every connection together gets one's worth (an
+    origin whose aggregate does not grow with connections)."""
+
+    chunk_delay_s: float
+    shared: bool = False
+    _turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    open_streams: int = 0
+    most_open_streams: int = 0
+
+    async def wait(self) -> None:
+        if self.shared:
+            async with self._turn:
+                await asyncio.sleep(self.chunk_delay_s)
+        else:
+            await asyncio.sleep(self.chunk_delay_s)
+
+
+@dataclass
 class FakeStream:
     info: ObjectInfo
     data: bytes
@@ -21,12 +41,28 @@ class FakeStream:
     chunk_bytes: int
     fail_at: int | None
     gate: asyncio.Event | None
+    pace: Pace | None = None
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.pace is None:
+            async for chunk in self._chunks():
+                yield chunk
+            return
+        self.pace.open_streams += 1
+        self.pace.most_open_streams = max(self.pace.most_open_streams, self.pace.open_streams)
+        try:
+            async for chunk in self._chunks():
+                yield chunk
+        finally:
+            self.pace.open_streams -= 1
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         position = self.start
         while position < len(self.data):
             if self.gate is not None:
                 await self.gate.wait()
+            if self.pace is not None:
+                await self.pace.wait()
             if self.fail_at is not None and position >= self.fail_at:
                 raise OriginUnavailable(f"connection reset at byte {position}")
             end = position + self.chunk_bytes
@@ -52,6 +88,7 @@ class FakeOrigin:
     failures_left: Counter[str] = field(default_factory=Counter)  # …this many times
     gate: asyncio.Event | None = None  # when set on the fake, bodies wait for it
     head_gate: asyncio.Event | None = None  # when set on the fake, HEADs wait for it
+    pace: Pace | None = None  # when set, bodies are paced (a bandwidth cap)
     chunk_bytes: int = 4096
     accepts_ranges: bool = False
     ranges: list[tuple[str, int, int | None]] = field(default_factory=list)
@@ -127,7 +164,7 @@ class FakeOrigin:
         data = self.objects[key] if end is None else self.objects[key][:end]
         if start or end is not None or not self.checksums_on_get:  # a part carries none
             info = ObjectInfo(info.size_bytes, info.etag, (), accepts_ranges=info.accepts_ranges)
-        return FakeStream(info, data, start, self.chunk_bytes, fail_at, self.gate)
+        return FakeStream(info, data, start, self.chunk_bytes, fail_at, self.gate, self.pace)
 
     async def aclose(self) -> None:
         return None

@@ -1,0 +1,181 @@
+"""The prefetch queue's order and concurrency (issue 13), on the core with no sockets: a temp-dir
+store and the in-memory fake origin, paced where bandwidth matters."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shardcache import prefetch
+from shardcache.admission import ScanResistantAdmission
+from shardcache.cache import ShardCache
+from shardcache.observer import NullObserver
+from shardcache.plans import PlanBook
+from shardcache.prefetch import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
+from shardcache.segments import RetryPolicy
+from shardcache.store import Store
+from tests.unit.fakes import FakeOrigin, Pace
+
+KiB, MiB = 1024, 1024 * 1024
+ONE_CONNECTION = RetryPolicy(retries=1, base_s=0.001, connections=1)
+
+
+@pytest.fixture
+def origin() -> FakeOrigin:
+    return FakeOrigin(accepts_ranges=True, chunk_bytes=16 * KiB)
+
+
+@pytest.fixture
+async def cache(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
+    store = Store(tmp_path / "cache", 256 * MiB)
+    shard_cache = ShardCache(store, {"fake": origin}, ONE_CONNECTION, NullObserver())
+    yield shard_cache
+    await shard_cache.aclose()
+    store.close()
+
+
+async def _until(what: str, condition, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def _fetch_order(origin: FakeOrigin) -> list[str]:
+    return [key for key, start in origin.opens if start == 0]
+
+
+async def test_eight_workers_posting_their_next_four_are_served_in_reading_order(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """A DataLoader reads its workers in turn: w0's next shard, w1's, … w7's, then w0's second.
+    Served first in, first out, the eighth worker's first shard came after 28 others."""
+    for worker in range(8):
+        for place in range(4):
+            origin.put(f"w{worker}-{place}.tar", os.urandom(32 * KiB))
+    origin.gate = asyncio.Event()  # hold the first fetch until every post is in
+    queue = PrefetchQueue(cache, 1, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        for worker in range(8):
+            await queue.submit([("fake", f"w{worker}-{place}.tar") for place in range(4)])
+        origin.gate.set()
+        await _until("every prefetch", lambda: queue.completed == 32)
+    finally:
+        await queue.aclose()
+    order = _fetch_order(origin)
+    assert order[0] == "w0-0.tar"  # started before the other posts arrived
+    expected = [f"w{worker}-{place}.tar" for place in range(4) for worker in range(8)]
+    assert order[1:] == [key for key in expected if key != "w0-0.tar"]
+
+
+async def test_a_plan_orders_the_queue(tmp_path: Path, origin: FakeOrigin) -> None:
+    """Where a loader's plan names the keys, its order wins over the order they were posted in."""
+    plans = PlanBook()
+    store = Store(tmp_path / "planned", 64 * MiB, admission=ScanResistantAdmission(), plans=plans)
+    cache = ShardCache(store, {"fake": origin}, ONE_CONNECTION, NullObserver())
+    keys = [f"s{n}.tar" for n in range(6)]
+    for key in keys:
+        origin.put(key, os.urandom(32 * KiB))
+    plans.post("job", 0, [origin.url_for(k) for k in ["s0.tar", "s5.tar", "s3.tar", "s1.tar"]])
+    origin.gate = asyncio.Event()
+    queue = PrefetchQueue(cache, 1, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", "s0.tar")])
+        posted = ["s1.tar", "s3.tar", "s5.tar", "s2.tar", "s4.tar"]
+        await queue.submit([("fake", key) for key in posted])
+        origin.gate.set()
+        await _until("every prefetch", lambda: queue.completed == 6)
+    finally:
+        await queue.aclose()
+        await cache.aclose()
+        store.close()
+    # Planned: s5 (1 shard ahead), s3 (2), s1 (3), a second per shard before a pace is known;
+    # the unplanned ones by their place in their post (s2 fourth, s4 fifth).
+    assert _fetch_order(origin) == ["s0.tar", "s5.tar", "s3.tar", "s1.tar", "s2.tar", "s4.tar"]
+
+
+async def test_concurrency_climbs_while_the_origin_delivers_more(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An origin that caps each connection: a fixed 4 prefetches use 4 connections' worth.
+    The tuner raises the limit while the aggregate grows."""
+    monkeypatch.setattr(prefetch, "TUNING_WINDOW_S", 0.1)
+    origin.pace = Pace(chunk_delay_s=0.01)  # 1.6 MB/s per connection
+    keys = [f"s{n:03d}.tar" for n in range(300)]
+    for key in keys:
+        origin.put(key, os.urandom(128 * KiB))
+    queue = PrefetchQueue(cache, None, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", k) for k in keys])
+        await _until("the limit to climb", lambda: queue.limit >= 16, timeout_s=20)
+        await _until("more fetches at once", lambda: origin.pace.most_open_streams >= 12)  # type: ignore[union-attr]
+    finally:
+        await queue.aclose()
+    assert queue.status()["concurrency_mode"] == "auto"
+
+
+async def test_concurrency_stays_low_when_more_fetches_only_share_the_bandwidth(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(prefetch, "TUNING_WINDOW_S", 0.1)
+    origin.pace = Pace(chunk_delay_s=0.002, shared=True)  # one connection's worth in all
+    keys = [f"s{n:03d}.tar" for n in range(300)]
+    for key in keys:
+        origin.put(key, os.urandom(64 * KiB))
+    queue = PrefetchQueue(cache, None, 1 << 40, readahead=0)
+    queue.start()
+    limits: list[int] = []
+    try:
+        await queue.submit([("fake", k) for k in keys])
+        for _ in range(40):  # 4 s: long enough to have climbed to the ceiling
+            await asyncio.sleep(0.1)
+            limits.append(queue.limit)
+    finally:
+        await queue.aclose()
+    assert max(limits) < MAX_CONCURRENCY
+    assert sum(limits) / len(limits) <= START_CONCURRENCY * 2
+
+
+async def test_a_fixed_concurrency_is_kept(cache: ShardCache, origin: FakeOrigin) -> None:
+    origin.pace = Pace(chunk_delay_s=0.01)
+    keys = [f"s{n:03d}.tar" for n in range(40)]
+    for key in keys:
+        origin.put(key, os.urandom(64 * KiB))
+    queue = PrefetchQueue(cache, 3, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", k) for k in keys])
+        await _until("every prefetch", lambda: queue.completed == 40)
+    finally:
+        await queue.aclose()
+    assert origin.pace.most_open_streams == 3
+    assert queue.status()["concurrency"] == 3
+
+
+async def test_a_prefetch_a_client_is_fetching_holds_no_slot(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """The loader asked before the prefetch started: the client's fill serves both, and the
+    queue goes on with the next key instead of waiting for that fill in a slot."""
+    origin.put("late.tar", os.urandom(256 * KiB))
+    origin.put("next.tar", os.urandom(16 * KiB))
+    origin.pace = Pace(chunk_delay_s=0.05)  # late.tar takes 0.8 s
+    lease = await cache.open("fake", "late.tar")  # the client's miss, in flight
+    queue = PrefetchQueue(cache, 1, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", "late.tar"), ("fake", "next.tar")])
+        await _until("next.tar", lambda: "next.tar" in _fetch_order(origin), timeout_s=0.5)
+        assert lease.fill is not None and not lease.fill.is_finished
+    finally:
+        await lease.aclose()
+        await queue.aclose()
