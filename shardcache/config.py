@@ -65,7 +65,7 @@ class Settings:
     prefetch_concurrency: int | None = None  # None: auto, tuned to what the origin delivers
     prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
     readahead: int = 2
-    eviction: str = "lru"  # "auto" stays opt-in until its soak failure is explained
+    eviction: str = "auto"
     origin_connections: int = 8
     segment_size: int = 16 << 20
     worker_threads: int = 64
@@ -238,7 +238,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "eviction",
         _parse_choice(EVICTION_POLICIES),
-        "lru",
+        "auto",
         "auto (loaders' plans where posted, else LRU that spares what is in use: no thrash "
         "when the dataset outgrows the cache), plan (plans, else plain LRU) or lru",
         "POLICY",
