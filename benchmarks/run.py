@@ -29,6 +29,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -49,6 +50,8 @@ class Sizes:
     wds_shards: int
     wds_payload: int  # bytes per sample payload
     wrk_seconds: int
+    loader_shards: int = 96  # the eight-worker scenario
+    loader_payload: int = 256 * 1024
 
 
 FULL = Sizes(
@@ -68,6 +71,8 @@ QUICK = Sizes(
     wds_shards=3,
     wds_payload=16 * 1024,
     wrk_seconds=1,
+    loader_shards=16,
+    loader_payload=64 * 1024,
 )
 
 
@@ -605,6 +610,209 @@ def webdataset_epoch(work: Path, sizes: Sizes) -> list[Row]:
     ]
 
 
+# -- eight loader workers, consumed in DataLoader order (issue 13) ----------------------------
+
+WORKERS = 8
+LOADER_BATCH = 4  # samples per batch a worker hands over
+LOADER_PREFETCH_FACTOR = 2  # batches a worker may have ready (the DataLoader default)
+
+
+def _loader_worker(
+    number: int,
+    urls: list[str],
+    daemon: str | None,
+    out: Any,
+    start: Any,
+) -> None:
+    """One DataLoader worker: the real WebDataset pipeline over its split of the shards (with
+    `prefetch_ahead(4)` when `daemon` is given), handing over batches through a bounded queue.
+    Only sample counts cross the queue: the consumer's clock must not include pickling."""
+    import webdataset as wds
+
+    from shardcache.webdataset import prefetch_ahead
+
+    stages: list[Any] = [wds.SimpleShardList(urls[number::WORKERS])]
+    if daemon is not None:
+        stages.append(prefetch_ahead(4, daemon=daemon))
+    stages.append(wds.tarfile_to_samples())
+    pipeline = wds.DataPipeline(*stages)
+    out.put("ready")
+    start.wait()
+    batch = 0
+    for _ in pipeline:
+        batch += 1
+        if batch == LOADER_BATCH:
+            out.put(batch)
+            batch = 0
+    if batch:
+        out.put(batch)
+    out.put(None)
+
+
+def _loader_epoch(urls: list[str], per_sample_s: float, daemon: str | None) -> tuple[float, float]:
+    """Run eight workers and a consumer that takes their batches in turn, as a DataLoader does,
+    spending `per_sample_s` per sample; return (seconds the consumer waited, wall seconds)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queues = [context.Queue(maxsize=LOADER_PREFETCH_FACTOR) for _ in range(WORKERS)]
+    start = context.Event()
+    workers = [
+        context.Process(target=_loader_worker, args=(n, urls, daemon, queues[n], start))
+        for n in range(WORKERS)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        for queue in queues:
+            if queue.get(timeout=120) != "ready":
+                raise RuntimeError("a loader worker did not start")
+        began = time.monotonic()
+        start.set()
+        waited, active = 0.0, list(range(WORKERS))
+        while active:
+            for n in list(active):
+                asked = time.monotonic()
+                item = queues[n].get(timeout=300)
+                waited += time.monotonic() - asked
+                if item is None:
+                    active.remove(n)
+                    continue
+                time.sleep(item * per_sample_s)  # the training step
+        return waited, time.monotonic() - began
+    finally:
+        for worker in workers:
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.kill()
+
+
+def multi_worker_epoch(work: Path, sizes: Sizes) -> list[Row]:
+    """Eight WebDataset workers in DataLoader order against an origin capped per connection
+    (4 MB/s, 50 ms to first byte, 200 MB/s in all), a consumer eating 48 MB/s: more than eight
+    plain connections deliver, less than the origin can. Direct curl, shardcache cold without
+    and with `prefetch_ahead(4)`, and warm; with `--origin-connections 1` and the default."""
+    from shardcache.sample import write_sample_shards
+
+    files = work / "wds"
+    shards, samples, payload = sizes.loader_shards, 16, sizes.loader_payload
+    write_sample_shards(files, shards=shards, samples_per_shard=samples, payload_bytes=payload)
+    shard_bytes = (files / "shards_000.tar").stat().st_size
+    per_sample_s = shard_bytes / samples / (48 * MB)
+    origin = SimOrigin(work, ttfb_ms=50, conn_rate=4 * MB, total_rate=200 * MB, files=files)
+    names = [f"shards_{n:03d}.tar" for n in range(shards)]
+    arms = ("cold", "cold_stage", "warm")
+    result: dict[str, list[tuple[float, float, float]]] = {}  # (waited, wall, daemon stall)
+
+    def record(name: str, waited: float, wall: float, stall: float) -> None:
+        result.setdefault(name, []).append((waited, wall, stall))
+
+    try:
+        for _ in range(sizes.runs):
+            waited, wall = _loader_epoch(
+                [f"pipe:curl -s -f {origin.url}/b/files/{name}" for name in names],
+                per_sample_s,
+                None,
+            )
+            record("direct", waited, wall, float("nan"))
+            for connections in ("1", "8"):
+                for arm in arms:
+                    if arm == "warm":
+                        continue  # run right after cold, on its cache
+                    daemon = Shardcache(
+                        work, {"o": f"{origin.url}/b"}, "--origin-connections", connections
+                    )
+                    try:
+                        urls = [f"pipe:curl -s -f {daemon.url}/o/files/{name}" for name in names]
+                        stage = daemon.url if arm == "cold_stage" else None
+                        record(
+                            f"{arm}/{connections}",
+                            *_measured(daemon.url, urls, per_sample_s, stage),
+                        )
+                        if arm == "cold":
+                            record(
+                                f"warm/{connections}",
+                                *_measured(daemon.url, urls, per_sample_s, None),
+                            )
+                    finally:
+                        daemon.stop()
+    finally:
+        origin.stop()
+
+    def column(name: str, index: int) -> list[float]:
+        return [run[index] for run in result[name]]
+
+    def median(name: str, index: int = 0) -> float:
+        return statistics.median(column(name, index))
+
+    direct = column("direct", 0)
+    consumer_s = shards * samples * per_sample_s
+    label = (
+        f"{WORKERS} WebDataset workers in DataLoader order, {shards} shards of "
+        f"{shard_bytes / MiB:.1f} MiB, origin 4 MB/s per connection (200 MB/s in all), "
+        f"consumer 48 MB/s ({consumer_s:.1f} s of steps)"
+    )
+    rows = []
+    for connections, bar_cold in (("1", "≤ 1.0 (no slower than direct)"), ("8", "-")):
+        cold, staged = column(f"cold/{connections}", 0), column(f"cold_stage/{connections}", 0)
+        rows.append(
+            Row(
+                label,
+                f"loader wait (s), cold, no stage, --origin-connections {connections}",
+                cold,
+                direct,
+                "direct pipe:curl",
+                bar_cold,
+                "8 worker processes: SimpleShardList(pipe:curl …)[i::8] → tarfile_to_samples()",
+                ratio=[a / b for a, b in zip(cold, direct, strict=True) if b],
+                is_met=median(f"cold/{connections}") <= statistics.median(direct)
+                if connections == "1"
+                else None,
+            )
+        )
+        bar = "≤ 0.25 of direct" if connections == "1" else "≤ 0.5 of cold without the stage"
+        base = direct if connections == "1" else cold
+        rows.append(
+            Row(
+                label,
+                f"loader wait (s), cold, prefetch_ahead(4), --origin-connections {connections}",
+                staged,
+                base,
+                "direct pipe:curl" if connections == "1" else "cold, no stage",
+                bar,
+                "… → prefetch_ahead(4) → tarfile_to_samples()",
+                ratio=[a / b for a, b in zip(staged, base, strict=True) if b],
+                is_met=statistics.median(staged)
+                <= (0.25 if connections == "1" else 0.5) * statistics.median(base),
+            )
+        )
+    notes = []
+    for name in ("direct", "cold/1", "cold_stage/1", "warm/1", "cold/8", "cold_stage/8", "warm/8"):
+        waited, wall = median(name, 0), median(name, 1)
+        stall = "" if name == "direct" else f", daemon loader stall {median(name, 2):.2f} s"
+        notes.append(f"{name}: wait {median_range(column(name, 0))} s, wall {wall:.2f} s{stall}")
+    rows[-1].note = (
+        "per arm (medians; name/connections): "
+        + "; ".join(notes)
+        + f"; consumer steps alone {consumer_s:.2f} s"
+    )
+    return rows
+
+
+def _measured(
+    daemon_url: str, urls: list[str], per_sample_s: float, stage: str | None
+) -> tuple[float, float, float]:
+    """One epoch through a daemon: (consumer wait, wall, the daemon's loader-stall figure)."""
+    before = _loader_stall(daemon_url)
+    waited, wall = _loader_epoch(urls, per_sample_s, stage)
+    return waited, wall, _loader_stall(daemon_url) - before
+
+
+def _loader_stall(daemon_url: str) -> float:
+    with urllib.request.urlopen(daemon_url + "/_/status", timeout=10) as response:
+        return float(json.loads(response.read())["loader_stall_s"])
+
+
 def _client_wait(daemon_url: str) -> float:
     with urllib.request.urlopen(daemon_url + "/_/status", timeout=10) as response:
         return float(json.loads(response.read())["client_wait_s"])
@@ -618,6 +826,7 @@ SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "small": small_objects,
     "memory": memory,
     "webdataset": webdataset_epoch,
+    "loader": multi_worker_epoch,
 }
 
 

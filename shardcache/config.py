@@ -224,7 +224,7 @@ OPTIONS: tuple[Option, ...] = (
         "prefetch_concurrency",
         _parse_optional_workers,
         "auto",
-        "prefetches at once; auto = as many as raise what the origin delivers (4 to 32)",
+        "prefetches at once; auto = as many as raise what the origin delivers (8, up to 32)",
         "N",
     ),
     Option(

@@ -48,9 +48,9 @@ MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a
 # of 4,000 characters each were 400 MB of strings before the key-length check saw one.
 MAX_EXPANDED_CHARS = 16 << 20
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
-START_CONCURRENCY = 4  # where `auto` starts
+START_CONCURRENCY = 8  # where `auto` starts
 MAX_CONCURRENCY = 32  # `auto`'s ceiling; each prefetch may open --origin-connections more
-TUNING_WINDOW_S = 0.5
+TUNING_WINDOW_S = 0.25
 
 
 def _shown(text: str, limit: int = 100) -> str:
@@ -121,7 +121,17 @@ def _in_batch(item: Item, batch_id: int | None) -> bool:
 
 
 class _Dropped(Exception):
-    """The item the dispatcher was sizing or waiting for budget was dropped meanwhile."""
+    """The item was dropped while it was being sized or waited for budget."""
+
+
+@dataclass(eq=False)
+class _Start:
+    """One item on its way from the queue to a fill: sized, admitted, started."""
+
+    item: Item
+    is_dropped: bool = False  # by clear(): let it go, uncounted
+    admitted_bytes: int = 0  # look-ahead budget it holds until its fill pins the shard
+    is_admitted: bool = False
 
 
 @dataclass
@@ -176,8 +186,7 @@ class _Lane:
     def __init__(self, is_warming: bool) -> None:
         self.is_warming = is_warming
         self.pending: list[tuple[float, int, Item]] = []  # a heap: (deadline, order, item)
-        self.current: Item | None = None  # being sized (HEAD) or admitted
-        self.is_current_dropped = False
+        self.starting: dict[_Start, None] = {}  # items being sized (HEAD) or admitted, in order
         self.has_work = asyncio.Event()
 
     def push(self, deadline: float, order: int, item: Item) -> None:
@@ -228,6 +237,7 @@ class PrefetchQueue:
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
+        self._admitted_bytes = 0  # look-ahead budget held by items not pinned yet
         self._busy_slots = 0
         self._slot_freed = asyncio.Event()
         self._following: set[Fill] = set()  # fills prefetches follow: their bytes tune
@@ -317,11 +327,11 @@ class PrefetchQueue:
             for item in lane.keep_only(lambda item: not _in_batch(item, batch_id)):
                 dropped += 1
                 self._forget(item)
-            current = lane.current
-            if current is not None and not lane.is_current_dropped and _in_batch(current, batch_id):
-                lane.is_current_dropped = True  # its dispatcher drops it when it can
-                self._forget(current)
-                dropped += 1
+            for start in lane.starting:
+                if not start.is_dropped and _in_batch(start.item, batch_id):
+                    start.is_dropped = True  # its task lets it go when it can
+                    self._forget(start.item)
+                    dropped += 1
         released = 0
         if batch_id is None:
             released = self.cache.release_unread()
@@ -346,7 +356,7 @@ class PrefetchQueue:
 
     @property
     def depth(self) -> int:
-        return self._pending_count + sum(lane.current is not None for lane in self._lanes)
+        return self._pending_count + sum(len(lane.starting) for lane in self._lanes)
 
     @property
     def in_flight(self) -> int:
@@ -432,10 +442,8 @@ class PrefetchQueue:
         return self._followed_bytes + sum(fill.received_bytes for fill in self._following)
 
     def _is_saturated(self) -> bool:
-        """Every slot busy and more work waiting, not for the look-ahead budget."""
-        return (
-            self._busy_slots >= self.limit and self._pending_count > 0 and self.waiting_for is None
-        )
+        """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
+        return self._pending_count > 0 and self.waiting_for is None
 
     async def _tune(self) -> None:
         """Every TUNING_WINDOW_S, tell the tuner what the prefetches received; a window is
@@ -458,54 +466,67 @@ class PrefetchQueue:
             received, at, was_saturated = now_received, now, is_saturated
 
     async def _dispatch(self, lane: _Lane) -> None:
-        """Start one lane's prefetches strictly in its order: wait for an item and a free slot
-        (the slots are shared), size the object (HEAD), wait for look-ahead budget, start the
-        fill; then go on to the next item. An item dropped meanwhile is let go, uncounted."""
+        """Take one lane's items in its order, each once there is a free slot (the slots are
+        shared), and start each in a task of its own: size the object (HEAD), wait for
+        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
+        one at a time, it would bound the queue to a few dozen shards a second."""
         while True:
             item = await self._next(lane)
-            lane.current, lane.is_current_dropped = item, False
-            try:
-                outcome, fill = await self.cache.start_prefetch(
-                    item.origin, item.key, self._admission(lane), pin=not lane.is_warming
-                )
-            except _Dropped:
-                self._release_slot()
-                continue
-            except ShardcacheError as exc:
-                if not lane.is_current_dropped:
-                    self._finish_item(item, exc)
-                self._release_slot()
-                continue
-            finally:
-                lane.current = None
-            if fill is None:
-                if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
-                    item.batch.not_cached += 1
-                if not lane.is_current_dropped:
-                    self._finish_item(item, None)
-                self._release_slot()
-                continue
-            if item.batch is not None and not lane.is_warming:
-                item.batch.pinned.add(fill.cache_key)
-            holds_slot = outcome is not PrefetchOutcome.JOINED or fill.is_prefetch
-            if not holds_slot:  # a client is fetching it already: no slot for following it
-                self._release_slot()
-            task = asyncio.create_task(self._follow(item, fill, outcome, holds_slot))
+            start = _Start(item)
+            lane.starting[start] = None
+            task = asyncio.create_task(self._start(lane, start))
             self._fetches.add(task)
             task.add_done_callback(self._fetches.discard)
 
-    async def _admit(self, size_bytes: int) -> None:
+    async def _start(self, lane: _Lane, start: _Start) -> None:
+        """Size, admit and start one item, then follow its fill; it holds a slot throughout
+        (except a fill a client started, which it follows without one). An item dropped
+        meanwhile is let go, uncounted."""
+        item = start.item
+        try:
+            outcome, fill = await self.cache.start_prefetch(
+                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
+            )
+        except _Dropped:
+            self._release_slot()
+            return
+        except ShardcacheError as exc:
+            if not start.is_dropped:
+                self._finish_item(item, exc)
+            self._release_slot()
+            return
+        finally:
+            lane.starting.pop(start, None)
+            self._admitted_bytes -= start.admitted_bytes  # pinned now, or never will be
+            start.admitted_bytes = 0
+            self.cache.unread_changed.set()  # another item may fit the budget now
+        if fill is None:
+            if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
+                item.batch.not_cached += 1
+            if not start.is_dropped:
+                self._finish_item(item, None)
+            self._release_slot()
+            return
+        if item.batch is not None and not lane.is_warming:
+            item.batch.pinned.add(fill.cache_key)
+        holds_slot = outcome is not PrefetchOutcome.JOINED or fill.is_prefetch
+        if not holds_slot:  # a client is fetching it already: no slot for following it
+            self._release_slot()
+        await self._follow(item, fill, outcome, holds_slot)
+
+    async def _admit(self, start: _Start, size_bytes: int) -> None:
         """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
-        than the whole budget is admitted alone). A wait is logged once, and shown in the
+        than the whole budget is admitted alone) and every item taken before this one was
+        admitted (items are sized side by side, admitted in their order), then hold the bytes
+        until the fill pins the shard. A wait for budget is logged once, and shown in the
         status until it ends: a loader reading what was prefetched, or an emptied queue, ends
         it."""
-        lane = self._lookahead
-        while (
-            self.cache.unread_bytes
-            and self.cache.unread_bytes + size_bytes > self.max_unread_bytes
-            and not lane.is_current_dropped
-        ):
-            if self.waiting_for is None:
+        while not start.is_dropped:
+            held = self.cache.unread_bytes + self._admitted_bytes
+            fits = not held or held + size_bytes <= self.max_unread_bytes
+            if fits and not self._admits_before(start):
+                break
+            if not fits and self.waiting_for is None:
                 self.waiting_for = (
                     f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
                     f"and not read yet, of {format_size(self.max_unread_bytes)} "
@@ -515,15 +536,29 @@ class PrefetchQueue:
             self.cache.unread_changed.clear()
             await self.cache.unread_changed.wait()
         self.waiting_for = None
+        if not start.is_dropped:
+            start.admitted_bytes = size_bytes
+            start.is_admitted = True
+            self._admitted_bytes += size_bytes
+            self.cache.unread_changed.set()  # the next in line may go now
 
-    def _admission(self, lane: _Lane) -> Callable[[int], Awaitable[None]]:
-        """A lane's current item's admission: the look-ahead budget (warming needs none, it
-        pins nothing), then a last look whether it was dropped while it was sized or waited."""
+    def _admits_before(self, start: _Start) -> bool:
+        """Whether an item taken before `start` still waits to be admitted."""
+        for earlier in self._lookahead.starting:
+            if earlier is start:
+                return False
+            if not earlier.is_admitted and not earlier.is_dropped:
+                return True
+        return False
+
+    def _admission(self, lane: _Lane, start: _Start) -> Callable[[int], Awaitable[None]]:
+        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
+        then a last look whether it was dropped while it was sized or waited."""
 
         async def admit(size_bytes: int) -> None:
             if not lane.is_warming:
-                await self._admit(size_bytes)
-            if lane.is_current_dropped:
+                await self._admit(start, size_bytes)
+            if start.is_dropped:
                 raise _Dropped
 
         return admit

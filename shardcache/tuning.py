@@ -5,15 +5,16 @@ connection is common) delivers more the more fetches run, up to its aggregate li
 fixed 4 leaves most of its bandwidth unused while the loader waits; past the aggregate limit
 more fetches only split the same bandwidth, and each shard arrives later.
 
-The tuner climbs: while the queue is saturated (every slot busy and work waiting), it raises the
-limit by half. When the aggregate rate grew about as much as the limit, it raises again; when it
-grew less (but by GROWTH at least), the origin's knee lies in between: it settles where the rate
-says it is (old limit × growth). When the rate did not grow, it goes back to the limit before.
-Either way it holds for HOLD_WINDOWS before it tries again (the origin, or what else shares it,
-may change). The first window after a change is not judged: fetches started in it are still
-opening. A window in which the queue was
-not saturated says nothing about the origin (the loader asked for less than the slots allow),
-so it changes nothing and is not compared with.
+The tuner climbs: while the queue is saturated (work waiting for a slot), it doubles the limit.
+When the aggregate rate grew nearly as much as the limit (FULL_SCALING), it doubles again; when
+it grew less (but by GROWTH at least), the origin's knee lies in between: it settles where the
+rate says it is (old limit × growth). When the rate did not grow, it goes back to the limit
+before. Either way it holds for HOLD_WINDOWS before it tries again (the origin, or what else
+shares it, may change). The first window after a change is not judged: fetches started in it
+are still opening. A window in which the queue was not saturated says nothing about the origin
+(the loader asked for less than the slots allow), so it changes nothing and is not compared
+with. Doubling, not a gentler step: an epoch's first seconds are where the loader waits, and
+the knee costs one window at twice the limit to find.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 GROWTH = 1.1  # a raise is kept when the rate grew by 10% or more
-FULL_SCALING = 0.9  # grew at least 90% as much as the limit did: the knee is further up
-RAISE_FACTOR = 1.5
+FULL_SCALING = 0.75  # grew at least 75% as much as the limit did: the knee is further up
+RAISE_FACTOR = 2.0
 HOLD_WINDOWS = 10
 
 
