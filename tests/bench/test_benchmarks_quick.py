@@ -21,6 +21,7 @@ SCENARIO_ROWS = [
     "64 KiB objects, 32 connections (wrk), hits",
     "16 concurrent streams",
     "WebDataset epoch",
+    "8 WebDataset workers in DataLoader order",
 ]
 
 
