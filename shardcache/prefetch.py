@@ -9,8 +9,8 @@
   many as the origin rewards (`tuning.ConcurrencyTuner`, between 1 and MAX_CONCURRENCY,
   judged every TUNING_WINDOW_S on the bytes prefetches received). Client misses never wait
   here: they go straight to `ShardCache.open`, and a client asking for a key being prefetched
-  joins that fill; a queued prefetch whose key a client is fetching already follows that fill
-  without holding a slot (the late prefetch jumps the queue).
+  joins that fill; a queued prefetch whose key is being fetched already (a client came early:
+  the late prefetch jumps the queue) follows that fill without holding a slot.
 - Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
   within `max_unread_bytes` (the size comes from a HEAD first). Unread entries are pinned in the
   store, so later prefetches can never evict them before the loader reads them (no thrash).
@@ -480,7 +480,7 @@ class PrefetchQueue:
 
     async def _start(self, lane: _Lane, start: _Start) -> None:
         """Size, admit and start one item, then follow its fill; it holds a slot throughout
-        (except a fill a client started, which it follows without one). An item dropped
+        (except a fill someone else started, which it follows without one). An item dropped
         meanwhile is let go, uncounted."""
         item = start.item
         try:
@@ -509,8 +509,8 @@ class PrefetchQueue:
             return
         if item.batch is not None and not lane.is_warming:
             item.batch.pinned.add(fill.cache_key)
-        holds_slot = outcome is not PrefetchOutcome.JOINED or fill.is_prefetch
-        if not holds_slot:  # a client is fetching it already: no slot for following it
+        holds_slot = outcome is not PrefetchOutcome.JOINED
+        if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
             self._release_slot()
         await self._follow(item, fill, outcome, holds_slot)
 
