@@ -290,6 +290,7 @@ class ShardCache:
         if joined:
             return PrefetchOutcome.JOINED, fill
         fill.is_prefetch = True
+        fill.known_info = info
         if pin:
             self._unread[url] = info.size_bytes
             self.store.pin(url)

@@ -153,6 +153,12 @@ def _url(args: argparse.Namespace) -> int:
     return 0
 
 
+def _concurrency(prefetch: dict[str, Any]) -> str:
+    """`N at once (auto)`: the tuned limit, or a fixed one; older daemons say neither mode."""
+    mode = prefetch.get("concurrency_mode")
+    return f"{prefetch.get('concurrency', '?')} at once" + (f" ({mode})" if mode else "")
+
+
 def _prefetch(args: argparse.Namespace) -> int:
     daemon = client.daemon_url(args.daemon)
     known = _origin_urls(args)
@@ -209,7 +215,8 @@ def format_status(document: dict[str, Any]) -> str:
         f"{prefetch['fetched']} fetched "
         f"(+{prefetch['done'] - prefetch['fetched']} found cached or being read), "
         f"{prefetch['failed']} failed, "
-        f"{format_size(prefetch['unread_bytes'])} unread",
+        f"{format_size(prefetch['unread_bytes'])} unread, "
+        f"{_concurrency(prefetch)}",
         "",
         f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
         f"{'from cache':>13}{'from origin':>13}  origin errors",

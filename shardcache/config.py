@@ -150,8 +150,23 @@ def _parse_workers(value: Any) -> int:
     return number
 
 
-def _parse_optional_workers(value: Any) -> int | None:
-    return None if str(value).strip().lower() == "auto" else _parse_workers(value)
+MAX_PREFETCH_CONCURRENCY = 256  # each may hold --origin-connections requests
+
+
+def _parse_prefetch_concurrency(value: Any) -> int | None:
+    """`auto` (None: tuned) or a fixed number of prefetches at once."""
+    if str(value).strip().lower() == "auto":
+        return None
+    wanted = f"expected auto or a whole number from 1 to {MAX_PREFETCH_CONCURRENCY}, got {value!r}"
+    if isinstance(value, bool):
+        raise ValueError(wanted)
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(wanted) from None
+    if not 1 <= number <= MAX_PREFETCH_CONCURRENCY:
+        raise ValueError(wanted)
+    return number
 
 
 def _parse_optional_size(value: Any) -> int | None:
@@ -222,7 +237,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
     Option(
         "prefetch_concurrency",
-        _parse_optional_workers,
+        _parse_prefetch_concurrency,
         "auto",
         "prefetches at once; auto = as many as raise what the origin delivers (8, up to 32)",
         "N",

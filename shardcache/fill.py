@@ -118,6 +118,9 @@ class Fill:
         self._readers = 0
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
         self.is_prefetch = False  # started by the prefetch queue rather than a client
+        # What a HEAD said just before the fill (a prefetch sizes the object): its checksums
+        # serve when the first response is the same version, instead of a second HEAD.
+        self.known_info: ObjectInfo | None = None
         self._finished = asyncio.Event()
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
@@ -304,7 +307,9 @@ class Fill:
     async def _whole_object(self, first: OriginStream, is_ranged: bool) -> OriginStream:
         """An object whose responses carry no ETag: nothing could reliably tell a later ranged
         request's version from the first one's, so fetch it in one request (no segments)."""
-        if is_ranged and first.info.size_bytes > self._policy.first_segment_bytes:
+        # An origin that serves no ranges answered with the whole object already (a 200).
+        is_part = is_ranged and first.info.accepts_ranges
+        if is_part and first.info.size_bytes > self._policy.first_segment_bytes:
             await first.aclose()
             self._requests.count("ok")
             first = await self._requests.open(0, None, None)
@@ -345,6 +350,8 @@ class Fill:
         """
         if info.checksums:
             return cheapest(info.checksums)
+        if self.known_info is not None and info.differs_from(self.known_info) is None:
+            return cheapest(self.known_info.checksums)  # the prefetch's HEAD, same version
         try:
             head = await self._requests.head()
         except OriginHeadUnsupported as exc:

@@ -5,16 +5,18 @@ connection is common) delivers more the more fetches run, up to its aggregate li
 fixed 4 leaves most of its bandwidth unused while the loader waits; past the aggregate limit
 more fetches only split the same bandwidth, and each shard arrives later.
 
-The tuner climbs: while the queue is saturated (work waiting for a slot), it doubles the limit.
+The tuner probes: while the queue is saturated (work waiting for a slot), it doubles the limit.
 When the aggregate rate grew nearly as much as the limit (FULL_SCALING), it doubles again; when
 it grew less (but by GROWTH at least), the origin's knee lies in between: it settles where the
-rate says it is (old limit × growth). When the rate did not grow, it goes back to the limit
-before. Either way it holds for HOLD_WINDOWS before it tries again (the origin, or what else
-shares it, may change). The first window after a change is not judged: fetches started in it
-are still opening. A window in which the queue was not saturated says nothing about the origin
-(the loader asked for less than the slots allow), so it changes nothing and is not compared
-with. Doubling, not a gentler step: an epoch's first seconds are where the loader waits, and
-the knee costs one window at twice the limit to find.
+rate says it is (old limit × growth). When the rate did not grow, it goes back. Then it holds
+for HOLD_WINDOWS, and probes again, alternately down: half the limit is kept when it still
+delivers nearly the rate before (DOWN_TOLERANCE), since fewer fetches for the same bytes
+bring each shard sooner; so it also comes down when the origin (or what else shares it)
+slows. The first window after a change is not judged: fetches started in it are still
+opening. A window in which the queue was not saturated says nothing about the origin (the
+loader asked for less than the slots allow): it ends a probe, back at the limit before it.
+Doubling, not a gentler step: an epoch's first seconds are where the loader waits, and the
+knee costs one window at twice the limit to find.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ GROWTH = 1.1  # a raise is kept when the rate grew by 10% or more
 FULL_SCALING = 0.75  # grew at least 75% as much as the limit did: the knee is further up
 RAISE_FACTOR = 2.0
 HOLD_WINDOWS = 10
+DOWN_TOLERANCE = 0.95  # half the limit is kept when it delivers 95% of the rate or more
 
 
 @dataclass(frozen=True, slots=True)
 class _Trial:
-    limit: int  # the limit before the raise
+    limit: int  # the limit before the probe
     rate: float  # bytes per second at that limit
+    is_up: bool
 
 
 class ConcurrencyTuner:
@@ -44,11 +48,15 @@ class ConcurrencyTuner:
         self._settling = False  # the first window after a change is not judged
         self._hold = 0
         self._last_rate: float | None = None  # of the last judged window at this limit
+        self._probe_up = True  # the next probe's direction; they alternate
 
     def observe(self, rate: float, saturated: bool) -> int:
         """Take one window's aggregate rate (bytes/s) and whether the queue was saturated in
         all of it; return the limit for the next window."""
         if not saturated:
+            trial = self._trial
+            if trial is not None:  # the probe ended without evidence: back to what was known
+                self.limit = trial.limit
             self._trial, self._settling, self._last_rate = None, False, None
             return self.limit
         if self._settling:
@@ -60,29 +68,49 @@ class ConcurrencyTuner:
             return self.limit
         trial = self._trial
         if trial is not None:
-            growth = rate / trial.rate if trial.rate > 0 else math.inf
-            if growth >= FULL_SCALING * self.limit / trial.limit:
-                self._raise(rate)  # it grew with the limit: try further
-            elif growth >= GROWTH:  # it grew less: the knee is in between, where it stops
-                self._set(math.ceil(trial.limit * growth))
-                self._trial, self._hold = None, HOLD_WINDOWS
-            else:
-                self._set(trial.limit)  # it did not: back, and stay a while
-                self._trial, self._hold = None, HOLD_WINDOWS
+            self._judge(trial, rate)
             return self.limit
         if self._last_rate is None:
             self._last_rate = rate  # a first judged window at this limit: the baseline
             return self.limit
-        self._raise(max(rate, self._last_rate))
+        self._probe(max(rate, self._last_rate))
         return self.limit
 
-    def _raise(self, rate_now: float) -> None:
-        if self.limit >= self.high:
-            self._trial = None
-            self._last_rate = rate_now
+    def _judge(self, trial: _Trial, rate: float) -> None:
+        self._trial = None
+        if not trial.is_up:
+            # Fewer fetches for (nearly) the same bytes: keep it, each shard arrives sooner.
+            if rate < trial.rate * DOWN_TOLERANCE:
+                self._set(trial.limit)
+            self._hold = HOLD_WINDOWS
             return
-        self._trial = _Trial(self.limit, rate_now)
-        self._set(min(self.high, max(self.limit + 1, math.ceil(self.limit * RAISE_FACTOR))))
+        growth = rate / trial.rate if trial.rate > 0 else math.inf
+        if growth >= FULL_SCALING * self.limit / trial.limit:
+            self._probe(rate, up=True)  # it grew with the limit: try further
+            return
+        if growth >= GROWTH:  # it grew less: the knee is in between, where it stops
+            self._set(math.ceil(trial.limit * growth))
+        else:
+            self._set(trial.limit)  # it did not: back
+        self._hold = HOLD_WINDOWS
+
+    def _probe(self, rate_now: float, up: bool | None = None) -> None:
+        """Try the limit doubled or halved (alternately, unless `up` says which)."""
+        if up is None:
+            up = self._probe_up
+            self._probe_up = not self._probe_up
+        if up and self.limit >= self.high:
+            up = False
+        if not up and self.limit <= self.low:
+            if self.limit >= self.high:
+                self._last_rate = rate_now
+                return
+            up = True
+        self._trial = _Trial(self.limit, rate_now, up)
+        if up:
+            self._set(max(self.limit + 1, math.ceil(self.limit * RAISE_FACTOR)))
+        else:
+            self._set(self.limit // 2)
 
     def _set(self, limit: int) -> None:
         self.limit = max(self.low, min(self.high, limit))

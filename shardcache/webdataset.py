@@ -42,7 +42,7 @@ def prefetch_ahead(
 ) -> Callable[[Iterable[Shard]], Iterator[Shard]]:
     """Return a stage that, as each shard is handed on, asks the daemon for the next `k`.
 
-    The daemon is the one each shard URL names (`http://127.0.0.1:18470/NAME/KEY`, also inside
+    The daemon is the one each shard URL names (`http://127.0.0.1:8470/NAME/KEY`, also inside
     `pipe:curl …`), unless `daemon` is given. With `plan` (the default), the stage also posts
     this worker's order as a plan: it reads the (already shuffled and split) shard list up to
     PLAN_WINDOW names ahead, and posts the window again each time half of it was handed on, so

@@ -89,6 +89,7 @@ class FakeOrigin:
     gate: asyncio.Event | None = None  # when set on the fake, bodies wait for it
     head_gate: asyncio.Event | None = None  # when set on the fake, HEADs wait for it
     pace: Pace | None = None  # when set, bodies are paced (a bandwidth cap)
+    ignores_range: bool = False  # answer every GET with the whole object, from byte 0
     chunk_bytes: int = 4096
     accepts_ranges: bool = False
     ranges: list[tuple[str, int, int | None]] = field(default_factory=list)
@@ -161,6 +162,8 @@ class FakeOrigin:
         if self.failures_left[key] > 0 and start <= self.fail_at.get(key, -1) < stop:
             self.failures_left[key] -= 1
             fail_at = self.fail_at.get(key)
+        if self.ignores_range:  # a 200 with the whole body, whatever was asked (http.server)
+            start, end = 0, None
         data = self.objects[key] if end is None else self.objects[key][:end]
         if start or end is not None or not self.checksums_on_get:  # a part carries none
             info = ObjectInfo(info.size_bytes, info.etag, (), accepts_ranges=info.accepts_ranges)

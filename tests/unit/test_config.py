@@ -16,6 +16,10 @@ def test_defaults() -> None:
     assert settings.cache_size == 20 * 2**30
     assert settings.origin_connect_timeout == 10 and settings.origin_read_timeout == 30
     assert settings.origins == ()
+    assert settings.prefetch_concurrency is None  # auto: tuned
+    assert settings.eviction == "auto"
+    assert load_settings({"prefetch_concurrency": "auto"}, {}).prefetch_concurrency is None
+    assert load_settings({}, {"SHARDCACHE_PREFETCH_CONCURRENCY": "3"}).prefetch_concurrency == 3
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
@@ -57,6 +61,10 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
         ({"origin": ["a=file://relative"]}, {}, "file:///ABSOLUTE/PATH"),
         ({"origin": ["healthz=s3://b"]}, {}, "reserved"),
         ({"log_level": "loud"}, {}, "--log-level: expected one of"),
+        ({"prefetch_concurrency": "0"}, {}, "--prefetch-concurrency: expected auto or a whole"),
+        ({}, {"SHARDCACHE_PREFETCH_CONCURRENCY": "-1"}, "from 1 to 256, got '-1'"),
+        ({"prefetch_concurrency": "999999"}, {}, "from 1 to 256, got '999999'"),
+        ({"prefetch_concurrency": "1.5"}, {}, "expected auto or a whole number"),
     ],
 )
 def test_errors_name_the_setting(

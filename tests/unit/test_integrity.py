@@ -354,6 +354,20 @@ async def test_an_object_without_validators_is_fetched_in_one_request(
     assert [end for _, _, end in origin.ranges][1:] == [None]  # then one whole-object GET
 
 
+async def test_an_object_without_validators_whose_origin_ignored_the_range_is_not_asked_again(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """Found by the new-user trial with `python3 -m http.server` (no ETag, no ranges): the first
+    request's answer was the whole object already, yet it was dropped and asked for again."""
+    data = os.urandom(MiB)
+    origin.put("a.tar", data, with_md5=False)
+    origin.without_validators.add("a.tar")
+    origin.accepts_ranges, origin.ignores_range = False, True
+    assert await read_all(await cache.open("fake", "a.tar")) == data
+    await settle(cache)
+    assert len(origin.opens) == 1
+
+
 async def test_a_body_failing_without_validators_is_not_resumed(
     cache: ShardCache, origin: FakeOrigin
 ) -> None:

@@ -179,3 +179,22 @@ async def test_a_prefetch_a_client_is_fetching_holds_no_slot(
     finally:
         await lease.aclose()
         await queue.aclose()
+
+
+async def test_a_prefetch_heads_its_object_once(cache: ShardCache, origin: FakeOrigin) -> None:
+    """Found by the new-user trial: the queue's HEAD sized the object, then the fill sent its
+    own for the checksums (the GET carries none, as S3's does not). One serves both."""
+    origin.checksums_on_get = False
+    origin.put("a.tar", os.urandom(256 * KiB))
+    origin.put("b.tar", os.urandom(256 * KiB))
+    origin.corrupt("b.tar", 1000)  # the HEAD's checksum must still be checked
+    queue = PrefetchQueue(cache, 2, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", "a.tar"), ("fake", "b.tar")])
+        await _until("both prefetches", lambda: queue.completed + queue.failed == 2)
+    finally:
+        await queue.aclose()
+    assert origin.heads["a.tar"] == 1 and origin.heads["b.tar"] == 1
+    assert (queue.completed, queue.failed) == (1, 1)
+    assert "does not match" in str(queue.status()["recent_failures"])
