@@ -22,7 +22,7 @@ from shardcache.flights import Flights
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.segments import RetryPolicy
+from shardcache.segments import OriginRequests, RetryPolicy
 from shardcache.store import Entry, EntryMeta, Store
 
 log = logging.getLogger("shardcache.cache")
@@ -277,7 +277,7 @@ class ShardCache:
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         finished_before = self._finished.get(url, 0)
-        info = await origin.head(key)
+        info = await OriginRequests(origin, key, self._policy, self._observer).head()  # retried
         await admit(info.size_bytes)
         # While we sized the object and waited for budget, a client may have fetched it (then
         # a fill for it has finished since) or may be fetching it (join_or_start joins it).

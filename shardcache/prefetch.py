@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from shardcache.cache import PrefetchOutcome, ShardCache
-from shardcache.errors import BadRequest, OriginNotFound, QueueFull, ShardcacheError
+from shardcache.errors import BadRequest, CacheError, OriginNotFound, QueueFull, ShardcacheError
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
@@ -51,6 +51,7 @@ FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the on
 START_CONCURRENCY = 8  # where `auto` starts
 MAX_CONCURRENCY = 32  # `auto`'s ceiling; each prefetch may open --origin-connections more
 TUNING_WINDOW_S = 0.25
+PUSH_BATCH = 4096  # items queued between yields to the event loop
 
 
 def _shown(text: str, limit: int = 100) -> str:
@@ -187,6 +188,7 @@ class _Lane:
         self.is_warming = is_warming
         self.pending: list[tuple[float, int, Item]] = []  # a heap: (deadline, order, item)
         self.starting: dict[_Start, None] = {}  # items being sized (HEAD) or admitted, in order
+        self.busy = 0  # slots its items hold: each lane has the limit to itself
         self.has_work = asyncio.Event()
 
     def push(self, deadline: float, order: int, item: Item) -> None:
@@ -238,7 +240,8 @@ class PrefetchQueue:
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
         self._admitted_bytes = 0  # look-ahead budget held by items not pinned yet
-        self._busy_slots = 0
+        self._said_waiting = False  # a wait for the budget is logged once
+        self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._slot_freed = asyncio.Event()
         self._following: set[Fill] = set()  # fills prefetches follow: their bytes tune
         self._followed_bytes = 0  # received by fills no longer followed
@@ -265,17 +268,26 @@ class PrefetchQueue:
         The caller validates keys and origins first, so that a bad body queues nothing.
         Raises QueueFull when the queue would hold more than MAX_PENDING items.
         """
-        if self._pending_count + len(targets) > MAX_PENDING:
+        held = self._pending_count + self._reserved_pending
+        if held + len(targets) > MAX_PENDING:
             raise QueueFull(
-                f"the prefetch queue holds {self._pending_count} items; {len(targets)} more "
+                f"the prefetch queue holds {held} items; {len(targets)} more "
                 f"would pass its bound of {MAX_PENDING}"
             )
-        urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
-        cached, needed_in_s = await asyncio.to_thread(self._look_up, urls, warm)
+        self._reserved_pending += len(targets)  # posts at once must see each other's items
+        try:
+            return await self._submit(targets, warm)
+        finally:
+            self._reserved_pending -= len(targets)
+
+    async def _submit(self, targets: list[tuple[str, str]], warm: bool) -> Submitted:
+        urls, cached, needed_in_s = await asyncio.to_thread(self._look_up, targets, warm)
         batch = Batch(next(self._batch_ids), total=0, is_warming=warm)
         queued = in_flight = 0
         now = self._clock()
         for place, ((origin, key), url) in enumerate(zip(targets, urls, strict=True)):
+            if place % PUSH_BATCH == PUSH_BATCH - 1:
+                await asyncio.sleep(0)  # 100,000 names must not hold the event loop
             if url in cached:
                 continue
             batch.total += 1
@@ -290,14 +302,18 @@ class PrefetchQueue:
         self._forget_old_batches()
         return Submitted(queued, len(cached), in_flight, batch.id)
 
-    def _look_up(self, urls: list[str], warm: bool) -> tuple[set[str], dict[str, float]]:
-        """(On a worker thread: the index and the plans' lock may take a while.) The urls
-        cached already, and when the plans say the others are needed, in seconds from now."""
+    def _look_up(
+        self, targets: list[tuple[str, str]], warm: bool
+    ) -> tuple[list[str], set[str], dict[str, float]]:
+        """(On a worker thread: the index and the plans' lock may take a while, and so may
+        100,000 names.) The targets' cache keys, those cached already, and when the plans say
+        the others are needed, in seconds from now."""
+        urls = [self.cache.cache_key(origin, key)[1] for origin, key in targets]
         cached = {url for url in urls if self.cache.store.peek(url) is not None}
         if warm:
-            return cached, {}
+            return urls, cached, {}
         needed = {url: self.cache.needed_in_s(url) for url in urls if url not in cached}
-        return cached, {url: s for url, s in needed.items() if s is not None}
+        return urls, cached, {url: s for url, s in needed.items() if s is not None}
 
     def on_client_read(self, origin: str, key: str) -> None:
         """Queue the next keys of a numbered run a client has started reading."""
@@ -356,7 +372,9 @@ class PrefetchQueue:
 
     @property
     def depth(self) -> int:
-        return self._pending_count + sum(len(lane.starting) for lane in self._lanes)
+        return self._pending_count + sum(
+            not start.is_dropped for lane in self._lanes for start in lane.starting
+        )
 
     @property
     def in_flight(self) -> int:
@@ -415,27 +433,30 @@ class PrefetchQueue:
 
     async def _next(self, lane: _Lane) -> Item:
         """The lane's earliest item, once there is one and a slot for it: a lane with nothing
-        to do holds no slot (the lanes share them), and the item is chosen when the slot is
-        free, so that one posted meanwhile with an earlier deadline goes first."""
+        to do holds no slot, and the item is chosen when the slot is free, so that one posted
+        meanwhile with an earlier deadline goes first."""
         while True:
             while not lane.pending:
                 lane.has_work.clear()
                 await lane.has_work.wait()
-            await self._acquire_slot()
+            await self._acquire_slot(lane)
             if lane.pending:  # still: a clear() may have emptied the lane meanwhile
                 return lane.pop()
-            self._release_slot()
+            self._release_slot(lane)
 
     # -- slots and their tuning ------------------------------------------------------------
 
-    async def _acquire_slot(self) -> None:
-        while self._busy_slots >= self.limit:
+    async def _acquire_slot(self, lane: _Lane) -> None:
+        """Each lane has `limit` slots of its own: look-ahead items waiting for the budget
+        hold theirs, and warming, which never waits for the budget, must not wait behind
+        them."""
+        while lane.busy >= self.limit:
             self._slot_freed.clear()
             await self._slot_freed.wait()
-        self._busy_slots += 1
+        lane.busy += 1
 
-    def _release_slot(self) -> None:
-        self._busy_slots -= 1
+    def _release_slot(self, lane: _Lane) -> None:
+        lane.busy -= 1
         self._slot_freed.set()
 
     def _received_bytes(self) -> int:
@@ -488,12 +509,18 @@ class PrefetchQueue:
                 item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
             )
         except _Dropped:
-            self._release_slot()
+            self._release_slot(lane)
             return
         except ShardcacheError as exc:
             if not start.is_dropped:
                 self._finish_item(item, exc)
-            self._release_slot()
+            self._release_slot(lane)
+            return
+        except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
+            log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
+            if not start.is_dropped:
+                self._finish_item(item, CacheError(f"internal error while prefetching: {exc}"))
+            self._release_slot(lane)
             return
         finally:
             lane.starting.pop(start, None)
@@ -505,51 +532,56 @@ class PrefetchQueue:
                 item.batch.not_cached += 1
             if not start.is_dropped:
                 self._finish_item(item, None)
-            self._release_slot()
+            self._release_slot(lane)
             return
-        if item.batch is not None and not lane.is_warming:
+        if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
+            self.cache.release_unread([fill.cache_key])
+        elif item.batch is not None and not lane.is_warming:
             item.batch.pinned.add(fill.cache_key)
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
-            self._release_slot()
-        await self._follow(item, fill, outcome, holds_slot)
+            self._release_slot(lane)
+        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
 
     async def _admit(self, start: _Start, size_bytes: int) -> None:
         """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
-        than the whole budget is admitted alone) and every item taken before this one was
-        admitted (items are sized side by side, admitted in their order), then hold the bytes
-        until the fill pins the shard. A wait for budget is logged once, and shown in the
-        status until it ends: a loader reading what was prefetched, or an emptied queue, ends
-        it."""
+        than the whole budget is admitted alone), then hold them until the fill pins the shard.
+
+        Items are sized side by side; the budget goes in their order, without one slow HEAD
+        holding up the rest: an item is admitted when the budget holds it and, at its size
+        again, each item taken before it and not admitted yet. A wait is logged once, and
+        shown in the status until it ends: a loader reading what was prefetched, or an emptied
+        queue, ends it."""
         while not start.is_dropped:
             held = self.cache.unread_bytes + self._admitted_bytes
-            fits = not held or held + size_bytes <= self.max_unread_bytes
-            if fits and not self._admits_before(start):
+            ahead = self._waiting_before(start)
+            if not held or held + size_bytes * (1 + ahead) <= self.max_unread_bytes:
                 break
-            if not fits and self.waiting_for is None:
-                self.waiting_for = (
-                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
-                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
-                    "(--prefetch-max-bytes); loaders reading them free it"
-                )
+            self.waiting_for = (
+                f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
+                f"and not read yet, of {format_size(self.max_unread_bytes)} "
+                "(--prefetch-max-bytes); loaders reading them free it"
+            )
+            if not self._said_waiting:
+                self._said_waiting = True
                 log.info("prefetch waits for %s", self.waiting_for)
             self.cache.unread_changed.clear()
             await self.cache.unread_changed.wait()
-        self.waiting_for = None
+        self.waiting_for, self._said_waiting = None, False
         if not start.is_dropped:
             start.admitted_bytes = size_bytes
             start.is_admitted = True
             self._admitted_bytes += size_bytes
             self.cache.unread_changed.set()  # the next in line may go now
 
-    def _admits_before(self, start: _Start) -> bool:
-        """Whether an item taken before `start` still waits to be admitted."""
+    def _waiting_before(self, start: _Start) -> int:
+        """Items taken before `start` and not admitted yet (being sized, or waiting)."""
+        count = 0
         for earlier in self._lookahead.starting:
             if earlier is start:
-                return False
-            if not earlier.is_admitted and not earlier.is_dropped:
-                return True
-        return False
+                break
+            count += not earlier.is_admitted and not earlier.is_dropped
+        return count
 
     def _admission(self, lane: _Lane, start: _Start) -> Callable[[int], Awaitable[None]]:
         """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
@@ -564,8 +596,15 @@ class PrefetchQueue:
         return admit
 
     async def _follow(
-        self, item: Item, fill: Fill, outcome: PrefetchOutcome, holds_slot: bool = True
+        self,
+        lane: _Lane,
+        item: Item,
+        fill: Fill,
+        outcome: PrefetchOutcome,
+        holds_slot: bool,
+        is_dropped: bool,
     ) -> None:
+        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
         self._running += 1
         counted = fill not in self._following  # two items may follow one fill
         if counted:
@@ -573,8 +612,11 @@ class PrefetchQueue:
         try:
             outcome = await self.cache.finish_prefetch(fill, outcome)
         except ShardcacheError as exc:
-            self._finish_item(item, exc)
+            if not is_dropped:
+                self._finish_item(item, exc)
         else:
+            if is_dropped:
+                return
             is_fetched = outcome is PrefetchOutcome.FETCHED
             size = fill.info.size_bytes if fill.info and is_fetched else 0
             if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
@@ -586,7 +628,7 @@ class PrefetchQueue:
                 self._following.discard(fill)
                 self._followed_bytes += fill.received_bytes
             if holds_slot:
-                self._release_slot()
+                self._release_slot(lane)
 
     def _finish_item(
         self,

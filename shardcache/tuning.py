@@ -84,7 +84,10 @@ class ConcurrencyTuner:
                 self._set(trial.limit)
             self._hold = HOLD_WINDOWS
             return
-        growth = rate / trial.rate if trial.rate > 0 else math.inf
+        if trial.rate > 0:
+            growth = rate / trial.rate
+        else:  # nothing arrived before the probe (HEADs stalled, say): only bytes are evidence
+            growth = math.inf if rate > 0 else 1.0
         if growth >= FULL_SCALING * self.limit / trial.limit:
             self._probe(rate, up=True)  # it grew with the limit: try further
             return

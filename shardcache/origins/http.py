@@ -120,7 +120,7 @@ def _last_modified(value: str | None) -> float | None:
         return None
     try:
         return email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a hostile offset overflows
         return None  # unparsable: not a validator we can compare
 
 

@@ -176,3 +176,17 @@ def test_redirect_target_default_ports_and_missing_location() -> None:
     for status, location in ((302, None), (300, "/b"), (304, "/b")):
         with pytest.raises(OriginRedirected, match=f"answered {status}"):
             redirect_target(f"{https}/a", status, location, "a", https)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "01 Jan 1970 00:00:00 +99999999999999999999",  # found by the attack: OverflowError
+        "Mon, 99 Zzz 99999 99:99:99 GMT",
+        "",
+    ],
+)
+def test_an_unreadable_last_modified_is_no_validator(value: str) -> None:
+    from shardcache.origins.http import _last_modified
+
+    assert _last_modified(value) is None

@@ -13,6 +13,7 @@ import pytest
 from shardcache import prefetch
 from shardcache.admission import ScanResistantAdmission
 from shardcache.cache import ShardCache
+from shardcache.errors import QueueFull
 from shardcache.observer import NullObserver
 from shardcache.plans import PlanBook
 from shardcache.prefetch import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
@@ -198,3 +199,147 @@ async def test_a_prefetch_heads_its_object_once(cache: ShardCache, origin: FakeO
     assert origin.heads["a.tar"] == 1 and origin.heads["b.tar"] == 1
     assert (queue.completed, queue.failed) == (1, 1)
     assert "does not match" in str(queue.status()["recent_failures"])
+
+
+# -- found by the attack on the concurrent queue ------------------------------------------------
+
+
+async def test_warming_runs_while_look_ahead_waits_for_budget(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """Look-ahead items waiting for the budget held every shared slot: a warm batch (which
+    never waits for budget) then never started, and `shardcache prefetch --wait` hung."""
+    for n in range(6):
+        origin.put(f"la{n}.tar", os.urandom(64 * KiB))
+    origin.put("warm.tar", os.urandom(16 * KiB))
+    queue = PrefetchQueue(cache, 2, 100 * KiB, readahead=0)  # one look-ahead shard fits
+    queue.start()
+    try:
+        await queue.submit([("fake", f"la{n}.tar") for n in range(6)])
+        await _until("the budget to bind", lambda: queue.waiting_for is not None)
+        submitted = await queue.submit([("fake", "warm.tar")], warm=True)
+        batch = queue.batch(submitted.batch)
+        assert batch is not None
+        await _until("the warm item", lambda: batch.is_finished, timeout_s=5)
+        assert batch.done == 1
+    finally:
+        await queue.aclose()
+
+
+async def test_an_unexpected_error_while_sizing_fails_the_item_not_the_queue(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A HEAD whose answer crashed a parser (OverflowError) leaked its slot for good; once all
+    were leaked, nothing was prefetched until a restart."""
+    for n in range(12):
+        origin.put(f"s{n}.tar", os.urandom(16 * KiB))
+    real_head = origin.head
+
+    async def head(key: str):  # type: ignore[no-untyped-def]
+        if key.startswith("s") and int(key[1:].split(".")[0]) < 8:
+            raise OverflowError("date value out of range")
+        return await real_head(key)
+
+    monkeypatch.setattr(origin, "head", head)
+    queue = PrefetchQueue(cache, 2, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", f"s{n}.tar") for n in range(12)])
+        await _until("every item to end", lambda: queue.completed + queue.failed == 12)
+    finally:
+        await queue.aclose()
+    assert (queue.completed, queue.failed) == (4, 8)
+    assert queue.status()["pending"] == 0 and queue.in_flight == 0
+
+
+async def test_posts_at_once_cannot_pass_the_queue_bound_together(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each POST checked the bound, then awaited its index lookups, then queued: twenty posts
+    at once all passed the check (two million items against a bound of 200,000)."""
+    monkeypatch.setattr(prefetch, "MAX_PENDING", 100)
+    origin.gate = asyncio.Event()  # nothing finishes meanwhile
+    queue = PrefetchQueue(cache, 1, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        results = await asyncio.gather(
+            *(queue.submit([("fake", f"p{post}-{n}.tar") for n in range(40)]) for post in range(5)),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, QueueFull)]
+        assert len(refused) == 3
+        assert queue.depth <= 100
+    finally:
+        origin.gate.set()
+        await queue.aclose()
+
+
+async def test_a_clear_while_an_item_starts_leaves_nothing_pinned(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELETE between an item's admission and its fill's start: the fill started anyway,
+    pinned its shard against the budget for good, and counted as done in a batch of 0."""
+    origin.put("a.tar", os.urandom(64 * KiB))
+    deciding, go_on = asyncio.Event(), asyncio.Event()
+    real_would_admit = cache._would_admit
+
+    async def would_admit(*args):  # type: ignore[no-untyped-def]
+        deciding.set()
+        await go_on.wait()
+        return await real_would_admit(*args)
+
+    monkeypatch.setattr(cache, "_would_admit", would_admit)
+    queue = PrefetchQueue(cache, 2, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        submitted = await queue.submit([("fake", "a.tar")])
+        await asyncio.wait_for(deciding.wait(), 5)
+        assert queue.clear() == (1, 0)
+        go_on.set()
+        await _until("the fill", lambda: not cache.flights.get(origin.url_for("a.tar")))
+        await _until("the queue to settle", lambda: queue.in_flight == 0)
+        await asyncio.sleep(0.05)
+        batch = queue.batch(submitted.batch)
+        assert batch is not None and batch.done <= batch.total
+        assert cache.unread_bytes == 0  # nothing left pinned against the budget
+        assert queue.status()["pending"] == 0
+    finally:
+        await queue.aclose()
+
+
+async def test_one_slow_head_does_not_hold_up_the_rest(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admission in order made every item wait for the first one's HEAD (up to the read
+    timeout), with budget to spare for all of them."""
+    for n in range(10):
+        origin.put(f"s{n}.tar", os.urandom(16 * KiB))
+    real_head = origin.head
+
+    async def head(key: str):  # type: ignore[no-untyped-def]
+        if key == "s0.tar":
+            await asyncio.sleep(3)
+        return await real_head(key)
+
+    monkeypatch.setattr(origin, "head", head)
+    queue = PrefetchQueue(cache, 4, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", f"s{n}.tar") for n in range(10)])
+        await _until("the other nine", lambda: queue.completed >= 9, timeout_s=2)
+    finally:
+        await queue.aclose()
+
+
+async def test_a_sizing_head_is_retried(cache: ShardCache, origin: FakeOrigin) -> None:
+    """One 503 to the HEAD failed the prefetch, where a fill retries --origin-retries times."""
+    origin.put("a.tar", os.urandom(16 * KiB))
+    origin.head_failures["a.tar"] = 1
+    queue = PrefetchQueue(cache, 2, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", "a.tar")])
+        await _until("the prefetch", lambda: queue.completed + queue.failed == 1)
+    finally:
+        await queue.aclose()
+    assert (queue.completed, queue.failed) == (1, 0)

@@ -86,3 +86,11 @@ def test_bounds() -> None:
     tuner = ConcurrencyTuner(start=8, high=8)
     limits = _run(tuner, capped(4 * MB, 1000 * MB), 50)
     assert set(limits) == {4, 8} and limits.count(8) >= 40  # halvings judged and undone
+
+
+def test_no_bytes_is_no_evidence() -> None:
+    """Found by the attack: with every HEAD stalled, 0 bytes/s before a probe counted as
+    infinite growth after it, and the limit doubled to the ceiling on nothing."""
+    tuner = ConcurrencyTuner(start=8, high=32)
+    limits = _run(tuner, lambda limit: 0.0, 40)
+    assert max(limits) <= 16
