@@ -487,8 +487,8 @@ class PrefetchQueue:
             received, at, was_saturated = now_received, now, is_saturated
 
     async def _dispatch(self, lane: _Lane) -> None:
-        """Take one lane's items in its order, each once there is a free slot (the slots are
-        shared), and start each in a task of its own: size the object (HEAD), wait for
+        """Take one lane's items in its order, each once there is a free slot (the lane's own),
+        and start each in a task of its own: size the object (HEAD), wait for
         look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
         one at a time, it would bound the queue to a few dozen shards a second."""
         while True:
