@@ -9,6 +9,7 @@ import asyncio
 import collections
 import dataclasses
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -20,6 +21,7 @@ from shardcache.errors import CacheError, NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
 from shardcache.keys import validate_key
+from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy
@@ -113,6 +115,10 @@ class ShardCache:
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
+        self.limiters = {
+            name: RequestLimiter(name, functools.partial(observer.origin_request_limit, name))
+            for name in self.origins
+        }
         # How many fills have finished per cache key (recent keys only): lets a caller that
         # awaited something notice that a fill came and went meanwhile.
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -277,7 +283,10 @@ class ShardCache:
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         finished_before = self._finished.get(url, 0)
-        info = await OriginRequests(origin, key, self._policy, self._observer).head()  # retried
+        requests = OriginRequests(
+            origin, key, self._policy, self._observer, self.limiters.get(origin.name)
+        )
+        info = await requests.head()  # retried, within the origin's limiter
         await admit(info.size_bytes)
         # While we sized the object and waited for budget, a client may have fetched it (then
         # a fill for it has finished since) or may be fetching it (join_or_start joins it).
@@ -330,6 +339,7 @@ class ShardCache:
             self._observer,
             self._clock,
             self._segment_slots,
+            self.limiters.get(origin.name),
         )
 
     def _spawn(self, fill: Fill) -> None:

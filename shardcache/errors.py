@@ -135,6 +135,17 @@ class OriginUnavailable(OriginError):
     kind = "unavailable"
 
 
+class OriginThrottled(OriginUnavailable):
+    """The origin refused the request as one too many (429, 503 SlowDown): retried after its
+    `Retry-After` hint if it gave one, and fewer requests are sent to it for a while."""
+
+    kind = "throttled"
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class OriginHeadUnsupported(OriginUnavailable):
     """The origin answers HEAD with 405 or 501: a definite answer, not a transient failure,
     so a fill checks such an origin's objects by length (and validators) only."""

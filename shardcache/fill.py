@@ -51,6 +51,7 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
+from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
@@ -99,6 +100,7 @@ class Fill:
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
         extra_slots: asyncio.Semaphore | None = None,
+        limiter: RequestLimiter | None = None,
     ) -> None:
         self.cache_key = cache_key
         self.origin = origin
@@ -107,7 +109,7 @@ class Fill:
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
-        self._requests = OriginRequests(origin, origin_key, policy, observer)
+        self._requests = OriginRequests(origin, origin_key, policy, observer, limiter)
         self._store = store
         self._policy = policy
         self._observer = observer

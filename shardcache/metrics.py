@@ -24,7 +24,15 @@ RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
 CLIENT_TIMEOUT_PHASES = ("idle", "header", "body", "send")
 CLIENT_REFUSAL_REASONS = ("unauthorized", "connection_limit", "client_connection_limit")
-ORIGIN_ERROR_KINDS = ("not_found", "timeout", "unavailable", "denied", "changed", "integrity")
+ORIGIN_ERROR_KINDS = (
+    "not_found",
+    "timeout",
+    "unavailable",
+    "throttled",
+    "denied",
+    "changed",
+    "integrity",
+)
 # From 100 µs (a hit's first byte) to 5 minutes (a multi-GB miss).
 LATENCY_BUCKETS = (
     0.0001,
@@ -240,6 +248,18 @@ class Metrics:
         self.origin_retries = Counter(
             "shardcache_origin_retries", "Origin retries", ["origin"], registry=registry
         )
+        self.origin_throttled_total = Counter(
+            "shardcache_origin_throttled",
+            "Origin answers refusing a request as one too many (429, 503 SlowDown)",
+            ["origin"],
+            registry=registry,
+        )
+        self.origin_request_limit_gauge = Gauge(
+            "shardcache_origin_request_limit",
+            "Requests to the origin allowed at once while it throttles (0: unlimited)",
+            ["origin"],
+            registry=registry,
+        )
         self.origin_bytes_total = Counter(
             "shardcache_origin_bytes", "Body bytes read from origins", ["origin"], registry=registry
         )
@@ -311,6 +331,8 @@ class Metrics:
             self.loader_stall.labels(origin)
             self.client_disconnects.labels(origin)
             self.origin_retries.labels(origin)
+            self.origin_throttled_total.labels(origin)
+            self.origin_request_limit_gauge.labels(origin)
             self.origin_bytes_total.labels(origin)
             self.origin_fetch.labels(origin)
             self.prefetch_late_total.labels(origin)
@@ -368,6 +390,12 @@ class Metrics:
 
     def origin_retry(self, origin: str) -> None:
         self.origin_retries.labels(origin).inc()
+
+    def origin_throttled(self, origin: str) -> None:
+        self.origin_throttled_total.labels(origin).inc()
+
+    def origin_request_limit(self, origin: str, limit: int) -> None:
+        self.origin_request_limit_gauge.labels(origin).set(limit)
 
     def origin_bytes(self, origin: str, size_bytes: int) -> None:
         self.origin_bytes_total.labels(origin).inc(size_bytes)

@@ -14,6 +14,12 @@ class Observer(Protocol):
 
     def origin_retry(self, origin: str) -> None: ...
 
+    def origin_throttled(self, origin: str) -> None:
+        """The origin refused a request as one too many (429, 503 SlowDown)."""
+
+    def origin_request_limit(self, origin: str, limit: int) -> None:
+        """The origin's limit on requests at once changed (0: unlimited)."""
+
     def origin_bytes(self, origin: str, size_bytes: int) -> None: ...
 
     def fetch_finished(self, origin: str, duration_s: float) -> None: ...
@@ -32,6 +38,12 @@ class NullObserver:
         return None
 
     def origin_retry(self, origin: str) -> None:
+        return None
+
+    def origin_throttled(self, origin: str) -> None:
+        return None
+
+    def origin_request_limit(self, origin: str, limit: int) -> None:
         return None
 
     def origin_bytes(self, origin: str, size_bytes: int) -> None:

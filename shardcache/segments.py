@@ -15,16 +15,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from shardcache.checksums import crc32c, crc32c_combine
-from shardcache.errors import OriginChanged, OriginError, OriginNotResumable, OriginUnavailable
+from shardcache.errors import (
+    OriginChanged,
+    OriginError,
+    OriginNotResumable,
+    OriginThrottled,
+    OriginUnavailable,
+)
+from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
 
 log = logging.getLogger("shardcache.fill")
+RETRY_AFTER_CAP_S = 30.0  # an origin's Retry-After longer than this is not waited out
 T = TypeVar("T")
 
 
@@ -90,11 +99,20 @@ class OriginRequests:
     if it failed (to open, or mid-body), "ok" once its body was read in full.
     """
 
-    def __init__(self, origin: Origin, key: str, policy: RetryPolicy, observer: Observer) -> None:
+    def __init__(
+        self,
+        origin: Origin,
+        key: str,
+        policy: RetryPolicy,
+        observer: Observer,
+        limiter: RequestLimiter | None = None,
+    ) -> None:
+        """`limiter`: the origin's, shared by every fill (see `limiter`), or None."""
         self.origin = origin
         self.key = key
         self.policy = policy
         self._observer = observer
+        self._limiter = limiter
 
     def count(self, status: str) -> None:
         self._observer.origin_request(self.origin.name, status)
@@ -121,7 +139,7 @@ class OriginRequests:
         """One GET of [start, end); a failure to open is counted here, the body's end by the
         caller (`count`)."""
         try:
-            return await self.origin.open(self.key, start, end, if_match)
+            return await self._asking(lambda: self.origin.open(self.key, start, end, if_match))
         except OriginError as exc:
             self.count(exc.kind)
             raise
@@ -132,10 +150,35 @@ class OriginRequests:
 
     async def head(self) -> ObjectInfo:
         """The object's info from a HEAD, with retries."""
-        return await self.retrying(lambda: self.origin.head(self.key))
+        return await self.retrying(lambda: self._asking(lambda: self.origin.head(self.key)))
+
+    async def _asking(self, request: Callable[[], Awaitable[T]]) -> T:
+        """Send one request at the origin's pace (see `limiter`), and tell the limiter whether
+        the origin refused it as one too many."""
+        if self._limiter is None:
+            return await self._noting_throttled(request)
+        async with self._limiter.permit() as sent_at:
+            answer = await self._noting_throttled(request, sent_at)
+        self._limiter.answered()
+        return answer
+
+    async def _noting_throttled(
+        self, request: Callable[[], Awaitable[T]], sent_at: float | None = None
+    ) -> T:
+        try:
+            return await request()
+        except OriginThrottled:
+            self._observer.origin_throttled(self.origin.name)
+            if self._limiter is not None and sent_at is not None:
+                self._limiter.throttled(sent_at)
+            raise
 
     async def _back_off(self, attempt: int, exc: OriginError, position: int) -> None:
-        delay = self.policy.delay_s(attempt)
+        """Sleep before a retry: the policy's exponential delay with jitter (retries of many
+        fills must not arrive together), or the origin's `Retry-After` hint when longer."""
+        delay = self.policy.delay_s(attempt) * random.uniform(0.5, 1.0)
+        if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
+            delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
         self._observer.origin_retry(self.origin.name)
         log.warning(
             "origin %s: %s; retry %d/%d in %.2fs from byte %d",

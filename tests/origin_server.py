@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -49,6 +51,30 @@ class OriginServer:
     ranges: list[tuple[str, str]] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)  # body bytes written, per key
     port: int = 0
+    # Throttling as S3 does it: above this many requests in the last second, 503 SlowDown.
+    slow_down_above_rps: float | None = None
+    accepted_at: list[float] = field(default_factory=list)  # monotonic times, when throttling
+    refused_at: list[float] = field(default_factory=list)
+    _last_second: collections.deque[float] = field(default_factory=collections.deque)
+
+    def _slow_down(self) -> web.Response | None:
+        """503 SlowDown when the last second's requests reached the limit, else None."""
+        if self.slow_down_above_rps is None:
+            return None
+        now = time.monotonic()
+        while self._last_second and now - self._last_second[0] > 1.0:
+            self._last_second.popleft()
+        if len(self._last_second) >= self.slow_down_above_rps:
+            self.refused_at.append(now)
+            return web.Response(
+                status=503,
+                text="<Error><Code>SlowDown</Code><Message>Please reduce your request rate."
+                "</Message></Error>",
+                content_type="application/xml",
+            )
+        self._last_second.append(now)
+        self.accepted_at.append(now)
+        return None
 
     def put(self, key: str, data: bytes, **behaviour: object) -> str:
         self.objects[key] = data
@@ -64,6 +90,8 @@ class OriginServer:
         key = request.match_info["key"]
         if key not in self.objects:
             return web.Response(status=404, text="no such object")
+        if (refusal := self._slow_down()) is not None:
+            return refusal
         data, etag, how = self.objects[key], self.etags[key], self.behaviour[key]
         (self.heads if request.method == "HEAD" else self.gets)[key] += 1
         if how.redirect_to is not None:

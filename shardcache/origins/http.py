@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import email.utils
 import re
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import quote, urljoin, urlsplit
 
 import aiohttp
@@ -30,6 +31,7 @@ from shardcache.errors import (
     OriginNotFound,
     OriginRedirected,
     OriginRefused,
+    OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
 )
@@ -62,7 +64,23 @@ def map_aiohttp_errors(url: str) -> Iterator[None]:
         raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
 
 
-def _raise_for_status(status: int, url: str) -> None:
+def retry_after_s(value: str | None) -> float | None:
+    """A `Retry-After` header in seconds (delta-seconds or an HTTP date), None when absent or
+    unreadable."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _raise_for_status(status: int, url: str, headers: Mapping[str, str] | None = None) -> None:
+    if status in (429, 503):  # too many requests; S3's SlowDown is a 503
+        hint = retry_after_s((headers or {}).get("Retry-After"))
+        raise OriginThrottled(f"{url}: origin answered {status} (slow down)", hint)
     if status in (404, 410):
         raise OriginNotFound(f"{url}: origin answered {status}")
     if status == 412:
@@ -274,7 +292,7 @@ class HttpTransport:
                     raise OriginHeadUnsupported(
                         f"{label}: origin answered {response.status} to HEAD"
                     )
-                _raise_for_status(response.status, label)
+                _raise_for_status(response.status, label, response.headers)
                 return _info(response.headers, response.status, label)
             finally:
                 response.release()
@@ -298,7 +316,7 @@ class HttpTransport:
                 del headers["Range"]
                 response = await self._send("GET", url, label, headers)
             try:
-                _raise_for_status(response.status, label)
+                _raise_for_status(response.status, label, response.headers)
                 info = _info(response.headers, response.status, label)
                 if response.status == 206:
                     check_range(response.headers, info.size_bytes, start, end, label)

@@ -30,17 +30,19 @@ from shardcache.errors import (
     OriginDenied,
     OriginError,
     OriginNotFound,
+    OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
 )
 from shardcache.origins import Timeouts
 from shardcache.origins.base import ObjectInfo
-from shardcache.origins.http import HttpStream, HttpTransport
+from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 
 log = logging.getLogger("shardcache.origins")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 _CHANGED = {"PreconditionFailed", "412"}
+_THROTTLED = {"SlowDown", "503", "429", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 PRESIGNED_URL_TTL_S = 3600  # signed per request, so only a long-stalled fill could outlive it
 _CHECKSUM_FIELDS = {
     "ChecksumSHA256": "sha256",
@@ -65,6 +67,10 @@ def map_botocore_errors(url: str) -> Iterator[None]:
             raise OriginChanged(f"{url}: ETag changed ({code})") from exc
         if code in _DENIED:
             raise OriginDenied(f"{url}: {code}") from exc
+        if code in _THROTTLED:
+            headers = exc.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            hint = retry_after_s(headers.get("retry-after"))
+            raise OriginThrottled(f"{url}: {code} (slow down)", hint) from exc
         raise OriginUnavailable(f"{url}: {code or exc}") from exc
     except (botocore.exceptions.ConnectTimeoutError, botocore.exceptions.ReadTimeoutError) as exc:
         raise OriginTimeout(f"{url}: timed out") from exc

@@ -1,0 +1,90 @@
+"""The per-origin request limiter (issue 14, throttling), with a fake clock: no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from shardcache.limiter import CALM_S, RequestLimiter
+from shardcache.origins.http import retry_after_s
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _send(limiter: RequestLimiter, count: int) -> list[float]:
+    sent = []
+    for _ in range(count):
+        async with limiter.permit() as at:
+            sent.append(at)
+    return sent
+
+
+async def test_unlimited_until_throttled_then_half_the_last_seconds_rate() -> None:
+    clock, limits = Clock(), []
+    limiter = RequestLimiter("o", limits.append, clock)
+    burst = await _send(limiter, 200)  # 200 requests in the same second, none paced
+    assert not limiter.is_throttled
+    for at in burst[-20:]:  # twenty refusals of requests sent together: one cut
+        limiter.throttled(at)
+    assert limiter.rate == 100 and limits == [100] and limiter.throttled_answers == 20
+    clock.now += 0.5
+    (late,) = await _send(limiter, 1)  # sent after the cut, refused too: cut again
+    limiter.throttled(late)
+    assert limiter.rate == 50
+
+
+async def test_requests_are_spaced_at_the_rate() -> None:
+    limiter = RequestLimiter("o")
+    (first,) = await _send(limiter, 1)
+    limiter.throttled(first)  # one request in the last second: the floor, 1 a second
+    limiter.rate = 20.0  # as if grown back
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await _send(limiter, 6)
+    assert loop.time() - began >= 5 / 20 * 0.9
+
+
+async def test_grows_back_and_lifts_when_calm() -> None:
+    clock, limits = Clock(), []
+    limiter = RequestLimiter("o", limits.append, clock)
+    sent = await _send(limiter, 40)
+    limiter.throttled(sent[-1])
+    assert limiter.rate == 20
+    for _ in range(20):  # a second's worth of answers at 20/s: about one more a second
+        limiter.answered()
+    assert limiter.rate is not None and 20.9 <= limiter.rate < 21.5
+    clock.now += CALM_S  # nothing sent in the last second: the rate does not bind
+    limiter.answered()
+    assert limiter.rate is None and limits[-1] == 0
+
+
+def test_a_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    limiter = RequestLimiter("lake", clock=clock)
+    for _ in range(50):
+        clock.now += 1
+        limiter.throttled(clock.now)
+    clock.now += CALM_S
+    limiter.answered()
+    lines = [r.getMessage() for r in caplog.records if "lake" in r.getMessage()]
+    assert len(lines) == 2
+    assert "throttling" in lines[0] and "no longer" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("3", 3.0), (" 120 ", 120.0), (None, None), ("soon", None), ("-1", None)],
+)
+def test_retry_after(header: str | None, expected: float | None) -> None:
+    assert retry_after_s(header) == expected
+
+
+def test_retry_after_as_a_date_in_the_past_is_now() -> None:
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
