@@ -6,11 +6,14 @@ limited, not the requests in flight: those bound the rate only through the origi
 answer, which is short exactly when it refuses fast. Unlimited until the origin throttles;
 then the rate becomes half of what was sent in the last second, and is cut by half again for
 each later refusal of a request sent after the last cut (refusals of requests sent together,
-before the cut, are one signal, as in TCP). Each answer that is not a refusal adds
-max(1, GROWTH_PER_S × rate) / rate, about GROWTH_PER_S of the rate (at least one request) a
-second. Requests are spaced evenly at the rate. After CALM_S without a cut, while the rate no
-longer binds (less than BINDING of it was used in the last second), the origin is unlimited
-again. Each change of state (throttled, unlimited again) is logged once, not per request.
+before the cut, are one signal, as in TCP). A cut needs refusals to be a pattern: at least
+MIN_REFUSALS in the last second and REFUSED_SHARE of the requests sent in it; a stray 503 among
+many answers is retried like any other failure, and does not slow the origin's other requests.
+Each answer that is not a refusal adds max(1, GROWTH_PER_S × rate) / rate: about GROWTH_PER_S
+of the rate (at least one request) a second. Requests are spaced evenly at the rate. After
+CALM_S without a cut, while the rate no longer binds (less than BINDING of it was used in the
+last second), the origin is unlimited again. Each change of state (throttled, unlimited
+again) is logged once, not per request.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ CALM_S = 10.0
 GROWTH_PER_S = 0.05
 BINDING = 0.8
 MIN_RATE = 1.0
+MIN_REFUSALS = 2  # refused in the last second, and at least REFUSED_SHARE of what was sent,
+REFUSED_SHARE = 0.1  # before a cut: a stray 503 among many answers is not the origin's limit
 
 
 class RequestLimiter:
@@ -46,16 +51,14 @@ class RequestLimiter:
         self._last_cut = -math.inf
         self._next_at = -math.inf  # when the next request may go, while limited
         self._sent: collections.deque[float] = collections.deque()  # the last second's
+        self._refused: collections.deque[float] = collections.deque()  # the last second's
 
     @property
     def is_throttled(self) -> bool:
         return self.rate is not None
 
     def sent_last_second(self) -> int:
-        now = self._clock()
-        while self._sent and now - self._sent[0] > 1.0:
-            self._sent.popleft()
-        return len(self._sent)
+        return _last_second(self._sent, self._clock())
 
     @contextlib.asynccontextmanager
     async def permit(self) -> AsyncIterator[float]:
@@ -74,9 +77,13 @@ class RequestLimiter:
     def throttled(self, sent_at: float) -> None:
         """The origin refused a request sent at `sent_at` as one too many."""
         self.throttled_answers += 1
+        now = self._clock()
+        self._refused.append(now)
         if sent_at <= self._last_cut:
             return  # sent before the last cut: that cut already answered it
-        now = self._clock()
+        refused = _last_second(self._refused, now)
+        if refused < max(MIN_REFUSALS, REFUSED_SHARE * self.sent_last_second()):
+            return  # a stray refusal: retried, but no sign of a limit yet
         was_throttled = self.is_throttled
         current = self.rate if self.rate is not None else math.inf
         self.rate = max(MIN_RATE, min(current, float(self.sent_last_second())) / 2)
@@ -107,3 +114,10 @@ class RequestLimiter:
         self.rate += max(1.0, GROWTH_PER_S * self.rate) / self.rate
         if round(self.rate) != before:
             self._on_limit(round(self.rate))
+
+
+def _last_second(times: collections.deque[float], now: float) -> int:
+    """How many of `times` (ascending) lie in the last second; older ones are dropped."""
+    while times and now - times[0] > 1.0:
+        times.popleft()
+    return len(times)
