@@ -251,9 +251,13 @@ class HttpTransport:
     ) -> None:
         self._headers = {"Accept-Encoding": "identity", **(headers or {})}
         self._follow_within = follow_within
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.read_s
-        )
+        # No `sock_read`: aiohttp 3.14 can leave that timer armed on a connection back in the
+        # keep-alive pool (aio-libs/aiohttp#12953), and the next request on it then fails at
+        # once, "timed out" (the fault soak saw three retries in a row fail that way). The
+        # wait for an answer is bounded here instead, and every body read by
+        # `base.with_read_timeout`.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
+        self._answer_timeout_s = timeouts.connect_s + timeouts.read_s
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -273,9 +277,10 @@ class HttpTransport:
         """Send one request, following only the redirects `redirect_target` allows; return a
         response that is not a 3xx, which the caller must close. Raises OriginRedirected."""
         for _ in range(MAX_REDIRECTS + 1):
-            response = await self._client().request(
-                method, url, headers=headers, allow_redirects=False
-            )
+            async with asyncio.timeout(self._answer_timeout_s):  # to the answer's headers
+                response = await self._client().request(
+                    method, url, headers=headers, allow_redirects=False
+                )
             if not 300 <= response.status < 400:
                 return response
             response.close()
