@@ -71,8 +71,8 @@ QUICK = Sizes(
     wds_shards=3,
     wds_payload=16 * 1024,
     wrk_seconds=1,
-    loader_shards=16,
-    loader_payload=64 * 1024,
+    loader_shards=8,
+    loader_payload=16 * 1024,
 )
 
 

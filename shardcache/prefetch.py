@@ -241,6 +241,7 @@ class PrefetchQueue:
         self._running = 0  # admitted and fetching
         self._admitted_bytes = 0  # look-ahead budget held by items not pinned yet
         self._said_waiting = False  # a wait for the budget is logged once
+        self._budget_waiters = 0  # items waiting for the look-ahead budget now
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._slot_freed = asyncio.Event()
         self._following: set[Fill] = set()  # fills prefetches follow: their bytes tune
@@ -552,22 +553,31 @@ class PrefetchQueue:
         again, each item taken before it and not admitted yet. A wait is logged once, and
         shown in the status until it ends: a loader reading what was prefetched, or an emptied
         queue, ends it."""
-        while not start.is_dropped:
-            held = self.cache.unread_bytes + self._admitted_bytes
-            ahead = self._waiting_before(start)
-            if not held or held + size_bytes * (1 + ahead) <= self.max_unread_bytes:
-                break
-            self.waiting_for = (
-                f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
-                f"and not read yet, of {format_size(self.max_unread_bytes)} "
-                "(--prefetch-max-bytes); loaders reading them free it"
-            )
-            if not self._said_waiting:
-                self._said_waiting = True
-                log.info("prefetch waits for %s", self.waiting_for)
-            self.cache.unread_changed.clear()
-            await self.cache.unread_changed.wait()
-        self.waiting_for, self._said_waiting = None, False
+        waiting = False
+        try:
+            while not start.is_dropped:
+                held = self.cache.unread_bytes + self._admitted_bytes
+                ahead = self._waiting_before(start)
+                if not held or held + size_bytes * (1 + ahead) <= self.max_unread_bytes:
+                    break
+                if not waiting:
+                    waiting = True
+                    self._budget_waiters += 1
+                self.waiting_for = (
+                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
+                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
+                    "(--prefetch-max-bytes); loaders reading them free it"
+                )
+                if not self._said_waiting:  # once per wait of the queue, not per item
+                    self._said_waiting = True
+                    log.info("prefetch waits for %s", self.waiting_for)
+                self.cache.unread_changed.clear()
+                await self.cache.unread_changed.wait()
+        finally:
+            if waiting:
+                self._budget_waiters -= 1
+            if not self._budget_waiters:
+                self.waiting_for, self._said_waiting = None, False
         if not start.is_dropped:
             start.admitted_bytes = size_bytes
             start.is_admitted = True

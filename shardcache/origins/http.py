@@ -254,10 +254,11 @@ class HttpTransport:
         # No `sock_read`: aiohttp 3.14 can leave that timer armed on a connection back in the
         # keep-alive pool (aio-libs/aiohttp#12953), and the next request on it then fails at
         # once, "timed out" (the fault soak saw three retries in a row fail that way). The
-        # wait for an answer is bounded here instead, and every body read by
-        # `base.with_read_timeout`.
+        # wait for an answer's headers is bounded here instead (by the read timeout: no byte
+        # for that long is a stall; it bounds the connect too when shorter than that), and
+        # every body read by `base.with_read_timeout`.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
-        self._answer_timeout_s = timeouts.connect_s + timeouts.read_s
+        self._answer_timeout_s = timeouts.read_s
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:

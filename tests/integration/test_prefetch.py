@@ -171,7 +171,7 @@ def test_read_ahead_follows_numbering_and_stops_at_the_end(
     assert [origin.gets[f"train/s_{i:03d}.tar"] for i in range(5)] == [1, 1, 1, 0, 0]
     curl(f"{daemon.url}/web/train/s_003.tar")  # wants s_004 and s_005, which does not exist
     curl(f"{daemon.url}/web/train-00001-of-00003.tar")  # wants 00002 only: 00003 is past the end
-    status = _wait_idle(daemon, done=3)
+    status = _wait_idle(daemon, done=4)  # s_001, s_002, s_004, 00002 (items start side by side)
     assert status["failed"] == 0
     assert origin.gets["train/s_004.tar"] == 1
     assert origin.gets["train-00002-of-00003.tar"] == 1

@@ -17,7 +17,7 @@ LIMIT_RPS = 50
 
 
 def test_an_origin_that_says_slow_down_is_obeyed(origin, start_daemon) -> None:  # type: ignore[no-untyped-def]
-    shards = {f"t-{n:03d}.tar": os.urandom(32 * KiB) for n in range(100)}
+    shards = {f"t-{n:03d}.tar": os.urandom(32 * KiB) for n in range(64)}
     for key, data in shards.items():
         origin.put(key, data, delay_s=0.02)
     origin.slow_down_above_rps = LIMIT_RPS
@@ -30,7 +30,7 @@ def test_an_origin_that_says_slow_down_is_obeyed(origin, start_daemon) -> None: 
     failures: list[str] = []
 
     def loader(number: int) -> None:
-        for key in random.Random(number).sample(sorted(shards), 30):
+        for key in random.Random(number).sample(sorted(shards), 24):
             result = curl(f"{daemon.url}/o/{key}")
             if result.exit_code != 0 or result.body != shards[key]:
                 failures.append(f"loader {number}: {key}: curl exit {result.exit_code}")
@@ -44,10 +44,10 @@ def test_an_origin_that_says_slow_down_is_obeyed(origin, start_daemon) -> None: 
 
     assert failures == [], failures[:5]
     assert origin.refused_at, "the origin never throttled: the test drove too little"
-    assert daemon.metric("shardcache_origin_throttled_total", origin="o") >= 1
     # It settles: in the second half of the run the daemon sends about what the origin takes.
     half = began + (ended - began) / 2
     late_refused = sum(1 for at in origin.refused_at if at > half)
     late_accepted = sum(1 for at in origin.accepted_at if at > half)
     assert late_refused <= 0.1 * (late_refused + late_accepted), (late_refused, late_accepted)
+    assert daemon.metric("shardcache_origin_throttled_total", origin="o") >= 1
     assert "is throttling us" in daemon.log()
