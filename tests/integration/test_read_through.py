@@ -120,9 +120,13 @@ def test_unknown_origin_and_missing_object_are_404_json(origin: OriginServer, st
 
 
 def test_origin_down_is_502_and_timeout_is_504(origin: OriginServer, start_daemon) -> None:
-    origin.put("slow.tar", b"z" * 100, delay_s=8)
+    origin.put("slow.tar", b"z" * 100, delay_s=2.5)  # no answer within the read timeout
     daemon = start_daemon(
-        {"web": origin.url, "down": "http://127.0.0.1:9"}, "--origin-retries", "1"
+        {"web": origin.url, "down": "http://127.0.0.1:9"},
+        "--origin-retries",
+        "1",
+        "--origin-read-timeout",
+        "1",
     )
     down = curl(f"{daemon.url}/down/x.tar", "--no-fail")
     slow = curl(f"{daemon.url}/web/slow.tar", "--no-fail")
