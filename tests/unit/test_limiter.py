@@ -101,3 +101,24 @@ async def test_a_stray_refusal_is_not_a_limit() -> None:
             limiter.throttled(at)
         clock.now += 1.1
     assert not limiter.is_throttled and limiter.throttled_answers == 90
+
+
+@pytest.mark.parametrize(("hint", "waited_s"), [(3600.0, 30.0), (2.0, 2.0)])
+async def test_a_retry_waits_for_the_hint_at_most_thirty_seconds(
+    monkeypatch: pytest.MonkeyPatch, hint: float, waited_s: float
+) -> None:
+    """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour."""
+    from shardcache.errors import OriginThrottled
+    from shardcache.observer import NullObserver
+    from shardcache.segments import OriginRequests, RetryPolicy
+    from tests.unit.fakes import FakeOrigin
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr("shardcache.segments.asyncio.sleep", sleep)
+    requests = OriginRequests(FakeOrigin(), "a.tar", RetryPolicy(base_s=0.25), NullObserver())
+    await requests._back_off(1, OriginThrottled("503 SlowDown", hint), 0)
+    assert slept == [waited_s]
