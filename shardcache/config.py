@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from shardcache.errors import ConfigError, InvalidKey
@@ -28,6 +28,7 @@ ORIGIN_SCHEMES = ("s3", "http", "https", "file")
 EVICTION_POLICIES = ("auto", "plan", "lru")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MIN_TOKEN_CHARS = 16
+T = TypeVar("T")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -37,6 +38,13 @@ class OriginSpec:
 
     `follow_redirects` (http(s) origins only, TOML only): follow a 3xx whose target has the
     origin URL's own scheme, host and port; any other redirect is an error either way.
+
+    The rest are TOML only (see `origins.upstreams`): `mirrors` are asked before `url`, the
+    object's home, which names it in the cache (`urls = [mirror, …, home]` in the file);
+    `tier` lists shardcache tier daemons (base URLs) that share the keys out by rendezvous
+    hashing, `tier_dns` is one URL whose host resolves to them, again every `tier_refresh`
+    seconds; the tier serves this origin under `tier_origin` (default: the same name).
+    `max_requests` and `max_requests_per_second` cap what the origin is sent.
     """
 
     name: str
@@ -44,6 +52,23 @@ class OriginSpec:
     endpoint_url: str | None = None
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     follow_redirects: bool = False
+    mirrors: tuple[str, ...] = ()
+    tier: tuple[str, ...] = ()
+    tier_dns: str | None = None
+    tier_origin: str | None = None
+    tier_refresh_s: float = 30.0
+    max_requests: int | None = None
+    max_requests_per_second: float | None = None
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every configured URL in the order they are asked, the home last."""
+        return (*self.mirrors, self.url)
+
+    @property
+    def has_upstreams(self) -> bool:
+        """Whether objects may come from somewhere besides `url` (a mirror or a tier)."""
+        return bool(self.mirrors or self.tier or self.tier_dns)
 
     @property
     def scheme(self) -> str:
@@ -411,17 +436,33 @@ def _checked_name(name: str, where: str) -> str:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+_ORIGIN_KEYS = {
+    "url",
+    "urls",
+    "endpoint_url",
+    "headers",
+    "follow_redirects",
+    "tier",
+    "tier_origin",
+    "tier_refresh",
+    "max_requests",
+    "max_requests_per_second",
+}
+MAX_UPSTREAMS = 64
+
+
 def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> dict[str, OriginSpec]:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: [origins] must be tables like [origins.NAME]")
     origins: dict[str, OriginSpec] = {}
     for name, body in table.items():
         at = f"{where} [origins.{name}]"
-        if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+        if not isinstance(body, dict):
             raise ConfigError(f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…"')
-        unknown = set(body) - {"url", "endpoint_url", "headers", "follow_redirects"}
+        unknown = set(body) - _ORIGIN_KEYS
         if unknown:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
+        urls = _origin_urls(name, body, at)
         headers = body.get("headers", {})
         if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
             raise ConfigError(f"{at}: headers must be a table of strings")
@@ -431,19 +472,110 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
         follow_redirects = body.get("follow_redirects", False)
         if not isinstance(follow_redirects, bool):
             raise ConfigError(f"{at}: follow_redirects must be true or false")
-        url = parse_origin_url(name, body["url"], at)
-        if follow_redirects and urlsplit(url).scheme not in ("http", "https"):
+        if follow_redirects and any(urlsplit(u).scheme not in ("http", "https") for u in urls):
             raise ConfigError(f"{at}: follow_redirects applies to http(s) origins only")
+        tier, tier_dns = _tier(body.get("tier"), at)
         origins[name] = OriginSpec(
             name=_checked_name(name, at),
-            url=url,
+            url=urls[-1],
+            mirrors=urls[:-1],
             endpoint_url=endpoint,
             follow_redirects=follow_redirects,
             headers=tuple(
                 (str(k), _expand_env(v, environ, f"{at} headers.{k}")) for k, v in headers.items()
             ),
+            tier=tier,
+            tier_dns=tier_dns,
+            tier_origin=_optional(body, "tier_origin", _tier_origin, at),
+            tier_refresh_s=_optional(body, "tier_refresh", _parse_seconds, at) or 30.0,
+            max_requests=_optional(body, "max_requests", _parse_max_requests, at),
+            max_requests_per_second=_optional(body, "max_requests_per_second", _parse_rate, at),
         )
     return origins
+
+
+def _origin_urls(name: str, body: dict[str, Any], at: str) -> tuple[str, ...]:
+    """`url = "…"` or `urls = ["…", …]` (asked in order; the last is the object's home)."""
+    if ("url" in body) == ("urls" in body):
+        raise ConfigError(
+            f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…", or urls = [...] '
+            "(one of the two)"
+        )
+    urls = body.get("urls", [body.get("url")])
+    if (
+        not isinstance(urls, list)
+        or not urls
+        or len(urls) > MAX_UPSTREAMS
+        or not all(isinstance(u, str) for u in urls)
+    ):
+        raise ConfigError(f"{at}: urls must be a list of 1 to {MAX_UPSTREAMS} URL strings")
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{at}: urls lists the same URL twice")
+    checked = tuple(parse_origin_url(name, url, at) for url in urls)
+    if len(checked) > 1 and any(urlsplit(u).scheme == "file" for u in checked):
+        raise ConfigError(f"{at}: urls may list s3:// and http(s):// upstreams, not file://")
+    return checked
+
+
+def _tier(value: Any, at: str) -> tuple[tuple[str, ...], str | None]:
+    """`tier = ["http://sc-0.sc:8470", …]` (these members) or `tier = "http://sc.sc:8470"` (a
+    name resolved to all its addresses)."""
+    if value is None:
+        return (), None
+    members = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(members, list)
+        or not members
+        or len(members) > MAX_UPSTREAMS
+        or not all(isinstance(m, str) for m in members)
+    ):
+        raise ConfigError(
+            f"{at}: tier must be a list of 1 to {MAX_UPSTREAMS} member URLs, or one URL whose "
+            "host name resolves to the members"
+        )
+    for member in members:
+        parts = urlsplit(member)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise ConfigError(f"{at}: tier member {member!r} is not an http(s)://HOST:PORT URL")
+        try:
+            parts.port  # noqa: B018 (raises on a bad port)
+        except ValueError:
+            raise ConfigError(f"{at}: tier member {member!r} has a bad port") from None
+    if isinstance(value, str):
+        return (), value.rstrip("/")
+    stripped = tuple(m.rstrip("/") for m in members)
+    if len(set(stripped)) != len(stripped):
+        raise ConfigError(f"{at}: tier lists the same member twice")
+    return stripped, None
+
+
+def _optional(body: dict[str, Any], key: str, parse: Callable[[Any], T], at: str) -> T | None:
+    if key not in body:
+        return None
+    try:
+        return parse(body[key])
+    except (ValueError, InvalidKey) as exc:
+        raise ConfigError(f"{at}: {key}: {exc}") from None
+
+
+def _tier_origin(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return validate_origin_name(value)
+
+
+def _parse_max_requests(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ValueError(f"expected a whole number from 1 to 100000, got {value!r}")
+    return value
+
+
+def _parse_rate(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected requests a second, got {value!r}")
+    if not 0.01 <= value <= 1_000_000:
+        raise ValueError(f"expected from 0.01 to 1000000 requests a second, got {value!r}")
+    return float(value)
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
 from shardcache.admission import ScanResistantAdmission
+from shardcache.breaker import Health
 from shardcache.cache import ShardCache
 from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
@@ -35,7 +36,9 @@ from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
+from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.file import FileOrigin
+from shardcache.origins.upstreams import FailoverOrigin
 from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.segments import RetryPolicy
@@ -99,6 +102,7 @@ class Daemon:
         self.origins = build_origins(settings)
         self._retired_origins: list[Origin] = []
         self.metrics = Metrics(CollectorRegistry(), self.origins)
+        self.metrics.watch_upstreams(self._upstream_rows)
         self.started_at = time.monotonic()
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
@@ -349,7 +353,34 @@ class Daemon:
             },
             prefetch=self.prefetch.status(),
             origins=dict(self.origin_urls),
+            upstreams=_upstreams_status(self._upstream_rows()),
         )
+
+    def _upstream_rows(self) -> list[tuple[str, str, Health]]:
+        """(origin, role, health) of every upstream of the origins that have several."""
+        rows: list[tuple[str, str, Health]] = []
+        for name, origin in self.origins.items():
+            inner = origin.inner if isinstance(origin, CappedOrigin) else origin
+            if isinstance(inner, FailoverOrigin):
+                rows += [(name, role, health) for role, health in inner.health()]
+        return rows
+
+
+def _upstreams_status(rows: list[tuple[str, str, Health]]) -> dict[str, list[dict[str, object]]]:
+    by_origin: dict[str, list[dict[str, object]]] = {}
+    for origin, role, health in rows:
+        by_origin.setdefault(origin, []).append(
+            {
+                "url": health.upstream,
+                "role": role,
+                "state": health.state.value,
+                "failures": health.failures_total,
+                "failures_in_a_row": health.failures_in_a_row,
+                "retry_in_s": health.retry_in_s,
+                "last_error": health.last_error,
+            }
+        )
+    return by_origin
 
 
 def _eviction_status(setting: str, state: AdmissionState) -> dict[str, object]:

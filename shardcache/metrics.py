@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
+from shardcache.breaker import BreakerState, Health
 from shardcache.stall import StallClock
 from shardcache.status import Snapshot
 
@@ -186,6 +187,36 @@ class _StateCollector(Collector):
             "1 when the cached entries stopped serving hits (the workload moved on)",
             value=state.resident_set_stale,
         )
+
+
+UpstreamRows = Callable[[], Iterable[tuple[str, str, Health]]]  # (origin, role, health)
+
+
+class _UpstreamCollector:
+    """Each upstream's breaker, read at scrape time (`origins.upstreams`)."""
+
+    def __init__(self, read: UpstreamRows) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["origin", "upstream", "role"]
+        up = GaugeMetricFamily(
+            "shardcache_upstream_up",
+            "1 while an upstream (tier member, mirror, origin) is asked in its turn, 0 while it "
+            "is skipped after failing (circuit breaker open)",
+            labels=labels,
+        )
+        failures = CounterMetricFamily(
+            "shardcache_upstream_failures",
+            "Requests to an upstream that failed over to the next one (connect, 5xx, stall)",
+            labels=labels,
+        )
+        for origin, role, health in self._read():
+            row = [origin, health.upstream, role]
+            up.add_metric(row, 0 if health.state is BreakerState.OPEN else 1)
+            failures.add_metric(row, health.failures_total)
+        yield up
+        yield failures
 
 
 class Metrics:
@@ -377,6 +408,9 @@ class Metrics:
 
     def watch_cache(self, read: Callable[[], CacheGauges]) -> None:
         self.registry.register(_StateCollector(read))
+
+    def watch_upstreams(self, read: UpstreamRows) -> None:
+        self.registry.register(_UpstreamCollector(read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from shardcache.cache import ShardCache
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     OriginError,
+    OriginThrottled,
     QueueFull,
     RangeNotSatisfiable,
     RequestTimeout,
@@ -122,6 +124,13 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
     except (ShuttingDown, QueueFull) as exc:
         return json_error(exc.status, str(exc), {"Retry-After": "5"})
+    except OriginThrottled as exc:
+        # Passed on as what it is (503 and the hint), so a node daemon reading through this
+        # one as a tier slows down instead of asking the next member (`origins.upstreams`).
+        _count_error(request, exc)
+        log.info("%s %r: %s", request.method, request.path, exc)
+        hint = {"Retry-After": f"{math.ceil(exc.retry_after_s)}"} if exc.retry_after_s else {}
+        return json_error(503, _origin_error_message(request, exc), hint)
     except OriginError as exc:
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)

@@ -37,6 +37,7 @@ def build_status(
     cache: dict[str, Any],
     prefetch: dict[str, Any],
     origins: dict[str, str],
+    upstreams: dict[str, list[dict[str, object]]] | None = None,
 ) -> dict[str, Any]:
     """Return the status document; ratios are None until there is traffic."""
     per_origin: dict[str, dict[str, Any]] = {}
@@ -56,6 +57,8 @@ def build_status(
             "client_wait_s": round(snapshot.client_wait_s.get(name, 0.0), 3),
             "loader_stall_s": round(snapshot.loader_stall_s.get(name, 0.0), 3),
         }
+        if upstreams and name in upstreams:  # tier members, mirrors and home, with health
+            per_origin[name]["upstreams"] = upstreams[name]
     total_requests = {
         r: sum(o["requests"][r] for o in per_origin.values())
         for r in ("hit", "miss", "coalesced", "error")

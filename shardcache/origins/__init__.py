@@ -3,7 +3,9 @@ boto3 is loaded only when an S3 origin is configured."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.config import OriginSpec
 from shardcache.errors import ConfigError
@@ -19,7 +21,53 @@ class Timeouts:
 
 
 def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
-    """Return a backend for `spec`; raise ConfigError if its scheme or settings are unusable."""
+    """Return a backend for `spec`; raise ConfigError if its scheme or settings are unusable.
+
+    An origin with mirrors or a tier is a `FailoverOrigin` over one backend per URL and
+    member; caps wrap the whole in a `CappedOrigin`."""
+    origin = _make_failover(spec, timeouts) if spec.has_upstreams else _make_one(spec, timeouts)
+    if spec.max_requests or spec.max_requests_per_second:
+        from shardcache.origins.capped import CappedOrigin
+
+        return CappedOrigin(origin, spec.max_requests, spec.max_requests_per_second)
+    return origin
+
+
+def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
+    from shardcache.breaker import CircuitBreaker
+    from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream
+
+    chain = [
+        Upstream(
+            _make_one(dataclasses.replace(spec, url=url), timeouts),
+            CircuitBreaker(redact_url(url)),
+            "origin",
+        )
+        for url in spec.urls
+    ]
+    tier = None
+    if spec.tier or spec.tier_dns:
+        served_as = spec.tier_origin or spec.name
+
+        def make_member(base: str) -> Origin:
+            # A member serves the origin at /NAME/; it gets none of the origin's headers,
+            # which may hold the object store's credentials.
+            member = OriginSpec(spec.name, f"{base}/{served_as}")
+            return _make_one(member, timeouts)
+
+        tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
+    return FailoverOrigin(spec.name, chain, tier, timeouts.read_s)
+
+
+def redact_url(url: str) -> str:
+    """`url` without userinfo or query, to name an upstream in logs, metrics and status."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     if spec.scheme == "s3":
         from shardcache.origins.s3 import S3Origin
 

@@ -135,3 +135,46 @@ def test_a_toml_token_must_be_a_string(tmp_path: Path, value: str) -> None:
     config.write_text(f"admin_token = {value}\n")
     with pytest.raises(ConfigError, match="admin_token in .*: must be a string"):
         load_settings({"config": str(config)}, {})
+
+
+def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        "[origins.laion]\n"
+        'urls = ["http://tier.rack7:8470/laion", "s3://bucket/laion"]\n'
+        'tier = ["http://sc-0.sc:8470", "http://sc-1.sc:8470/"]\n'
+        'tier_origin = "laion-s3"\n'
+        "tier_refresh = 5\n"
+        "max_requests = 64\n"
+        "max_requests_per_second = 2500\n"
+        "[origins.dns]\n"
+        'url = "s3://bucket/dns"\n'
+        'tier = "http://sc.default.svc.cluster.local:8470"\n'
+    )
+    by_name = {o.name: o for o in load_settings({"config": str(config)}, {}).origins}
+    laion = by_name["laion"]
+    assert laion.url == "s3://bucket/laion"  # the home: names objects in the cache
+    assert laion.urls == ("http://tier.rack7:8470/laion", "s3://bucket/laion")
+    assert laion.tier == ("http://sc-0.sc:8470", "http://sc-1.sc:8470")
+    assert (laion.tier_origin, laion.tier_refresh_s) == ("laion-s3", 5.0)
+    assert (laion.max_requests, laion.max_requests_per_second) == (64, 2500.0)
+    assert by_name["dns"].tier_dns == "http://sc.default.svc.cluster.local:8470"
+    assert by_name["dns"].tier == () and by_name["dns"].has_upstreams
+    for bad, message in (
+        ('url = "s3://b"\nurls = ["s3://b"]', "one of the two"),
+        ("urls = []", "list of 1 to 64"),
+        ('urls = ["s3://b", "s3://b"]', "same URL twice"),
+        ('urls = ["http://h/x", "ftp://h/y"]', "unknown scheme"),
+        ('urls = ["http://h/x", "file:///data"]', "not file://"),
+        ('url = "s3://b"\ntier = ["sc-0:8470"]', "not an http\\(s\\)://HOST:PORT URL"),
+        ('url = "s3://b"\ntier = ["http://sc-0:99999"]', "bad port"),
+        ('url = "s3://b"\ntier = []', "list of 1 to 64"),
+        ('url = "s3://b"\ntier = ["http://a:1", "http://a:1/"]', "same member twice"),
+        ('url = "s3://b"\ntier_origin = "../x"', "tier_origin"),
+        ('url = "s3://b"\nmax_requests = 0', "max_requests: expected a whole number"),
+        ('url = "s3://b"\nmax_requests_per_second = "fast"', "expected requests a second"),
+        ('url = "s3://b"\ntier_refresh = -1', "tier_refresh: must be positive"),
+    ):
+        config.write_text(f"[origins.a]\n{bad}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_settings({"config": str(config)}, {})

@@ -1,0 +1,304 @@
+"""`FailoverOrigin`: one origin served by several upstreams, asked in order, each behind a
+circuit breaker; and `TierMembers`, the shardcache tier daemons that share an origin's keys.
+
+For each key the upstreams are asked in this order: the tier members ranked by rendezvous
+hashing of the key (the owner first, see `rendezvous`), then the configured URLs in the order
+given; the last URL is the object's home and names it in the cache (`url_for`), so a node's
+cache survives adding or removing a tier or a mirror. An upstream that cannot be reached,
+answers 5xx or stalls is marked down (`breaker`) and asked only after every upstream that is not;
+a definite answer (the object, 404, 412) ends the search. A fill that fails mid-object resumes
+with Range and If-Match on the object's ETag from the next upstream, so two upstreams whose
+versions differ fail the fill (`OriginChanged`) instead of splicing two objects.
+
+A refusal as one too many (`OriginThrottled`) is passed up without trying the next upstream:
+every tier member asks the same object store, and going round them would multiply the requests
+it is refusing; the fill waits and retries under the origin's limiter instead.
+
+It knows nothing of the cache: it is an `Origin` built from other origins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from shardcache.breaker import BreakerState, CircuitBreaker, Health
+from shardcache.errors import OriginError, OriginThrottled, OriginTimeout, OriginUnavailable
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.rendezvous import rank
+
+log = logging.getLogger("shardcache.origin")
+T = TypeVar("T")
+# A read cancelled after this share of the read timeout without a byte was the fill's own stall
+# timeout (which fires just before any the stream could set): the upstream stalled.
+STALL_SHARE = 0.9
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One place the origin's objects can come from: a backend and its breaker."""
+
+    origin: Origin
+    breaker: CircuitBreaker
+    role: str  # "tier" or "origin"
+
+
+async def resolve_all(host: str, port: int) -> list[str]:
+    """Every address `host` resolves to (a Kubernetes headless Service: one per ready pod)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+class TierMembers:
+    """The tier daemons an origin's keys are shared out over: a fixed list of base URLs, or one
+    URL whose host name is resolved to all its addresses, again every `refresh_s`.
+
+    A resolution that fails or finds nobody keeps the members found before (a DNS blip must not
+    send every key to the object store at once); members that leave the answer are dropped
+    with their connections, new ones start with a closed breaker.
+    """
+
+    def __init__(
+        self,
+        make_member: Callable[[str], Origin],
+        urls: Sequence[str] = (),
+        dns_url: str | None = None,
+        refresh_s: float = 30.0,
+        resolver: Resolver = resolve_all,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._make_member = make_member
+        self._dns_url = dns_url
+        self._refresh_s = refresh_s
+        self._resolver = resolver
+        self._clock = clock
+        self._members: dict[str, Upstream] = {}
+        self._resolved_at = -float("inf")
+        self._refreshing: asyncio.Task[None] | None = None
+        self._retired: list[Origin] = []
+        for url in urls:
+            self._add(url.rstrip("/"))
+
+    def _add(self, url: str) -> None:
+        self._members[url] = Upstream(self._make_member(url), CircuitBreaker(url), "tier")
+
+    @property
+    def members(self) -> dict[str, Upstream]:
+        return self._members
+
+    async def current(self) -> dict[str, Upstream]:
+        """The members now; the first call of a DNS tier waits for its resolution, later ones
+        refresh it in the background when it is older than `refresh_s`."""
+        if self._dns_url is None:
+            return self._members
+        stale = self._clock() - self._resolved_at >= self._refresh_s
+        if stale and (self._refreshing is None or self._refreshing.done()):
+            self._refreshing = asyncio.create_task(self.refresh())
+            if self._resolved_at == -float("inf"):
+                await asyncio.shield(self._refreshing)
+        return self._members
+
+    async def refresh(self) -> None:
+        """Resolve the tier's host name again and adopt the addresses it names."""
+        assert self._dns_url is not None
+        parts = urlsplit(self._dns_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._resolved_at = self._clock()
+        try:
+            addresses = await self._resolver(parts.hostname or "", port)
+        except (OSError, UnicodeError) as exc:
+            log.warning(
+                "tier %s: cannot resolve (%s); keeping %d members",
+                parts.hostname,
+                exc,
+                len(self._members),
+            )
+            return
+        if not addresses:
+            return
+        wanted = {_member_url(parts.scheme, address, port, parts.path) for address in addresses}
+        if wanted == set(self._members):
+            return
+        for url in set(self._members) - wanted:
+            self._retired.append(self._members.pop(url).origin)
+        for url in sorted(wanted - set(self._members)):
+            self._add(url)
+        log.warning(
+            "tier %s: %d members: %s", parts.hostname, len(wanted), ", ".join(sorted(wanted))
+        )
+        retired, self._retired = self._retired, []
+        for origin in retired:
+            await origin.aclose()
+
+    async def aclose(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._refreshing
+        for upstream in self._members.values():
+            await upstream.origin.aclose()
+
+
+def _member_url(scheme: str, address: str, port: int, path: str) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return urlunsplit((scheme, f"{host}:{port}", path.rstrip("/"), "", ""))
+
+
+class FailoverOrigin:
+    """An `Origin` over `chain` (the configured URLs, home last) and an optional tier."""
+
+    def __init__(
+        self,
+        name: str,
+        chain: Sequence[Upstream],
+        tier: TierMembers | None = None,
+        read_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not chain:
+            raise ValueError("an origin needs at least one upstream")
+        self.name = name
+        self._chain = list(chain)
+        self._tier = tier
+        self._read_timeout_s = read_timeout_s
+        self._clock = clock
+
+    @property
+    def home(self) -> Origin:
+        return self._chain[-1].origin
+
+    def url_for(self, key: str) -> str:
+        return self.home.url_for(key)
+
+    async def order(self, key: str) -> list[Upstream]:
+        """Who to ask for `key`: tier members by rank, then the chain; the ones marked down
+        after all the others, in the same relative order."""
+        ranked: list[Upstream] = []
+        if self._tier is not None:
+            members = await self._tier.current()
+            ranked = [members[url] for url in rank(key, members)]
+        everyone = ranked + self._chain
+        return [u for u in everyone if not u.breaker.is_open] + [
+            u for u in everyone if u.breaker.is_open
+        ]
+
+    async def head(self, key: str) -> ObjectInfo:
+        _, info = await self._first_answer(key, lambda origin: origin.head(key))
+        return info
+
+    async def open(
+        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+    ) -> OriginStream:
+        upstream, stream = await self._first_answer(
+            key, lambda origin: origin.open(key, start, end, if_match)
+        )
+        return WatchedStream(stream, upstream, self)
+
+    async def _first_answer(
+        self, key: str, ask: Callable[[Origin], Awaitable[T]]
+    ) -> tuple[Upstream, T]:
+        """Ask each upstream in turn until one answers; raise the last failure when none does,
+        or at once a definite answer (not found, changed) or a throttling refusal."""
+        last: OriginError | None = None
+        for upstream in await self.order(key):
+            try:
+                answer = await ask(upstream.origin)
+            except OriginThrottled:
+                raise  # see the module docstring: never multiply requests to a throttling store
+            except OriginError as exc:
+                if not _is_upstream_failure(exc):
+                    self.note_success(upstream)  # it answered: the object is gone, or changed
+                    raise
+                self.note_failure(upstream, exc)
+                last = exc
+                continue
+            self.note_success(upstream)
+            return upstream, answer
+        assert last is not None
+        raise last
+
+    def note_success(self, upstream: Upstream) -> None:
+        left = upstream.breaker.succeeded()
+        if left is not None:
+            log.warning(
+                "origin %s: %s %s is up again", self.name, upstream.role, upstream.breaker.upstream
+            )
+
+    def note_failure(self, upstream: Upstream, exc: Exception) -> None:
+        opened = upstream.breaker.failed(str(exc))
+        if opened is not None:
+            log.warning(
+                "origin %s: %s %s is down (%s); asking the next upstream, and this one again "
+                "in %.0f s",
+                self.name,
+                upstream.role,
+                upstream.breaker.upstream,
+                exc,
+                upstream.breaker.backoff_s,
+            )
+
+    def health(self) -> list[tuple[str, Health]]:
+        """(role, health) of every upstream: tier members by URL, then the chain in order."""
+        rows: list[tuple[str, Health]] = []
+        if self._tier is not None:
+            for url in sorted(self._tier.members):
+                rows.append(("tier", self._tier.members[url].breaker.health()))
+        rows += [(u.role, u.breaker.health()) for u in self._chain]
+        return rows
+
+    async def aclose(self) -> None:
+        if self._tier is not None:
+            await self._tier.aclose()
+        for upstream in self._chain:
+            await upstream.origin.aclose()
+
+
+def _is_upstream_failure(exc: OriginError) -> bool:
+    """Whether `exc` says the upstream is unwell (connect failure, 5xx, stall, a body cut
+    short), so the next one should be asked; not found, changed or refused are answers."""
+    return exc.is_retryable and isinstance(exc, OriginUnavailable | OriginTimeout)
+
+
+class WatchedStream:
+    """An upstream's stream that marks the upstream down when its body fails or stalls, so the
+    fill's resumed request goes to the next upstream."""
+
+    def __init__(self, inner: OriginStream, upstream: Upstream, owner: FailoverOrigin) -> None:
+        self.info = inner.info
+        self._inner = inner
+        self._upstream = upstream
+        self._owner = owner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = aiter(self._inner)
+        while True:
+            waiting_since = self._owner._clock()
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except OriginError as exc:
+                if _is_upstream_failure(exc):
+                    self._owner.note_failure(self._upstream, exc)
+                raise
+            except asyncio.CancelledError:
+                silent_s = self._owner._clock() - waiting_since
+                if silent_s >= STALL_SHARE * self._owner._read_timeout_s:
+                    stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
+                    self._owner.note_failure(self._upstream, stall)
+                raise
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+__all__ = ["BreakerState", "FailoverOrigin", "TierMembers", "Upstream", "WatchedStream"]

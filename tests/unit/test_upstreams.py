@@ -1,0 +1,297 @@
+"""Failover across an origin's upstreams, tier ranking and the circuit breaker: in memory, with
+a fake clock and fake origins (the multi-daemon tests in tests/integration/test_tier.py drive
+the same code over real sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from pathlib import Path
+
+import pytest
+
+from shardcache.breaker import BreakerState, CircuitBreaker
+from shardcache.cache import ShardCache
+from shardcache.errors import (
+    OriginChanged,
+    OriginNotFound,
+    OriginThrottled,
+    OriginUnavailable,
+)
+from shardcache.observer import NullObserver
+from shardcache.origins.base import Origin
+from shardcache.origins.capped import CappedOrigin
+from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream
+from shardcache.rendezvous import rank
+from shardcache.segments import RetryPolicy
+from shardcache.store import Store
+from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.test_cache import read_all
+
+MiB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def upstream(origin: Origin, clock: Clock, role: str = "origin") -> Upstream:
+    return Upstream(origin, CircuitBreaker(origin.name, clock), role)
+
+
+def test_breaker_opens_backs_off_doubling_and_closes_on_success() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("u", clock, base_s=1, cap_s=4)
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.failed("refused") is BreakerState.CLOSED  # opened just now: log it
+    assert breaker.is_open and breaker.backoff_s == 1
+    clock.now += 1
+    assert breaker.state is BreakerState.HALF_OPEN  # the next request is the probe
+    assert breaker.failed("refused again") is BreakerState.HALF_OPEN
+    assert breaker.backoff_s == 2
+    for _ in range(5):
+        clock.now += 10
+        breaker.failed("still refused")
+    assert breaker.backoff_s == 4  # capped
+    assert breaker.failed("while open") is None  # no second log line while open
+    clock.now += 4
+    assert breaker.succeeded() is BreakerState.HALF_OPEN
+    assert breaker.state is BreakerState.CLOSED and breaker.succeeded() is None
+    assert breaker.health().failures_total == 8
+
+
+def test_rendezvous_shares_keys_evenly_and_moves_only_the_lost_members_share() -> None:
+    members = [f"http://sc-{i}.sc:8470" for i in range(3)]
+    keys = [f"shard-{i:05d}.tar" for i in range(3000)]
+    owners = {key: rank(key, members)[0] for key in keys}
+    shares = collections.Counter(owners.values())
+    assert all(900 <= n <= 1100 for n in shares.values()), shares
+    survivors = members[:2]
+    moved = [k for k in keys if rank(k, survivors)[0] != owners[k]]
+    assert all(owners[k] == members[2] for k in moved)  # only the lost member's keys move
+    assert len(moved) == shares[members[2]]
+    # …to the member ranked next for each key, which every node computes alike
+    assert all(rank(k, survivors)[0] == rank(k, members)[1] for k in moved)
+    grown = members + ["http://sc-3.sc:8470"]
+    gained = [k for k in keys if rank(k, grown)[0] != owners[k]]
+    assert all(rank(k, grown)[0] == grown[3] for k in gained)
+    assert 600 <= len(gained) <= 900  # about a quarter
+
+
+async def test_a_failing_upstream_is_skipped_until_its_back_off_ends() -> None:
+    clock = Clock()
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    for origin in (first, second):
+        origin.put("k", b"x" * 100)
+    first.open_failures["k"] = 1
+    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    stream = await failover.open("k")
+    assert b"".join([c async for c in stream]) == b"x" * 100
+    assert len(first.opens) == 1 and len(second.opens) == 1
+    await failover.open("k")
+    assert len(first.opens) == 1 and len(second.opens) == 2  # skipped while down
+    health = dict((h.upstream, h) for _, h in failover.health())
+    assert health["first"].state is BreakerState.OPEN and health["second"].failures_total == 0
+    clock.now += 1.0
+    await failover.open("k")  # the probe: it answers, and is first again
+    assert len(first.opens) == 2
+    assert health["first"].upstream == "first"
+    assert dict((h.upstream, h.state) for _, h in failover.health())["first"] is (
+        BreakerState.CLOSED
+    )
+
+
+async def test_every_upstream_down_still_asks_each_and_raises_the_last_failure() -> None:
+    clock = Clock()
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    first.put("k", b"x")
+    second.put("k", b"x")
+    first.open_failures["k"] = 5
+    second.open_failures["k"] = 5
+    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    with pytest.raises(OriginUnavailable):
+        await failover.open("k")
+    with pytest.raises(OriginUnavailable):
+        await failover.open("k")  # both down: both asked again rather than failing blind
+    assert len(first.opens) == 2 and len(second.opens) == 2
+
+
+async def test_definite_answers_and_throttling_do_not_fail_over() -> None:
+    clock = Clock()
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    second.put("k", b"x")
+    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    with pytest.raises(OriginNotFound):
+        await failover.head("k")  # the first upstream's 404 is the answer
+    assert second.heads["k"] == 0
+
+    class Throttling(FakeOrigin):
+        async def head(self, key: str) -> object:  # type: ignore[override]
+            raise OriginThrottled("503 SlowDown", 1.0)
+
+    failover = FailoverOrigin(
+        "o", [upstream(Throttling("t"), clock), upstream(second, clock)], clock=clock
+    )
+    with pytest.raises(OriginThrottled):
+        await failover.head("k")
+    assert second.heads["k"] == 0  # asking elsewhere would multiply what the store refuses
+
+
+async def test_a_fill_failing_mid_object_resumes_from_the_next_upstream(tmp_path: Path) -> None:
+    clock = Clock()
+    data = bytes(range(256)) * 4096  # 1 MiB
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    for origin in (first, second):
+        origin.put("k", data)
+        origin.accepts_ranges = True
+    first.fail_at["k"] = 300_000
+    first.failures_left["k"] = 1
+    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    cache = ShardCache(
+        Store(tmp_path / "c", 8 * MiB),
+        {"o": failover},
+        RetryPolicy(retries=2, base_s=0.001, connections=1),
+        NullObserver(),
+    )
+    try:
+        assert await read_all(await cache.open("o", "k")) == data
+        assert first.ranges == [("k", 0, None)]
+        assert [start for _, start, _ in second.ranges] == [300_000]  # resumed, not from 0
+    finally:
+        await cache.aclose()
+
+
+async def test_a_resumed_object_that_differs_between_upstreams_fails_instead_of_splicing(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    first.put("k", b"A" * MiB)
+    second.put("k", b"B" * MiB)  # another version: another ETag
+    first.fail_at["k"] = 300_000
+    first.failures_left["k"] = 1
+    for origin in (first, second):
+        origin.accepts_ranges = True
+    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    store = Store(tmp_path / "c", 8 * MiB)
+    cache = ShardCache(
+        store, {"o": failover}, RetryPolicy(retries=2, base_s=0.001, connections=1), NullObserver()
+    )
+    try:
+        with pytest.raises(OriginChanged):
+            await read_all(await cache.open("o", "k"))
+        assert [start for _, start, _ in second.ranges] == [300_000]  # If-Match: refused
+        assert store.usage().entries == 0  # nothing spliced was committed
+    finally:
+        await cache.aclose()
+
+
+async def test_a_stalled_body_marks_its_upstream_down(caplog: pytest.LogCaptureFixture) -> None:
+    first, second = FakeOrigin("first"), FakeOrigin("second")
+    first.put("k", b"x" * 10_000)
+    second.put("k", b"x" * 10_000)
+    first.gate = asyncio.Event()  # never set: the body never comes
+    failover = FailoverOrigin(
+        "o", [upstream(first, Clock()), upstream(second, Clock())], read_timeout_s=0.2
+    )
+    stream = await failover.open("k")
+    caplog.set_level(logging.WARNING, "shardcache.origin")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.2):  # the fill's own read timeout (`with_read_timeout`)
+            await anext(aiter(stream))
+    await stream.aclose()
+    assert [h.state for _, h in failover.health()][0] is BreakerState.OPEN
+    assert "first is down (no byte for" in caplog.text
+    assert caplog.text.count("is down") == 1
+
+
+async def test_a_quick_cancel_is_not_a_stall() -> None:
+    first = FakeOrigin("first")
+    first.put("k", b"x" * 10_000)
+    first.gate = asyncio.Event()
+    failover = FailoverOrigin("o", [upstream(first, Clock())], read_timeout_s=5)
+    stream = await failover.open("k")
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):  # a client that went away
+            await anext(aiter(stream))
+    assert [h.state for _, h in failover.health()][0] is BreakerState.CLOSED
+
+
+async def test_tier_members_come_first_by_rank_then_the_chain() -> None:
+    clock = Clock()
+    members = {f"http://m{i}:8470": FakeOrigin(f"m{i}") for i in range(3)}
+    home = FakeOrigin("home")
+    tier = TierMembers(lambda url: members[url], list(members))
+    failover = FailoverOrigin("o", [upstream(home, clock)], tier, clock=clock)
+    for key in ("a", "b", "c", "d"):
+        order = [u.breaker.upstream for u in await failover.order(key)]
+        assert order == [*rank(key, members), "home"]
+    owner = rank("a", members)[0]
+    members[owner].put("a", b"z")
+    assert (await failover.head("a")).size_bytes == 1
+    assert members[owner].heads["a"] == 1
+
+
+async def test_a_dns_tier_adopts_new_answers_and_keeps_its_members_through_a_failure() -> None:
+    answers: list[list[str] | OSError] = [["10.0.0.1", "10.0.0.2"]]
+    made: list[str] = []
+    clock = Clock()
+
+    async def resolver(host: str, port: int) -> list[str]:
+        assert (host, port) == ("sc.ns.svc", 8470)
+        answer = answers[0]
+        if isinstance(answer, OSError):
+            raise answer
+        return answer
+
+    def make(url: str) -> FakeOrigin:
+        made.append(url)
+        return FakeOrigin(url)
+
+    tier = TierMembers(
+        make, dns_url="http://sc.ns.svc:8470", refresh_s=30, resolver=resolver, clock=clock
+    )
+    assert set(await tier.current()) == {"http://10.0.0.1:8470", "http://10.0.0.2:8470"}
+    answers[0] = OSError("Temporary failure in name resolution")
+    clock.now += 31
+    await tier.current()
+    await asyncio.sleep(0)  # the refresh runs in the background
+    assert set(tier.members) == {"http://10.0.0.1:8470", "http://10.0.0.2:8470"}
+    answers[0] = ["10.0.0.2", "10.0.0.3", "fd00::1"]
+    clock.now += 31
+    await tier.current()
+    await asyncio.sleep(0)
+    assert set(tier.members) == {
+        "http://10.0.0.2:8470",
+        "http://10.0.0.3:8470",
+        "http://[fd00::1]:8470",
+    }
+    assert made.count("http://10.0.0.2:8470") == 1  # a member that stays keeps its breaker
+
+
+async def test_caps_bound_requests_at_once_and_a_second() -> None:
+    origin = FakeOrigin("capped")
+    origin.pace = Pace(0.01)
+    data = b"y" * 40_000
+    for i in range(12):
+        origin.put(f"k{i}", data)
+    capped = CappedOrigin(origin, max_requests=3, max_requests_per_second=100)
+
+    async def read(key: str) -> bytes:
+        stream = await capped.open(key)
+        try:
+            return b"".join([c async for c in stream])
+        finally:
+            await stream.aclose()
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    bodies = await asyncio.gather(*(read(f"k{i}") for i in range(12)))
+    assert bodies == [data] * 12
+    assert origin.pace.most_open_streams == 3  # never more at once, and the cap was reached
+    assert loop.time() - started >= 11 / 100  # twelve requests spaced 10 ms apart
