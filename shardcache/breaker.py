@@ -56,6 +56,7 @@ class CircuitBreaker:
         self._failures_in_a_row = 0
         self._failures_total = 0
         self._open_until = 0.0
+        self._failed_at = -float("inf")
         self._last_error: str | None = None
 
     @property
@@ -71,8 +72,12 @@ class CircuitBreaker:
         """Whether to skip this upstream while another one may still be asked."""
         return self.state is BreakerState.OPEN
 
-    def succeeded(self) -> BreakerState | None:
-        """The upstream answered; return the state it left if that changed, else None."""
+    def succeeded(self, sent_at: float | None = None) -> BreakerState | None:
+        """The upstream answered a request sent at `sent_at`; return the state it left if that
+        changed, else None. An answer to a request sent before the last failure says nothing
+        new (a HEAD sent alongside the GET that failed), so it does not close the breaker."""
+        if sent_at is not None and sent_at < self._failed_at:
+            return None
         before = self.state
         self._failures_in_a_row = 0
         self._open_until = 0.0
@@ -84,6 +89,7 @@ class CircuitBreaker:
         self._failures_in_a_row += 1
         self._failures_total += 1
         self._last_error = reason
+        self._failed_at = self._clock()
         backoff = min(self._cap_s, self._base_s * 2 ** (self._failures_in_a_row - 1))
         self._open_until = max(self._open_until, self._clock() + backoff)
         return before if before is not BreakerState.OPEN else None

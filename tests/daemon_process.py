@@ -27,8 +27,10 @@ class Daemon:
         prefix: tuple[str, ...] = (),
         listen_host: str = "127.0.0.1",
         token: str | None = None,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
+        self.listen_host = listen_host
         self.token = token  # sent by get_json, for a daemon that requires one
         self.cache_dir = cache_dir
         self.log_path = cache_dir.parent / f"daemon-{self.port}.log"
@@ -61,7 +63,8 @@ class Daemon:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        host = "127.0.0.1" if self.listen_host in ("0.0.0.0", "::") else self.listen_host
+        return f"http://{host}:{self.port}"
 
     def _wait_ready(self, timeout_s: float = 20) -> None:
         deadline = time.monotonic() + timeout_s

@@ -10,9 +10,11 @@ a definite answer (the object, 404, 412) ends the search. A fill that fails mid-
 with Range and If-Match on the object's ETag from the next upstream, so two upstreams whose
 versions differ fail the fill (`OriginChanged`) instead of splicing two objects.
 
-A refusal as one too many (`OriginThrottled`) is passed up without trying the next upstream:
-every tier member asks the same object store, and going round them would multiply the requests
-it is refusing; the fill waits and retries under the origin's limiter instead.
+A tier member's refusal as one too many (`OriginThrottled`: it passes on the object store's
+503 SlowDown) is passed up without trying the next upstream: every member asks the same store,
+and going round them would multiply the requests it is refusing; the fill waits and retries
+under the origin's limiter instead. A mirror's refusal is failed over like any 5xx: the next
+URL is another store (when it is the last one, the fill's limiter hears it).
 
 It knows nothing of the cache: it is an `Origin` built from other origins.
 """
@@ -206,27 +208,28 @@ class FailoverOrigin:
         self, key: str, ask: Callable[[Origin], Awaitable[T]]
     ) -> tuple[Upstream, T]:
         """Ask each upstream in turn until one answers; raise the last failure when none does,
-        or at once a definite answer (not found, changed) or a throttling refusal."""
+        or at once a definite answer (not found, changed) or a tier member's throttling."""
         last: OriginError | None = None
         for upstream in await self.order(key):
+            sent_at = self._clock()
             try:
                 answer = await ask(upstream.origin)
-            except OriginThrottled:
-                raise  # see the module docstring: never multiply requests to a throttling store
             except OriginError as exc:
+                if isinstance(exc, OriginThrottled) and upstream.role == "tier":
+                    raise  # members share one store: see the module docstring
                 if not _is_upstream_failure(exc):
-                    self.note_success(upstream)  # it answered: the object is gone, or changed
+                    self.note_success(upstream, sent_at)  # it answered: gone, or changed
                     raise
                 self.note_failure(upstream, exc)
                 last = exc
                 continue
-            self.note_success(upstream)
+            self.note_success(upstream, sent_at)
             return upstream, answer
         assert last is not None
         raise last
 
-    def note_success(self, upstream: Upstream) -> None:
-        left = upstream.breaker.succeeded()
+    def note_success(self, upstream: Upstream, sent_at: float) -> None:
+        left = upstream.breaker.succeeded(sent_at)
         if left is not None:
             log.warning(
                 "origin %s: %s %s is up again", self.name, upstream.role, upstream.breaker.upstream

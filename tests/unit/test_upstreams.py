@@ -63,6 +63,11 @@ def test_breaker_opens_backs_off_doubling_and_closes_on_success() -> None:
     assert breaker.succeeded() is BreakerState.HALF_OPEN
     assert breaker.state is BreakerState.CLOSED and breaker.succeeded() is None
     assert breaker.health().failures_total == 8
+    sent = clock.now
+    clock.now += 0.5
+    breaker.failed("refused")
+    assert breaker.succeeded(sent_at=sent) is None  # sent before the failure: no news
+    assert breaker.is_open
 
 
 def test_rendezvous_shares_keys_evenly_and_moves_only_the_lost_members_share() -> None:
@@ -121,7 +126,7 @@ async def test_every_upstream_down_still_asks_each_and_raises_the_last_failure()
     assert len(first.opens) == 2 and len(second.opens) == 2
 
 
-async def test_definite_answers_and_throttling_do_not_fail_over() -> None:
+async def test_definite_answers_and_a_throttling_tier_do_not_fail_over() -> None:
     clock = Clock()
     first, second = FakeOrigin("first"), FakeOrigin("second")
     second.put("k", b"x")
@@ -134,12 +139,15 @@ async def test_definite_answers_and_throttling_do_not_fail_over() -> None:
         async def head(self, key: str) -> object:  # type: ignore[override]
             raise OriginThrottled("503 SlowDown", 1.0)
 
-    failover = FailoverOrigin(
-        "o", [upstream(Throttling("t"), clock), upstream(second, clock)], clock=clock
-    )
+    tier = TierMembers(lambda url: Throttling(url), ["http://member:8470"])
+    failover = FailoverOrigin("o", [upstream(second, clock)], tier, clock=clock)
     with pytest.raises(OriginThrottled):
         await failover.head("k")
     assert second.heads["k"] == 0  # asking elsewhere would multiply what the store refuses
+    mirrored = FailoverOrigin(
+        "o", [upstream(Throttling("mirror"), clock), upstream(second, clock)], clock=clock
+    )
+    assert (await mirrored.head("k")).size_bytes == 1  # a mirror's limit is its own
 
 
 async def test_a_fill_failing_mid_object_resumes_from_the_next_upstream(tmp_path: Path) -> None:
