@@ -19,6 +19,9 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
+from shardcache.config import Settings, load_settings
+from shardcache.units import parse_size
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
@@ -79,11 +82,22 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
         {"SHARDCACHE_ADMIN_TOKEN_FILE": str(secret_file)},
     )
     assert compose.origins[0].endpoint_url == "http://minio:9000"
+    # The node reads through the two tier members, which serve the same origin name.
+    assert compose.origins[0].tier == ("http://tier-0:8470", "http://tier-1:8470")
+    tier = load_settings(
+        {"config": str(DEPLOY / "compose" / "tier.toml")},
+        {"SHARDCACHE_ADMIN_TOKEN_FILE": str(secret_file)},
+    )
+    assert [o.name for o in tier.origins] == [o.name for o in compose.origins]
+    assert tier.readahead == 0 and tier.origins[0].url == compose.origins[0].url
+    for member in ("tier-0", "tier-1"):
+        mounts = compose_file["services"][member]["volumes"]
+        assert mounts[0].startswith("./deploy/compose/tier.toml:"), member
     assert not compose.is_loopback and compose.admin_token is not None
     assert all(port.startswith("127.0.0.1:") for port in service["ports"])
 
 
-K8S = ["namespace.yaml", "configmap.yaml", "daemonset.yaml", "sidecar-example.yaml"]
+K8S = ["namespace.yaml", "configmap.yaml", "daemonset.yaml", "sidecar-example.yaml", "tier.yaml"]
 
 
 @pytest.mark.parametrize("name", K8S)
@@ -147,6 +161,42 @@ def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
     assert not settings.is_loopback and settings.admin_token is not None
 
 
+def _settings_from(text: str, tmp_path: Path) -> Settings:
+    config_file, token_file = tmp_path / "c.toml", tmp_path / "token"
+    config_file.write_text(text)
+    token_file.write_text("a-token-from-a-kubernetes-secret\n")
+    return load_settings(
+        {"config": str(config_file)}, {"SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}
+    )
+
+
+def test_the_nodes_tier_list_names_the_statefulsets_members(tmp_path: Path) -> None:
+    documents = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "tier.yaml").read_text()))
+    by_kind = {d["kind"]: d for d in documents}
+    service, statefulset = by_kind["Service"], by_kind["StatefulSet"]
+    assert service["spec"]["clusterIP"] == "None"  # headless: a DNS name per member
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    name, namespace = statefulset["metadata"]["name"], statefulset["metadata"]["namespace"]
+    domain = f"{service['metadata']['name']}.{namespace}.svc.cluster.local"
+    members = tuple(
+        f"http://{name}-{i}.{domain}:8470" for i in range(statefulset["spec"]["replicas"])
+    )
+    node_config = yaml.safe_load((DEPLOY / "kubernetes" / "configmap.yaml").read_text())
+    node = _settings_from(node_config["data"]["shardcache.toml"], tmp_path)
+    laion = next(o for o in node.origins if o.name == "laion")
+    assert laion.tier == members
+    tier = _settings_from(by_kind["ConfigMap"]["data"]["shardcache.toml"], tmp_path)
+    assert tier.readahead == 0 and not tier.is_loopback and tier.admin_token is not None
+    assert {o.name for o in tier.origins} >= {"laion"}
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] > tier.shutdown_grace
+    claim = statefulset["spec"]["volumeClaimTemplates"][0]
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == "/var/cache/shardcache"
+    size = parse_size(claim["spec"]["resources"]["requests"]["storage"] + "B")  # 3500Gi
+    assert tier.cache_size < size  # room for the index and partial files
+
+
 def _compose_schema(tmp_path: Path) -> dict[str, object]:
     """The Compose specification's JSON schema, as shipped in the docker-compose package."""
     subprocess.run(
@@ -183,9 +233,9 @@ def test_compose_file_follows_the_spec_and_mounts_only_files_in_the_repo(tmp_pat
         build = service.get("build")
         if build:
             assert (ROOT / build["context"] / build["dockerfile"]).exists()
-    assert {"minio", "minio-init", "shardcache", "prometheus", "grafana"} <= compose[
-        "services"
-    ].keys()
+    assert {"minio", "minio-init", "shardcache", "tier-0", "tier-1", "prometheus", "grafana"} <= (
+        compose["services"].keys()
+    )
 
 
 def test_compose_prometheus_config_and_grafana_provisioning(tmp_path: Path) -> None:
