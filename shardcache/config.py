@@ -43,7 +43,8 @@ class OriginSpec:
     object's home, which names it in the cache (`urls = [mirror, …, home]` in the file);
     `tier` lists shardcache tier daemons (base URLs) that share the keys out by rendezvous
     hashing, `tier_dns` is one URL whose host resolves to them, again every `tier_refresh`
-    seconds; the tier serves this origin under `tier_origin` (default: the same name).
+    seconds; the tier serves this origin under `tier_origin` (default: the same name), and
+    gets `tier_headers`, never `headers` (which may be the object store's credentials).
     `max_requests` and `max_requests_per_second` cap what the origin is sent.
     """
 
@@ -57,6 +58,7 @@ class OriginSpec:
     tier_dns: str | None = None
     tier_origin: str | None = None
     tier_refresh_s: float = 30.0
+    tier_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     max_requests: int | None = None
     max_requests_per_second: float | None = None
 
@@ -445,6 +447,7 @@ _ORIGIN_KEYS = {
     "tier",
     "tier_origin",
     "tier_refresh",
+    "tier_headers",
     "max_requests",
     "max_requests_per_second",
 }
@@ -463,9 +466,7 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
         if unknown:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
         urls = _origin_urls(name, body, at)
-        headers = body.get("headers", {})
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
-            raise ConfigError(f"{at}: headers must be a table of strings")
+        headers = _header_table(body, "headers", environ, at)
         endpoint = body.get("endpoint_url")
         if endpoint is not None and not isinstance(endpoint, str):
             raise ConfigError(f"{at}: endpoint_url must be a string")
@@ -481,10 +482,9 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
             mirrors=urls[:-1],
             endpoint_url=endpoint,
             follow_redirects=follow_redirects,
-            headers=tuple(
-                (str(k), _expand_env(v, environ, f"{at} headers.{k}")) for k, v in headers.items()
-            ),
+            headers=headers,
             tier=tier,
+            tier_headers=_header_table(body, "tier_headers", environ, at),
             tier_dns=tier_dns,
             tier_origin=_optional(body, "tier_origin", _tier_origin, at),
             tier_refresh_s=_optional(body, "tier_refresh", _parse_seconds, at) or 30.0,
@@ -492,6 +492,15 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
             max_requests_per_second=_optional(body, "max_requests_per_second", _parse_rate, at),
         )
     return origins
+
+
+def _header_table(
+    body: dict[str, Any], key: str, environ: Mapping[str, str], at: str
+) -> tuple[tuple[str, str], ...]:
+    table = body.get(key, {})
+    if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+        raise ConfigError(f"{at}: {key} must be a table of strings")
+    return tuple((str(k), _expand_env(v, environ, f"{at} {key}.{k}")) for k, v in table.items())
 
 
 def _origin_urls(name: str, body: dict[str, Any], at: str) -> tuple[str, ...]:

@@ -51,8 +51,8 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
 
         def make_member(base: str) -> Origin:
             # A member serves the origin at /NAME/; it gets none of the origin's headers,
-            # which may hold the object store's credentials.
-            member = OriginSpec(spec.name, f"{base}/{served_as}")
+            # which may hold the object store's credentials: only its own.
+            member = OriginSpec(spec.name, f"{base}/{served_as}", headers=spec.tier_headers)
             return _make_one(member, timeouts)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)

@@ -151,7 +151,7 @@ def _post_prefetch(daemon, paths: list[str]) -> None:
 
 
 def test_counters_status_dashboard_and_alerts_against_prometheus(
-    origin: OriginServer, start_daemon, prometheus_for
+    origin: OriginServer, start_daemon, prometheus_for, tmp_path: Path
 ) -> None:
     for i in range(10):
         origin.put(f"s_{i}.tar", b"s" * MiB)
@@ -160,8 +160,12 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     for name in ("p_0", "p_1", "p_3"):
         origin.put(f"{name}.tar", b"p" * (MiB // 2))
     origin.put("p_2.tar", b"q" * (MiB // 2), hold=late_hold)
+    mirrored = tmp_path / "mirrored.toml"  # an origin with upstreams: a dead one, then `web`
+    mirrored.write_text(f'[origins.mirrored]\nurls = ["http://127.0.0.1:9", "{origin.url}"]\n')
     daemon = start_daemon(
         {"web": origin.url, "down": "http://127.0.0.1:9"},
+        "--config",
+        str(mirrored),
         "--readahead",
         "0",
         "--origin-retries",
@@ -192,6 +196,8 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     assert sorted(results) == ["coalesced"] * 7 + ["miss"]  # 1 miss, 7 coalesced
     assert curl(f"{daemon.url}/web/missing.tar", "--no-fail").status == 404  # an error
     assert curl(f"{daemon.url}/down/x.tar", "--no-fail").status == 502  # an origin error
+    origin.put("m.tar", b"m" * 1000)
+    assert curl(f"{daemon.url}/mirrored/m.tar").exit_code == 0  # failed over from the dead one
 
     _post_prefetch(daemon, ["/web/p_0.tar", "/web/p_1.tar"])  # 2 completed
     _wait_prefetch(daemon, done=2)
@@ -232,9 +238,13 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     assert daemon.metric("shardcache_prefetch_wasted_total", origin="web") == 1
     assert daemon.metric("shardcache_cache_evictions_total") >= 2
     status = daemon.get_json("/_/status")[1]
-    assert status["requests"] == {"hit": 3, "miss": 11, "coalesced": 8, "error": 2}
-    assert status["hit_ratio"]["requests"] == round(3 / 24, 4)
-    assert status["hit_ratio"]["bytes"] == round(from_cache / (from_cache + from_origin), 4)
+    # …and the one read through `mirrored`, a miss of 1,000 bytes
+    assert status["requests"] == {"hit": 3, "miss": 12, "coalesced": 8, "error": 2}
+    assert status["hit_ratio"]["requests"] == round(3 / 25, 4)
+    assert status["hit_ratio"]["bytes"] == round(from_cache / (from_cache + from_origin + 1000), 4)
+    upstreams = status["origins"]["mirrored"]["upstreams"]
+    assert [u["role"] for u in upstreams] == ["origin", "origin"]
+    assert upstreams[0]["failures"] == 1 and upstreams[1]["failures"] == 0
     assert status["cache"]["eviction"]["policy"] == "lru"  # no plan yet
     # A loader's plan of four shards: predicted = the share of them cached now.
     planned = [f"s_{i}.tar" for i in (6, 7, 8, 9)]
@@ -256,7 +266,7 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     deadline = time.monotonic() + 30
     while True:
         total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
-        if total and float(total[0]["value"][1]) == 25:  # type: ignore[index]
+        if total and float(total[0]["value"][1]) == 26:  # type: ignore[index]
             break
         assert time.monotonic() < deadline, "Prometheus never saw the final counters"
         time.sleep(0.5)

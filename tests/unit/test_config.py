@@ -144,6 +144,7 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
         'urls = ["http://tier.rack7:8470/laion", "s3://bucket/laion"]\n'
         'tier = ["http://sc-0.sc:8470", "http://sc-1.sc:8470/"]\n'
         'tier_origin = "laion-s3"\n'
+        'tier_headers = { Authorization = "Bearer ${TIER_TOKEN}" }\n'
         "tier_refresh = 5\n"
         "max_requests = 64\n"
         "max_requests_per_second = 2500\n"
@@ -151,8 +152,10 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
         'url = "s3://bucket/dns"\n'
         'tier = "http://sc.default.svc.cluster.local:8470"\n'
     )
-    by_name = {o.name: o for o in load_settings({"config": str(config)}, {}).origins}
+    settings = load_settings({"config": str(config)}, {"TIER_TOKEN": "t0k"})
+    by_name = {o.name: o for o in settings.origins}
     laion = by_name["laion"]
+    assert laion.tier_headers == (("Authorization", "Bearer t0k"),) and laion.headers == ()
     assert laion.url == "s3://bucket/laion"  # the home: names objects in the cache
     assert laion.urls == ("http://tier.rack7:8470/laion", "s3://bucket/laion")
     assert laion.tier == ("http://sc-0.sc:8470", "http://sc-1.sc:8470")
@@ -174,6 +177,7 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
         ('url = "s3://b"\nmax_requests = 0', "max_requests: expected a whole number"),
         ('url = "s3://b"\nmax_requests_per_second = "fast"', "expected requests a second"),
         ('url = "s3://b"\ntier_refresh = -1', "tier_refresh: must be positive"),
+        ('url = "s3://b"\ntier_headers = { X = 1 }', "tier_headers must be a table of strings"),
     ):
         config.write_text(f"[origins.a]\n{bad}\n")
         with pytest.raises(ConfigError, match=message):

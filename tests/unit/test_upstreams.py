@@ -303,3 +303,26 @@ async def test_caps_bound_requests_at_once_and_a_second() -> None:
     assert bodies == [data] * 12
     assert origin.pace.most_open_streams == 3  # never more at once, and the cap was reached
     assert loop.time() - started >= 11 / 100  # twelve requests spaced 10 ms apart
+
+
+def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> None:
+    from shardcache.config import OriginSpec
+    from shardcache.origins import Timeouts, make_origin
+
+    spec = OriginSpec(
+        "o",
+        "https://cdn.example/x",
+        headers=(("Authorization", "Bearer cdn-secret"),),
+        tier=("http://m0:8470",),
+        tier_headers=(("Authorization", "Bearer tier-token"),),
+    )
+    failover = make_origin(spec, Timeouts(1, 1))
+    assert isinstance(failover, FailoverOrigin)
+    assert failover.url_for("k") == "https://cdn.example/x/k"
+    assert failover._tier is not None
+    member = failover._tier.members["http://m0:8470"].origin
+    assert member.url_for("k") == "http://m0:8470/o/k"
+    sent = member._transport._headers  # type: ignore[attr-defined]
+    assert sent["Authorization"] == "Bearer tier-token"
+    home = failover.home._transport._headers  # type: ignore[attr-defined]
+    assert home["Authorization"] == "Bearer cdn-secret"
