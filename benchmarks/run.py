@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import statistics
@@ -52,6 +53,8 @@ class Sizes:
     wrk_seconds: int
     loader_shards: int = 96  # the eight-worker scenario
     loader_payload: int = 256 * 1024
+    tier_shards: int = 24  # the six-node scenario: one dataset, read by every node
+    tier_shard: int = 32 * MiB
 
 
 FULL = Sizes(
@@ -73,6 +76,8 @@ QUICK = Sizes(
     wrk_seconds=1,
     loader_shards=8,
     loader_payload=16 * 1024,
+    tier_shards=6,
+    tier_shard=MiB,
 )
 
 
@@ -818,6 +823,121 @@ def _client_wait(daemon_url: str) -> float:
         return float(json.loads(response.read())["client_wait_s"])
 
 
+NODES = 6
+TIER_MEMBERS = 3
+
+
+def _nodes_read(base_urls: list[str], keys: list[str]) -> float:
+    """Each node reads every key with curl, in its own shuffled order, all nodes at once;
+    return the wall time until the last node is done. Raises if any read fails."""
+    failures: list[str] = []
+
+    def node(number: int, base: str) -> None:
+        order = random.Random(number).sample(keys, len(keys))
+        for key in order:
+            process = subprocess.run(
+                ["curl", "-s", "-f", "-o", "/dev/null", f"{base}/{key}"], capture_output=True
+            )
+            if process.returncode != 0:
+                failures.append(f"node {number} {key}: curl exit {process.returncode}")
+
+    threads = [threading.Thread(target=node, args=(n, base)) for n, base in enumerate(base_urls)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise RuntimeError(f"{len(failures)} reads failed: {failures[:3]}")
+    return time.perf_counter() - started
+
+
+def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
+    """Six nodes read one dataset, each in its own order, from an origin capped at 200 MB/s in
+    all (50 MB/s per connection, 20 ms to first byte): directly (curl), and through node
+    daemons over a sharded tier of three members. Origin bytes and the loaders' wall time."""
+    origin = SimOrigin(work, ttfb_ms=20, conn_rate=50 * MB, total_rate=200 * MB)
+    keys = [f"size-{sizes.tier_shard}/tier_{i:03d}.tar" for i in range(sizes.tier_shards)]
+    dataset = sizes.tier_shard * len(keys)
+    results: dict[str, list[tuple[float, float]]] = {"direct": [], "node": [], "tier": []}
+
+    def origin_bytes() -> float:
+        return float(origin.stats()["bytes"])  # type: ignore[arg-type]
+
+    def measure(arm: str, bases: list[str]) -> None:
+        before = origin_bytes()
+        wall = _nodes_read(bases, keys)
+        results[arm].append((wall, origin_bytes() - before))
+
+    try:
+        for _ in range(sizes.runs):
+            measure("direct", [f"{origin.url}/b"] * NODES)
+            nodes = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(NODES)]
+            try:
+                measure("node", [f"{n.url}/o" for n in nodes])
+            finally:
+                for daemon in nodes:
+                    daemon.stop()
+            tier = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(TIER_MEMBERS)]
+            config = work / "node.toml"
+            members = ", ".join(f'"{t.url}"' for t in tier)
+            config.write_text(f'[origins.o]\nurl = "{origin.url}/b"\ntier = [{members}]\n')
+            nodes = [Shardcache(work, {}, "--config", str(config)) for _ in range(NODES)]
+            try:
+                measure("tier", [f"{n.url}/o" for n in nodes])
+            finally:
+                for daemon in [*nodes, *tier]:
+                    daemon.stop()
+    finally:
+        origin.stop()
+
+    def column(arm: str, index: int) -> list[float]:
+        return [run[index] for run in results[arm]]
+
+    label = (
+        f"{NODES} nodes read the same {len(keys)} shards of {sizes.tier_shard / MiB:.0f} MiB "
+        f"({dataset / MB:.0f} MB), each in its own order; origin 200 MB/s in all"
+    )
+    rows = []
+    for arm, name in (
+        ("tier", f"node daemons over a {TIER_MEMBERS}-member tier"),
+        ("node", "node daemons straight to the origin"),
+    ):
+        rows.append(
+            Row(
+                label,
+                f"origin bytes, MB ({name})",
+                [b / MB for b in column(arm, 1)],
+                [b / MB for b in column("direct", 1)],
+                "direct curl",
+                "-",
+                "curl -s -f http://NODE:PORT/o/KEY on every node; nodes: tier = [3 members]"
+                if arm == "tier"
+                else "curl -s -f http://NODE:PORT/o/KEY on every node",
+                ratio=[a / b for a, b in zip(column(arm, 1), column("direct", 1), strict=True)],
+                note=""
+                if arm == "node"
+                else (
+                    f"the tier's origin bytes against the dataset's {dataset / MB:.0f} MB: "
+                    f"{median_range([b / dataset for b in column(arm, 1)])}x"
+                ),
+            )
+        )
+        rows.append(
+            Row(
+                label,
+                f"loaders' wall time, s ({name})",
+                column(arm, 0),
+                column("direct", 0),
+                "direct curl",
+                "-",
+                "time until the last node has read every shard",
+                ratio=[a / b for a, b in zip(column(arm, 0), column("direct", 0), strict=True)],
+            )
+        )
+    return rows
+
+
 SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "hit-miss": hit_and_miss,
     "capped": capped_miss,
@@ -827,6 +947,7 @@ SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "memory": memory,
     "webdataset": webdataset_epoch,
     "loader": multi_worker_epoch,
+    "tier": six_nodes_over_a_tier,
 }
 
 
