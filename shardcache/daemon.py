@@ -125,6 +125,7 @@ class Daemon:
             "check_ready": self._check_ready,
             "status": self._status,
             "origin_urls": self.origin_urls,
+            "tiered_origins": {o.name for o in settings.origins if o.tier or o.tier_dns},
             "in_flight": self.in_flight,
         }
 
@@ -264,6 +265,7 @@ class Daemon:
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
+        self.state["tiered_origins"] = {n for n, o in new_origins.items() if o.tier or o.tier_dns}
         restart_needed = [
             f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
         ]

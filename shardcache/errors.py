@@ -12,6 +12,7 @@
     ├── RangeNotSatisfiable             416     range
     ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
+    ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
@@ -102,6 +103,15 @@ class QueueFull(ShardcacheError):
 class ShuttingDown(ShardcacheError):
     status = 503
     kind = "shutdown"
+
+
+class TierLoop(ShardcacheError):
+    """A node daemon asked this daemon as a tier member, and this daemon's origin has a tier
+    of its own: asking it could send the request round the tier forever (HTTP caches guard
+    the same way with `Via`). 508 Loop Detected: the node asks its next upstream."""
+
+    status = 508
+    kind = "tier_loop"
 
 
 class CacheError(ShardcacheError):

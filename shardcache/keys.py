@@ -52,3 +52,8 @@ def validate_key(key: str) -> str:
 def join_url(base: str, key: str) -> str:
     """Return `base` joined with `key` by exactly one slash."""
     return f"{base.rstrip('/')}/{key}"
+
+
+# Sent by a node daemon on its requests to tier members (`origins.upstreams`): a member whose
+# own origin has a tier refuses them (508), so a misconfigured tier cannot loop.
+TIER_REQUEST_HEADER = "X-Shardcache-Tier-Request"

@@ -53,7 +53,9 @@ from shardcache.errors import (
     NotCached,
     ShardcacheError,
     ShuttingDown,
+    TierLoop,
 )
+from shardcache.keys import TIER_REQUEST_HEADER
 from shardcache.logs import CLIENT_GONE
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.middleware import (
@@ -160,7 +162,28 @@ async def get_object(request: web.Request) -> web.StreamResponse:
         return await _get_object(request)
 
 
+def _refuse_tier_loop(request: web.Request) -> None:
+    """Refuse a tier request (a node daemon asking this one as a member) for an origin that has
+    a tier here too: tiers are one level deep. Logged once per origin."""
+    origin = request.match_info["origin"]
+    state = request.app[STATE_KEY]
+    if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.get(
+        "tiered_origins", ()
+    ):
+        return
+    problem = (
+        f"origin {origin!r} was asked as a tier member, but has a tier here too: a tier "
+        "member's config must not list a tier (a request loop)"
+    )
+    logged = state.setdefault("tier_loops_logged", set())
+    if origin not in logged:
+        logged.add(origin)
+        log.error("%s; answering such requests 508", problem)
+    raise TierLoop(problem)
+
+
 async def _get_object(request: web.Request) -> web.StreamResponse:
+    _refuse_tier_loop(request)
     cache = request.app[CACHE_KEY]
     metrics = request.app[METRICS_KEY]
     loop = asyncio.get_running_loop()
@@ -270,6 +293,7 @@ async def _send_body(
 
 
 async def head_object(request: web.Request) -> web.StreamResponse:
+    _refuse_tier_loop(request)
     cache = request.app[CACHE_KEY]
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     byte_range = parse_range(request.headers.get("Range"), info.size_bytes)

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.config import OriginSpec
 from shardcache.errors import ConfigError
+from shardcache.keys import TIER_REQUEST_HEADER
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 __all__ = ["ObjectInfo", "Origin", "OriginStream", "Timeouts", "make_origin"]
@@ -52,7 +53,8 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
         def make_member(base: str) -> Origin:
             # A member serves the origin at /NAME/; it gets none of the origin's headers,
             # which may hold the object store's credentials: only its own.
-            member = OriginSpec(spec.name, f"{base}/{served_as}", headers=spec.tier_headers)
+            headers = (*spec.tier_headers, (TIER_REQUEST_HEADER, "1"))
+            member = OriginSpec(spec.name, f"{base}/{served_as}", headers=headers)
             return _make_one(member, timeouts)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)

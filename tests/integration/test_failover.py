@@ -99,3 +99,24 @@ def test_every_read_succeeds_from_the_next_upstream_and_differing_versions_never
     other = hashlib.sha256(servers["other"].objects[f"changed/{KEYS[0]}"]).hexdigest()
     result = curl(f"{daemon.url}/changed/{KEYS[0]}")
     assert (result.exit_code, result.sha256) == (0, other)
+
+
+def test_a_tier_member_with_a_tier_of_its_own_refuses_the_loop(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """The easy mistake: one config for nodes and members, so a member lists the tier, itself
+    included. It answers tier requests 508 and everyone reads from the origin instead of
+    sending requests round the tier."""
+    data = os.urandom(300_000)
+    origin.put("k.tar", data)
+    port = free_port()
+    config = tmp_path / "same-for-everyone.toml"
+    config.write_text(f'[origins.d]\nurl = "{origin.url}"\ntier = ["http://127.0.0.1:{port}"]\n')
+    flags = ("--config", str(config), "--readahead", "0")
+    member = start_daemon({}, *flags, cache_dir=tmp_path / "member", port=port)
+    node = start_daemon({}, *flags, cache_dir=tmp_path / "node")
+    for daemon in (node, member):
+        result = curl(f"{daemon.url}/d/k.tar")
+        assert (result.exit_code, result.body) == (0, data)
+    assert " 508 " in member.log() and "must not list a tier" in member.log()
+    assert origin.gets["k.tar"] == 2  # one fetch by each daemon, no request went round

@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
         "breaker",
         "config",
         "errors",
+        "keys",
         "origins.base",
         "origins.capped",
         "origins.s3",
