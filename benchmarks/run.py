@@ -55,6 +55,8 @@ class Sizes:
     loader_payload: int = 256 * 1024
     tier_shards: int = 24  # the six-node scenario: one dataset, read by every node
     tier_shard: int = 32 * MiB
+    tier_nodes: int = 6
+    tier_members: int = 3
 
 
 FULL = Sizes(
@@ -78,6 +80,8 @@ QUICK = Sizes(
     loader_payload=16 * 1024,
     tier_shards=6,
     tier_shard=MiB,
+    tier_nodes=2,
+    tier_members=2,
 )
 
 
@@ -823,10 +827,6 @@ def _client_wait(daemon_url: str) -> float:
         return float(json.loads(response.read())["client_wait_s"])
 
 
-NODES = 6
-TIER_MEMBERS = 3
-
-
 def _nodes_read(base_urls: list[str], keys: list[str]) -> float:
     """Each node reads every key with curl, in its own shuffled order, all nodes at once;
     return the wall time until the last node is done. Raises if any read fails."""
@@ -855,7 +855,8 @@ def _nodes_read(base_urls: list[str], keys: list[str]) -> float:
 def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
     """Six nodes read one dataset, each in its own order, from an origin capped at 200 MB/s in
     all (50 MB/s per connection, 20 ms to first byte): directly (curl), and through node
-    daemons over a sharded tier of three members. Origin bytes and the loaders' wall time."""
+    daemons over a sharded tier of three members (two and two in quick mode). Origin bytes
+    and the loaders' wall time."""
     origin = SimOrigin(work, ttfb_ms=20, conn_rate=50 * MB, total_rate=200 * MB)
     keys = [f"size-{sizes.tier_shard}/tier_{i:03d}.tar" for i in range(sizes.tier_shards)]
     dataset = sizes.tier_shard * len(keys)
@@ -871,18 +872,18 @@ def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
 
     try:
         for _ in range(sizes.runs):
-            measure("direct", [f"{origin.url}/b"] * NODES)
-            nodes = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(NODES)]
+            measure("direct", [f"{origin.url}/b"] * sizes.tier_nodes)
+            nodes = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(sizes.tier_nodes)]
             try:
                 measure("node", [f"{n.url}/o" for n in nodes])
             finally:
                 for daemon in nodes:
                     daemon.stop()
-            tier = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(TIER_MEMBERS)]
+            tier = [Shardcache(work, {"o": f"{origin.url}/b"}) for _ in range(sizes.tier_members)]
             config = work / "node.toml"
             members = ", ".join(f'"{t.url}"' for t in tier)
             config.write_text(f'[origins.o]\nurl = "{origin.url}/b"\ntier = [{members}]\n')
-            nodes = [Shardcache(work, {}, "--config", str(config)) for _ in range(NODES)]
+            nodes = [Shardcache(work, {}, "--config", str(config)) for _ in range(sizes.tier_nodes)]
             try:
                 measure("tier", [f"{n.url}/o" for n in nodes])
             finally:
@@ -895,12 +896,13 @@ def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
         return [run[index] for run in results[arm]]
 
     label = (
-        f"{NODES} nodes read the same {len(keys)} shards of {sizes.tier_shard / MiB:.0f} MiB "
-        f"({dataset / MB:.0f} MB), each in its own order; origin 200 MB/s in all"
+        f"{sizes.tier_nodes} nodes read the same {len(keys)} shards of "
+        f"{sizes.tier_shard / MiB:.0f} MiB ({dataset / MB:.0f} MB), each in its own order; "
+        "origin 200 MB/s in all"
     )
     rows = []
     for arm, name in (
-        ("tier", f"node daemons over a {TIER_MEMBERS}-member tier"),
+        ("tier", f"node daemons over a {sizes.tier_members}-member tier"),
         ("node", "node daemons straight to the origin"),
     ):
         rows.append(
