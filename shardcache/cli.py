@@ -229,6 +229,11 @@ def format_status(document: dict[str, Any]) -> str:
             f"{requests['error']:>8}{format_size(served['cache']):>13}"
             f"{format_size(served['origin']):>13}  {errors}"
         )
+        for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
+            state = upstream["state"]
+            if state != "up":
+                state += f", {upstream['failures']} failures: {upstream['last_error']}"
+            lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
     return "\n".join(lines)
 
 

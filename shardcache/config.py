@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -145,7 +146,7 @@ def _parse_seconds(value: Any) -> float:
         seconds = float(str(value).strip().removesuffix("s"))
     except ValueError:
         raise ValueError(f"expected seconds, got {value!r}") from None
-    if seconds <= 0:
+    if not 0 < seconds < math.inf:  # also refuses nan, which every comparison fails
         raise ValueError(f"must be positive, got {value!r}")
     return seconds
 
@@ -476,6 +477,9 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
         if follow_redirects and any(urlsplit(u).scheme not in ("http", "https") for u in urls):
             raise ConfigError(f"{at}: follow_redirects applies to http(s) origins only")
         tier, tier_dns = _tier(body.get("tier"), at)
+        orphans = sorted(k for k in ("tier_origin", "tier_refresh", "tier_headers") if k in body)
+        if orphans and not (tier or tier_dns):
+            raise ConfigError(f"{at}: {', '.join(orphans)} without a tier")
         origins[name] = OriginSpec(
             name=_checked_name(name, at),
             url=urls[-1],
@@ -505,10 +509,11 @@ def _header_table(
 
 def _origin_urls(name: str, body: dict[str, Any], at: str) -> tuple[str, ...]:
     """`url = "…"` or `urls = ["…", …]` (asked in order; the last is the object's home)."""
-    if ("url" in body) == ("urls" in body):
+    if "url" in body and "urls" in body:
+        raise ConfigError(f"{at}: has both url and urls; give one (urls lists the home last)")
+    if "url" not in body and "urls" not in body:
         raise ConfigError(
-            f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…", or urls = [...] '
-            "(one of the two)"
+            f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…" (or urls = [...])'
         )
     urls = body.get("urls", [body.get("url")])
     if (
@@ -544,8 +549,19 @@ def _tier(value: Any, at: str) -> tuple[tuple[str, ...], str | None]:
         )
     for member in members:
         parts = urlsplit(member)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+        if (
+            member != member.strip()
+            or parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.query
+            or parts.fragment
+        ):
             raise ConfigError(f"{at}: tier member {member!r} is not an http(s)://HOST:PORT URL")
+        if parts.path.strip("/"):
+            raise ConfigError(
+                f"{at}: tier member {member!r} has a path; give http(s)://HOST:PORT: the origin's "
+                "name (or tier_origin) is added to it"
+            )
         try:
             parts.port  # noqa: B018 (raises on a bad port)
         except ValueError:

@@ -125,7 +125,7 @@ class Daemon:
             "check_ready": self._check_ready,
             "status": self._status,
             "origin_urls": self.origin_urls,
-            "tiered_origins": {o.name for o in settings.origins if o.tier or o.tier_dns},
+            "tiered_origins": {o.name for o in settings.origins if o.has_upstreams},
             "in_flight": self.in_flight,
         }
 
@@ -258,14 +258,15 @@ class Daemon:
             notify("READY=1")
             return
         logs.configure(new.log_level, new.log_format)
-        for name in set(self.origins) - set(built):
-            self._retired_origins.append(self.origins.pop(name))  # fills may still use it
+        for name, origin in list(self.origins.items()):
+            if built.get(name) is not origin:  # removed, or rebuilt with other settings
+                self._retired_origins.append(self.origins.pop(name))  # fills may still use it
         self.origins.update(built)
         self.cache.origins = dict(self.origins)
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
-        self.state["tiered_origins"] = {n for n, o in new_origins.items() if o.tier or o.tier_dns}
+        self.state["tiered_origins"] = {n for n, o in new_origins.items() if o.has_upstreams}
         restart_needed = [
             f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
         ]

@@ -54,6 +54,11 @@ def join_url(base: str, key: str) -> str:
     return f"{base.rstrip('/')}/{key}"
 
 
-# Sent by a node daemon on its requests to tier members (`origins.upstreams`): a member whose
-# own origin has a tier refuses them (508), so a misconfigured tier cannot loop.
+# Sent by a daemon on its requests to tier members and http(s) mirrors (`origins.upstreams`): a
+# daemon whose own origin has a tier or mirrors refuses them (508), so that a misconfigured
+# tier, or two daemons listed as each other's mirror, cannot send requests round in a loop.
 TIER_REQUEST_HEADER = "X-Shardcache-Tier-Request"
+# On every error a shardcache daemon answers: the error's kind (`errors`), so a node daemon
+# reading through it as a tier member tells the store's throttling ("throttled") and a missing
+# object ("not_found") from the member's own trouble (shutting down, no such origin).
+ERROR_KIND_HEADER = "X-Shardcache-Error"

@@ -202,8 +202,8 @@ class _UpstreamCollector:
         labels = ["origin", "upstream", "role"]
         up = GaugeMetricFamily(
             "shardcache_upstream_up",
-            "1 while an upstream (tier member, mirror, origin) is asked in its turn, 0 while it "
-            "is skipped after failing (circuit breaker open)",
+            "1 while an upstream (tier member, mirror, home) answers, 0 from its failure until "
+            "a probe succeeds (skipped while its circuit breaker is open)",
             labels=labels,
         )
         failures = CounterMetricFamily(
@@ -213,7 +213,7 @@ class _UpstreamCollector:
         )
         for origin, role, health in self._read():
             row = [origin, health.upstream, role]
-            up.add_metric(row, 0 if health.state is BreakerState.OPEN else 1)
+            up.add_metric(row, 1 if health.state is BreakerState.CLOSED else 0)
             failures.add_metric(row, health.failures_total)
         yield up
         yield failures

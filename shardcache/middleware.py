@@ -34,6 +34,7 @@ from shardcache.errors import (
     ShuttingDown,
     Unauthorized,
 )
+from shardcache.keys import ERROR_KIND_HEADER
 from shardcache.logs import redact
 from shardcache.metrics import Metrics
 from shardcache.prefetch import PrefetchQueue
@@ -113,7 +114,8 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except Unauthorized as exc:
-        return json_error(exc.status, str(exc), {"WWW-Authenticate": 'Bearer realm="shardcache"'})
+        headers = {"WWW-Authenticate": 'Bearer realm="shardcache"', ERROR_KIND_HEADER: exc.kind}
+        return json_error(exc.status, str(exc), headers)
     except RequestTimeout as exc:
         request.app[METRICS_KEY].client_timeouts.labels("body").inc()
         response = json_error(exc.status, str(exc), {"Connection": "close"})
@@ -123,21 +125,23 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # RFC 9110 §15.5.17: a 416 carries Content-Range: bytes */<length>
         return json_error(416, str(exc), {"Content-Range": f"bytes */{exc.size_bytes}"})
     except (ShuttingDown, QueueFull) as exc:
-        return json_error(exc.status, str(exc), {"Retry-After": "5"})
+        return json_error(exc.status, str(exc), {"Retry-After": "5", ERROR_KIND_HEADER: exc.kind})
     except OriginThrottled as exc:
         # Passed on as what it is (503 and the hint), so a node daemon reading through this
         # one as a tier slows down instead of asking the next member (`origins.upstreams`).
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)
         hint = {"Retry-After": f"{math.ceil(exc.retry_after_s)}"} if exc.retry_after_s else {}
+        hint[ERROR_KIND_HEADER] = exc.kind
         return json_error(503, _origin_error_message(request, exc), hint)
     except OriginError as exc:
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)
-        return json_error(exc.status, _origin_error_message(request, exc))
+        kind = {ERROR_KIND_HEADER: exc.kind}
+        return json_error(exc.status, _origin_error_message(request, exc), kind)
     except ShardcacheError as exc:
         _count_error(request, exc)
-        return json_error(exc.status, str(exc))
+        return json_error(exc.status, str(exc), {ERROR_KIND_HEADER: exc.kind})
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
             # Its own Content-Type and length describe the text body it would have sent.

@@ -163,8 +163,9 @@ async def get_object(request: web.Request) -> web.StreamResponse:
 
 
 def _refuse_tier_loop(request: web.Request) -> None:
-    """Refuse a tier request (a node daemon asking this one as a member) for an origin that has
-    a tier here too: tiers are one level deep. Logged once per origin."""
+    """Refuse a request from another shardcache (asking this one as a tier member or a mirror)
+    for an origin that has a tier or mirrors here too: tiers are one level deep, and two daemons
+    must not be each other's mirror. Logged once per origin."""
     origin = request.match_info["origin"]
     state = request.app[STATE_KEY]
     if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.get(
@@ -172,8 +173,9 @@ def _refuse_tier_loop(request: web.Request) -> None:
     ):
         return
     problem = (
-        f"origin {origin!r} was asked as a tier member, but has a tier here too: a tier "
-        "member's config must not list a tier (a request loop)"
+        f"origin {origin!r} was asked by another shardcache (as a tier member or mirror), but "
+        "has a tier or mirrors here too: a tier member's or mirror's config must list neither "
+        "(a request loop)"
     )
     logged = state.setdefault("tier_loops_logged", set())
     if origin not in logged:
@@ -189,7 +191,10 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     began = loop.time()
     lease = await cache.open(request.match_info["origin"], request.match_info["key"])
-    request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
+    if not request.headers.get(TIER_REQUEST_HEADER):
+        # A tier member sees only its share of a numbered run: the next number belongs to
+        # another member, and the node that asked reads ahead itself.
+        request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
     if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
         metrics.waited(lease.origin, loop.time() - began)
     try:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.config import OriginSpec
 from shardcache.errors import ConfigError
 from shardcache.keys import TIER_REQUEST_HEADER
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+
+SHARDCACHE_REQUEST = (TIER_REQUEST_HEADER, "1")  # see `keys`; sent to members and mirrors
 
 __all__ = ["ObjectInfo", "Origin", "OriginStream", "Timeouts", "make_origin"]
 
@@ -36,13 +37,19 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
 
 def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     from shardcache.breaker import CircuitBreaker
-    from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream
+    from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream, redact_url
+
+    def marked(url: str) -> OriginSpec:
+        """A mirror that may be another shardcache is told the request comes from one."""
+        if url == spec.url or not url.startswith(("http://", "https://")):
+            return dataclasses.replace(spec, url=url)
+        return dataclasses.replace(spec, url=url, headers=(*spec.headers, SHARDCACHE_REQUEST))
 
     chain = [
         Upstream(
-            _make_one(dataclasses.replace(spec, url=url), timeouts),
+            _make_one(marked(url), timeouts),
             CircuitBreaker(redact_url(url)),
-            "origin",
+            "home" if url == spec.url else "mirror",
         )
         for url in spec.urls
     ]
@@ -53,20 +60,12 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
         def make_member(base: str) -> Origin:
             # A member serves the origin at /NAME/; it gets none of the origin's headers,
             # which may hold the object store's credentials: only its own.
-            headers = (*spec.tier_headers, (TIER_REQUEST_HEADER, "1"))
+            headers = (*spec.tier_headers, SHARDCACHE_REQUEST)
             member = OriginSpec(spec.name, f"{base}/{served_as}", headers=headers)
             return _make_one(member, timeouts)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
     return FailoverOrigin(spec.name, chain, tier, timeouts.read_s)
-
-
-def redact_url(url: str) -> str:
-    """`url` without userinfo or query, to name an upstream in logs, metrics and status."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:

@@ -35,7 +35,7 @@ from shardcache.errors import (
     OriginTimeout,
     OriginUnavailable,
 )
-from shardcache.keys import join_url
+from shardcache.keys import ERROR_KIND_HEADER, join_url
 from shardcache.origins import Timeouts
 from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
 
@@ -78,6 +78,9 @@ def retry_after_s(value: str | None) -> float | None:
 
 
 def _raise_for_status(status: int, url: str, headers: Mapping[str, str] | None = None) -> None:
+    kind = (headers or {}).get(ERROR_KIND_HEADER)
+    if kind is not None and status >= 400:
+        _raise_for_shardcache_error(status, url, kind, headers or {})
     if status in (429, 503):  # too many requests; S3's SlowDown is a 503
         hint = retry_after_s((headers or {}).get("Retry-After"))
         raise OriginThrottled(f"{url}: origin answered {status} (slow down)", hint)
@@ -91,6 +94,25 @@ def _raise_for_status(status: int, url: str, headers: Mapping[str, str] | None =
         raise OriginRefused(f"{url}: origin answered {status}")
     if status not in (200, 206):
         raise OriginUnavailable(f"{url}: origin answered {status}")
+
+
+def _raise_for_shardcache_error(
+    status: int, url: str, kind: str, headers: Mapping[str, str]
+) -> None:
+    """An error from another shardcache daemon (a tier member, a mirror), which names its kind:
+    the object store's throttling, a missing or changed object are answers about the object;
+    anything else (shutting down, no such origin, no token, its own origin failing) is that
+    daemon's trouble, so the next upstream is asked (`origins.upstreams`)."""
+    if kind == "throttled":
+        raise OriginThrottled(
+            f"{url}: answered {status} (the object store is throttling)",
+            retry_after_s(headers.get("Retry-After")),
+        )
+    if kind == "not_found":
+        raise OriginNotFound(f"{url}: answered {status} (not at the origin)")
+    if kind == "changed":
+        raise OriginChanged(f"{url}: answered {status} (the object changed)")
+    raise OriginUnavailable(f"{url}: shardcache upstream answered {status} ({kind})")
 
 
 def _site(url: str) -> tuple[str, str, int | None]:

@@ -50,7 +50,7 @@ class Upstream:
 
     origin: Origin
     breaker: CircuitBreaker
-    role: str  # "tier" or "origin"
+    role: str  # "tier", "mirror" or "home" (the last URL, which names objects in the cache)
 
 
 async def resolve_all(host: str, port: int) -> list[str]:
@@ -90,7 +90,8 @@ class TierMembers:
             self._add(url.rstrip("/"))
 
     def _add(self, url: str) -> None:
-        self._members[url] = Upstream(self._make_member(url), CircuitBreaker(url), "tier")
+        breaker = CircuitBreaker(redact_url(url))
+        self._members[url] = Upstream(self._make_member(url), breaker, "tier")
 
     @property
     def members(self) -> dict[str, Upstream]:
@@ -147,6 +148,15 @@ class TierMembers:
                 await self._refreshing
         for upstream in self._members.values():
             await upstream.origin.aclose()
+
+
+def redact_url(url: str) -> str:
+    """`url` without userinfo or query, to name an upstream in logs, metrics and status."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _member_url(scheme: str, address: str, port: int, path: str) -> str:
@@ -236,17 +246,18 @@ class FailoverOrigin:
             )
 
     def note_failure(self, upstream: Upstream, exc: Exception) -> None:
-        opened = upstream.breaker.failed(str(exc))
-        if opened is not None:
-            log.warning(
-                "origin %s: %s %s is down (%s); asking the next upstream, and this one again "
-                "in %.0f s",
-                self.name,
-                upstream.role,
-                upstream.breaker.upstream,
-                exc,
-                upstream.breaker.backoff_s,
-            )
+        """Mark `upstream` down; logged when it goes down, not at each failed probe after."""
+        left = upstream.breaker.failed(str(exc))
+        level = logging.WARNING if left is BreakerState.CLOSED else logging.DEBUG
+        log.log(
+            level,
+            "origin %s: %s %s is down (%s); asking the next upstream, and this one again in %.0f s",
+            self.name,
+            upstream.role,
+            upstream.breaker.upstream,
+            exc,
+            upstream.breaker.backoff_s,
+        )
 
     def health(self) -> list[tuple[str, Health]]:
         """(role, health) of every upstream: tier members by URL, then the chain in order."""

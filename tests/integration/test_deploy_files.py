@@ -89,7 +89,7 @@ def test_example_config_is_valid(tmp_path: Path) -> None:
         {"SHARDCACHE_ADMIN_TOKEN_FILE": str(secret_file)},
     )
     assert [o.name for o in tier.origins] == [o.name for o in compose.origins]
-    assert tier.readahead == 0 and tier.origins[0].url == compose.origins[0].url
+    assert tier.origins[0].url == compose.origins[0].url
     for member in ("tier-0", "tier-1"):
         mounts = compose_file["services"][member]["volumes"]
         assert mounts[0].startswith("./deploy/compose/tier.toml:"), member
@@ -186,7 +186,7 @@ def test_the_nodes_tier_list_names_the_statefulsets_members(tmp_path: Path) -> N
     laion = next(o for o in node.origins if o.name == "laion")
     assert laion.tier == members
     tier = _settings_from(by_kind["ConfigMap"]["data"]["shardcache.toml"], tmp_path)
-    assert tier.readahead == 0 and not tier.is_loopback and tier.admin_token is not None
+    assert not tier.is_loopback and tier.admin_token is not None
     assert {o.name for o in tier.origins} >= {"laion"}
     pod = statefulset["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] > tier.shutdown_grace

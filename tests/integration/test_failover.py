@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl
+from tests.integration.helpers import curl, run_cli, wait_for
 from tests.origin_server import OriginServer
 from tests.ports import free_port
 
@@ -83,8 +85,12 @@ def test_every_read_succeeds_from_the_next_upstream_and_differing_versions_never
     assert sum(servers["fails"].gets.values()) == 1  # asked once, then skipped while down
     assert "timed out" in daemon.log() and "no byte for" in daemon.log()  # both stalls seen
     upstream = f"{servers['fails'].url}/fails"
-    labels = {"origin": "fails", "upstream": upstream, "role": "origin"}
+    labels = {"origin": "fails", "upstream": upstream, "role": "mirror"}
     assert daemon.metric("shardcache_upstream_failures_total", **labels) == 1
+    stats = run_cli("stats", "--daemon", daemon.url)
+    assert stats.returncode == 0, stats.stderr
+    assert f"  mirror  {closed}/refuses  " in stats.stdout  # each upstream, with its state
+    assert f"  home    {servers['good'].url}/refuses  up" in stats.stdout
 
     # Cut at byte 400,000 by the first upstream, resumed from the second, which holds
     # another version: the client sees a failure, never a spliced 200.
@@ -118,5 +124,76 @@ def test_a_tier_member_with_a_tier_of_its_own_refuses_the_loop(
     for daemon in (node, member):
         result = curl(f"{daemon.url}/d/k.tar")
         assert (result.exit_code, result.body) == (0, data)
-    assert " 508 " in member.log() and "must not list a tier" in member.log()
+    assert " 508 " in member.log() and "must list neither" in member.log()
     assert origin.gets["k.tar"] == 2  # one fetch by each daemon, no request went round
+
+
+def test_two_daemons_listed_as_each_others_mirror_do_not_wait_on_each_other(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    data = os.urandom(300_000)
+    origin.put("k.tar", data)
+    ports = free_port(), free_port()
+    daemons = []
+    for mine, theirs in (ports, ports[::-1]):
+        config = tmp_path / f"{mine}.toml"
+        mirror = f"http://127.0.0.1:{theirs}/d"
+        config.write_text(f'[origins.d]\nurls = ["{mirror}", "{origin.url}"]\n')
+        daemons.append(
+            start_daemon({}, "--config", str(config), cache_dir=tmp_path / str(mine), port=mine)
+        )
+    started = time.monotonic()
+    results = []
+    threads = [
+        threading.Thread(target=lambda d=d: results.append(curl(f"{d.url}/d/k.tar")))
+        for d in daemons
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [(r.exit_code, r.body == data) for r in results] == [(0, True)] * 2
+    assert time.monotonic() - started < 3  # not the 5 s read timeout of a fill waiting on one
+
+
+def test_a_member_draining_or_misconfigured_is_skipped_not_obeyed(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """A member that is shutting down answers 503 with Retry-After on the connections it keeps
+    open; one that serves the origin under another name answers 404 (no such origin). Neither
+    is the object store throttling or a missing object: the node asks the next upstream, and
+    no loader sees either."""
+    keys = [f"k{i}.tar" for i in range(4)]
+    for key in ["warm.tar", *keys]:
+        origin.put(key, key.encode() * 50_000)
+    hold = threading.Event()
+    origin.put("held.tar", b"h" * 2_000_000, hold=hold)
+    draining = start_daemon({"d": origin.url}, cache_dir=tmp_path / "draining")
+    elsewhere = start_daemon({"other": origin.url}, cache_dir=tmp_path / "elsewhere")
+    nodes = []
+    for member in (draining, elsewhere):
+        config = tmp_path / f"node-{member.port}.toml"
+        config.write_text(f'[origins.d]\nurl = "{origin.url}"\ntier = ["{member.url}"]\n')
+        nodes.append(start_daemon({}, "--config", str(config), cache_dir=tmp_path / config.stem))
+    assert curl(f"{nodes[0].url}/d/warm.tar").exit_code == 0  # a kept-alive connection to it
+    held = threading.Thread(target=lambda: curl(f"{draining.url}/d/held.tar"))
+    held.start()
+    wait_for("the held read", lambda: origin.gets["held.tar"] == 1)
+    draining.process.send_signal(signal.SIGTERM)  # it drains the held response meanwhile
+    wait_for("the drain", lambda: "shutting down" in draining.log())
+    try:
+        for node, member in zip(nodes, (draining, elsewhere), strict=True):
+            started = time.monotonic()
+            for key in keys:
+                result = curl(f"{node.url}/d/{key}")
+                assert (result.exit_code, result.body) == (0, key.encode() * 50_000), key
+            assert time.monotonic() - started < 3  # no retries after a Retry-After
+            assert "throttling us" not in node.log()
+            status = node.get_json("/_/status")[1]
+            upstreams = status["origins"]["d"]["upstreams"]  # type: ignore[index]
+            assert {u["url"]: u["state"] for u in upstreams}[member.url] == "down"
+        assert "(shutdown)" in nodes[0].log() and "(unknown_origin)" in nodes[1].log()
+    finally:
+        hold.set()
+        held.join(10)
+        assert draining.process.wait(30) == 0

@@ -243,7 +243,7 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     assert status["hit_ratio"]["requests"] == round(3 / 25, 4)
     assert status["hit_ratio"]["bytes"] == round(from_cache / (from_cache + from_origin + 1000), 4)
     upstreams = status["origins"]["mirrored"]["upstreams"]
-    assert [u["role"] for u in upstreams] == ["origin", "origin"]
+    assert [u["role"] for u in upstreams] == ["mirror", "home"]
     assert upstreams[0]["failures"] == 1 and upstreams[1]["failures"] == 0
     assert status["cache"]["eviction"]["policy"] == "lru"  # no plan yet
     # A loader's plan of four shards: predicted = the share of them cached now.

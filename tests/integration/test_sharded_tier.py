@@ -31,9 +31,6 @@ SHARD_BYTES = 1 << 20
 TIER_HOSTS = ["127.0.0.11", "127.0.0.12", "127.0.0.13"]
 TIER_PORT = 8470
 MEMBERS = [f"http://{host}:{TIER_PORT}" for host in TIER_HOSTS]
-# A tier member reads no numbered run ahead: it sees only its share of each run, so the next
-# number belongs to another member (the deploy files set it too).
-TIER_FLAGS = ("--readahead", "0")
 
 
 def _tier_port_is_free() -> None:
@@ -78,7 +75,6 @@ def test_six_nodes_share_three_tier_members_and_survive_losing_one(
     def tier(i: int) -> Daemon:
         return start_daemon(
             {"d": origin.url},
-            *TIER_FLAGS,
             cache_dir=tmp_path / f"tier{i}",
             listen_host=TIER_HOSTS[i],
             port=TIER_PORT,
@@ -164,7 +160,6 @@ def test_six_nodes_share_three_tier_members_and_survive_losing_one(
     # everything asks each key of its owner, the origin nothing it had sent already.
     returned = start_daemon(
         {"d": origin.url},
-        *TIER_FLAGS,
         cache_dir=tmp_path / f"tier{victim}",
         listen_host=TIER_HOSTS[victim],
         port=TIER_PORT,

@@ -164,7 +164,12 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
     assert by_name["dns"].tier_dns == "http://sc.default.svc.cluster.local:8470"
     assert by_name["dns"].tier == () and by_name["dns"].has_upstreams
     for bad, message in (
-        ('url = "s3://b"\nurls = ["s3://b"]', "one of the two"),
+        ('url = "s3://b"\nurls = ["s3://b"]', "has both url and urls"),
+        ('endpoint_url = "http://x"', "needs url"),
+        ('url = "s3://b"\ntier = ["http://sc-0:8470/laion"]', "has a path"),
+        ('url = "s3://b"\ntier = [" http://sc-0:8470"]', "not an http"),
+        ('url = "s3://b"\ntier_origin = "x"', "tier_origin without a tier"),
+        ('url = "s3://b"\ntier = "http://sc:1"\ntier_refresh = "nan"', "must be positive"),
         ("urls = []", "list of 1 to 64"),
         ('urls = ["s3://b", "s3://b"]', "same URL twice"),
         ('urls = ["http://h/x", "ftp://h/y"]', "unknown scheme"),
@@ -173,11 +178,11 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
         ('url = "s3://b"\ntier = ["http://sc-0:99999"]', "bad port"),
         ('url = "s3://b"\ntier = []', "list of 1 to 64"),
         ('url = "s3://b"\ntier = ["http://a:1", "http://a:1/"]', "same member twice"),
-        ('url = "s3://b"\ntier_origin = "../x"', "tier_origin"),
+        ('url = "s3://b"\ntier = "http://sc:1"\ntier_origin = "../x"', "tier_origin"),
         ('url = "s3://b"\nmax_requests = 0', "max_requests: expected a whole number"),
         ('url = "s3://b"\nmax_requests_per_second = "fast"', "expected requests a second"),
-        ('url = "s3://b"\ntier_refresh = -1', "tier_refresh: must be positive"),
-        ('url = "s3://b"\ntier_headers = { X = 1 }', "tier_headers must be a table of strings"),
+        ('url = "s3://b"\ntier = "http://sc:1"\ntier_refresh = -1', "must be positive"),
+        ('url = "s3://b"\ntier = "http://sc:1"\ntier_headers = { X = 1 }', "a table of strings"),
     ):
         config.write_text(f"[origins.a]\n{bad}\n")
         with pytest.raises(ConfigError, match=message):

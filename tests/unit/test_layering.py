@@ -58,7 +58,16 @@ ALLOWED: dict[str, set[str]] = {
     "metrics": {"__init__", "breaker", "stall", "status"},
     "stall": set(),
     "status": set(),
-    "middleware": {"access", "cache", "connections", "errors", "logs", "metrics", "prefetch"},
+    "middleware": {
+        "access",
+        "cache",
+        "connections",
+        "errors",
+        "keys",
+        "logs",
+        "metrics",
+        "prefetch",
+    },
     "admin": {"errors", "middleware", "plans", "prefetch"},
     "server": {
         "access",

@@ -40,7 +40,7 @@ class Clock:
         return self.now
 
 
-def upstream(origin: Origin, clock: Clock, role: str = "origin") -> Upstream:
+def upstream(origin: Origin, clock: Clock, role: str = "mirror") -> Upstream:
     return Upstream(origin, CircuitBreaker(origin.name, clock), role)
 
 
@@ -326,3 +326,23 @@ def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> No
     assert sent["Authorization"] == "Bearer tier-token"
     home = failover.home._transport._headers  # type: ignore[attr-defined]
     assert home["Authorization"] == "Bearer cdn-secret"
+
+
+def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status() -> None:
+    from shardcache.config import OriginSpec
+    from shardcache.origins import Timeouts, make_origin
+
+    spec = OriginSpec(
+        "o",
+        "http://home.example/x",
+        mirrors=("http://user:mirror-secret@mirror.example/x?sig=query-secret",),
+        tier=("http://user:tier-secret@m0:8470",),
+    )
+    failover = make_origin(spec, Timeouts(1, 1))
+    assert isinstance(failover, FailoverOrigin)
+    names = [(role, health.upstream) for role, health in failover.health()]
+    assert names == [
+        ("tier", "http://m0:8470"),
+        ("mirror", "http://mirror.example/x"),
+        ("home", "http://home.example/x"),
+    ]
