@@ -2,9 +2,11 @@
 
 An upstream that fails (cannot connect, answers 5xx, stalls) is skipped for a back-off period,
 BASE_S doubling with each failure in a row up to CAP_S, so every fill does not pay its connect
-timeout or its stall again; when the period ends the next request to it is the probe: a success
-closes the breaker, a failure opens it again for twice as long. Skipping is the caller's choice:
-`upstreams` asks healthy upstreams first and broken ones only when no healthy one is left, so a
+timeout or its stall again; when the period ends ONE request is let through as the probe (the
+others keep skipping it until it answers, or for PROBE_S at most): a success closes the
+breaker, a failure opens it again for twice as long. Failures of requests sent before it opened
+are one outage, not many: they neither double the back-off nor extend it. Skipping is the
+caller's choice: `upstreams` asks the healthy upstreams, and the home when none is left, so a
 breaker never turns a working origin into an error.
 
 It knows nothing of HTTP or of origins; `transition` tells the caller when the state changed, so
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 BASE_S = 1.0
 CAP_S = 30.0
+PROBE_S = 60.0  # a probe that never reports back (its request was cancelled) is given up
 
 
 class BreakerState(enum.Enum):
@@ -57,6 +60,8 @@ class CircuitBreaker:
         self._failures_total = 0
         self._open_until = 0.0
         self._failed_at = -float("inf")
+        self._opened_at = -float("inf")
+        self._probe_sent_at: float | None = None
         self._last_error: str | None = None
 
     @property
@@ -69,8 +74,17 @@ class CircuitBreaker:
 
     @property
     def is_open(self) -> bool:
-        """Whether to skip this upstream while another one may still be asked."""
-        return self.state is BreakerState.OPEN
+        """Whether to skip this upstream while another one may still be asked: open, or
+        half-open with its probe under way."""
+        state = self.state
+        if state is BreakerState.HALF_OPEN and self._probe_sent_at is not None:
+            return self._clock() - self._probe_sent_at < PROBE_S
+        return state is BreakerState.OPEN
+
+    def sending(self) -> None:
+        """A request is about to go to the upstream: when half-open, it is the probe."""
+        if self.state is BreakerState.HALF_OPEN:
+            self._probe_sent_at = self._clock()
 
     def succeeded(self, sent_at: float | None = None) -> BreakerState | None:
         """The upstream answered a request sent at `sent_at`; return the state it left if that
@@ -81,17 +95,23 @@ class CircuitBreaker:
         before = self.state
         self._failures_in_a_row = 0
         self._open_until = 0.0
+        self._probe_sent_at = None
         return before if before is not BreakerState.CLOSED else None
 
-    def failed(self, reason: str) -> BreakerState | None:
-        """The upstream failed; return the state it left if it opened just now, else None."""
-        before = self.state
-        self._failures_in_a_row += 1
+    def failed(self, reason: str, sent_at: float | None = None) -> BreakerState | None:
+        """A request sent at `sent_at` failed; return the state the breaker left if it opened
+        just now, else None."""
         self._failures_total += 1
         self._last_error = reason
-        self._failed_at = self._clock()
+        if sent_at is not None and sent_at < self._opened_at:
+            return None  # sent before the breaker opened: the same outage, already counted
+        before = self.state
+        now = self._clock()
+        self._failures_in_a_row += 1
+        self._failed_at = self._opened_at = now
+        self._probe_sent_at = None
         backoff = min(self._cap_s, self._base_s * 2 ** (self._failures_in_a_row - 1))
-        self._open_until = max(self._open_until, self._clock() + backoff)
+        self._open_until = max(self._open_until, now + backoff)
         return before if before is not BreakerState.OPEN else None
 
     @property

@@ -569,9 +569,19 @@ def _tier(value: Any, at: str) -> tuple[tuple[str, ...], str | None]:
     if isinstance(value, str):
         return (), value.rstrip("/")
     stripped = tuple(m.rstrip("/") for m in members)
-    if len(set(stripped)) != len(stripped):
+    places = {_place(m) for m in stripped}  # one member spelled two ways would count twice
+    if len(places) != len(stripped):
         raise ConfigError(f"{at}: tier lists the same member twice")
     return stripped, None
+
+
+def _place(url: str) -> tuple[str, str, int]:
+    """Where a member URL points: scheme, host (case-folded, `localhost` as 127.0.0.1) and
+    port (the scheme's default when none is given)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    host = "127.0.0.1" if host == "localhost" else host
+    return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def _optional(body: dict[str, Any], key: str, parse: Callable[[Any], T], at: str) -> T | None:

@@ -21,6 +21,7 @@
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
+        │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
         │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
@@ -182,6 +183,20 @@ class OriginRefused(OriginUnavailable):
     its filesystem): asking again would get the same answer, so it is not retried."""
 
     is_retryable = False
+
+
+class OriginBusy(OriginUnavailable):
+    """The operator's cap on the origin (`max_requests`, `max_requests_per_second`) is booked
+    further ahead than a request may wait: shed with 503 and Retry-After rather than queued
+    without bound."""
+
+    status = 503
+    kind = "busy"
+    is_retryable = False
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class OriginDenied(OriginUnavailable):

@@ -25,6 +25,7 @@ from shardcache.access import AccessPolicy
 from shardcache.cache import ShardCache
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
+    OriginBusy,
     OriginError,
     OriginThrottled,
     QueueFull,
@@ -131,14 +132,17 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # one as a tier slows down instead of asking the next member (`origins.upstreams`).
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)
-        hint = {"Retry-After": f"{math.ceil(exc.retry_after_s)}"} if exc.retry_after_s else {}
+        wait_s = min(exc.retry_after_s or 0.0, 3600.0)  # an upstream's hint, passed on bounded
+        hint = {"Retry-After": f"{math.ceil(wait_s)}"} if wait_s > 0 else {}
         hint[ERROR_KIND_HEADER] = exc.kind
         return json_error(503, _origin_error_message(request, exc), hint)
     except OriginError as exc:
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)
-        kind = {ERROR_KIND_HEADER: exc.kind}
-        return json_error(exc.status, _origin_error_message(request, exc), kind)
+        headers = {ERROR_KIND_HEADER: exc.kind}
+        if isinstance(exc, OriginBusy):
+            headers["Retry-After"] = f"{math.ceil(min(exc.retry_after_s, 3600.0))}"
+        return json_error(exc.status, _origin_error_message(request, exc), headers)
     except ShardcacheError as exc:
         _count_error(request, exc)
         return json_error(exc.status, str(exc), {ERROR_KIND_HEADER: exc.kind})

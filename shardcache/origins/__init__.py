@@ -31,7 +31,9 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     if spec.max_requests or spec.max_requests_per_second:
         from shardcache.origins.capped import CappedOrigin
 
-        return CappedOrigin(origin, spec.max_requests, spec.max_requests_per_second)
+        return CappedOrigin(
+            origin, spec.max_requests, spec.max_requests_per_second, max_wait_s=timeouts.read_s
+        )
     return origin
 
 

@@ -1,18 +1,25 @@
 """`CappedOrigin`: an operator's fixed caps on one origin, requests at once and requests a second.
 
 For an origin whose owner states its limits (a shared NFS gateway, a CDN with a request budget,
-an S3 prefix shared with other jobs) instead of discovering them by throttling (`limiter`). A
-request holds its place from the moment it is sent until its body is closed, so a slow body
-counts against `max_requests` for as long as it streams; requests a second are spaced evenly.
-Both apply across every fill, prefetch and HEAD of the origin.
+an S3 prefix shared with other jobs) instead of discovering them by throttling (`limiter`).
+
+- `max_requests` bounds the GETs open at once: a GET holds its place from the moment it is sent
+  until its body has been read to the end or closed, so a slow body counts for as long as it
+  streams. A HEAD takes no place (it has no body, and a fill asks one while its first GET is
+  open: with one place, it would wait for itself).
+- `max_requests_per_second` spaces every request, HEADs included, evenly.
+- No request waits longer than `max_wait_s` for either: past that it is shed with
+  `OriginBusy` (503 with Retry-After), so a burst of fills, or fills whose clients left, can
+  not queue requests for hours behind a low cap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
+from shardcache.errors import OriginBusy
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 
@@ -22,6 +29,7 @@ class CappedOrigin:
         inner: Origin,
         max_requests: int | None = None,
         max_requests_per_second: float | None = None,
+        max_wait_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
@@ -29,6 +37,7 @@ class CappedOrigin:
         self.max_requests = max_requests
         self.max_requests_per_second = max_requests_per_second
         self._slots = asyncio.Semaphore(max_requests) if max_requests else None
+        self._max_wait_s = max_wait_s
         self._clock = clock
         self._next_at = -float("inf")
 
@@ -36,31 +45,42 @@ class CappedOrigin:
         return self.inner.url_for(key)
 
     async def _turn(self) -> None:
-        """Wait until the rate cap lets the next request go."""
+        """Wait until the rate cap lets the next request go; shed it if that is too far off."""
         if not self.max_requests_per_second:
             return
         now = self._clock()
         turn = max(now, self._next_at)
+        if turn - now > self._max_wait_s:
+            raise OriginBusy(
+                f"origin {self.name}: its cap of {self.max_requests_per_second:g} requests a "
+                f"second is booked {turn - now:.0f} s ahead",
+                turn - now,
+            )
         self._next_at = turn + 1 / self.max_requests_per_second
         if turn > now:
             await asyncio.sleep(turn - now)
 
-    async def _held(self, request: Callable[[], Awaitable[ObjectInfo]]) -> ObjectInfo:
-        if self._slots is None:
-            await self._turn()
-            return await request()
-        async with self._slots:
-            await self._turn()
-            return await request()
+    async def _slot(self) -> None:
+        assert self._slots is not None
+        try:
+            async with asyncio.timeout(self._max_wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise OriginBusy(
+                f"origin {self.name}: its {self.max_requests} requests at once stayed busy for "
+                f"{self._max_wait_s:g} s",
+                self._max_wait_s,
+            ) from None
 
     async def head(self, key: str) -> ObjectInfo:
-        return await self._held(lambda: self.inner.head(key))
+        await self._turn()
+        return await self.inner.head(key)
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> OriginStream:
         if self._slots is not None:
-            await self._slots.acquire()
+            await self._slot()
         try:
             await self._turn()
             stream = await self.inner.open(key, start, end, if_match)
@@ -75,7 +95,7 @@ class CappedOrigin:
 
 
 class _SlotStream:
-    """A stream that gives its request's place back when it is closed (once)."""
+    """A stream that gives its request's place back once: when its body ends or it is closed."""
 
     def __init__(self, inner: OriginStream, slots: asyncio.Semaphore | None) -> None:
         self.info = inner.info
@@ -83,13 +103,19 @@ class _SlotStream:
         self._slots = slots
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        finally:
+            self._release()  # read to the end (or failed): the next request may go
+
+    def _release(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+            self._slots = None
 
     async def aclose(self) -> None:
         try:
             await self._inner.aclose()
         finally:
-            if self._slots is not None:
-                self._slots.release()
-                self._slots = None
+            self._release()

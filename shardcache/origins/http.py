@@ -69,11 +69,12 @@ def retry_after_s(value: str | None) -> float | None:
     unreadable."""
     if not value:
         return None
-    if value.strip().isdigit():
-        return float(value.strip())
+    text = value.strip()
+    if re.fullmatch(r"[0-9]{1,9}", text):  # ASCII digits only ("²" is a digit to isdigit),
+        return float(text)  # and few enough that the number stays finite
     try:
-        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, OverflowError):
+        return max(0.0, email.utils.parsedate_to_datetime(text).timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError, IndexError):
         return None
 
 

@@ -41,6 +41,10 @@ T = TypeVar("T")
 # A read cancelled after this share of the read timeout without a byte was the fill's own stall
 # timeout (which fires just before any the stream could set): the upstream stalled.
 STALL_SHARE = 0.9
+# One request's failover gives up after this many read timeouts (it always asks one upstream):
+# with every upstream hung, a request must not wait on each of them in turn.
+FAILOVER_BUDGET = 2
+RETIRE_S = 600.0  # a member gone from DNS keeps its connections this long for requests under way
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
@@ -85,7 +89,8 @@ class TierMembers:
         self._members: dict[str, Upstream] = {}
         self._resolved_at = -float("inf")
         self._refreshing: asyncio.Task[None] | None = None
-        self._retired: list[Origin] = []
+        self._resolved_once = False
+        self._retired: list[tuple[float, Origin]] = []  # (when it left, its backend)
         for url in urls:
             self._add(url.rstrip("/"))
 
@@ -98,19 +103,21 @@ class TierMembers:
         return self._members
 
     async def current(self) -> dict[str, Upstream]:
-        """The members now; the first call of a DNS tier waits for its resolution, later ones
-        refresh it in the background when it is older than `refresh_s`."""
+        """The members now. Until the first resolution of a DNS tier has ended, every caller
+        waits for it (none goes round the tier for want of members); later ones refresh it in
+        the background when it is older than `refresh_s`."""
         if self._dns_url is None:
             return self._members
         stale = self._clock() - self._resolved_at >= self._refresh_s
         if stale and (self._refreshing is None or self._refreshing.done()):
             self._refreshing = asyncio.create_task(self.refresh())
-            if self._resolved_at == -float("inf"):
-                await asyncio.shield(self._refreshing)
+        if not self._resolved_once and self._refreshing is not None:
+            await asyncio.shield(self._refreshing)
         return self._members
 
     async def refresh(self) -> None:
-        """Resolve the tier's host name again and adopt the addresses it names."""
+        """Resolve the tier's host name again and adopt the addresses it names. A member that
+        left is closed RETIRE_S later: requests already on their way to it may still use it."""
         assert self._dns_url is not None
         parts = urlsplit(self._dns_url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -125,27 +132,35 @@ class TierMembers:
                 len(self._members),
             )
             return
+        finally:
+            self._resolved_once = True
+        await self._close_retired()
         if not addresses:
             return
         wanted = {_member_url(parts.scheme, address, port, parts.path) for address in addresses}
         if wanted == set(self._members):
             return
         for url in set(self._members) - wanted:
-            self._retired.append(self._members.pop(url).origin)
+            self._retired.append((self._clock(), self._members.pop(url).origin))
         for url in sorted(wanted - set(self._members)):
             self._add(url)
-        log.warning(
-            "tier %s: %d members: %s", parts.hostname, len(wanted), ", ".join(sorted(wanted))
-        )
-        retired, self._retired = self._retired, []
-        for origin in retired:
-            await origin.aclose()
+        log.info("tier %s: %d members: %s", parts.hostname, len(wanted), ", ".join(sorted(wanted)))
+
+    async def _close_retired(self, everyone: bool = False) -> None:
+        keep = []
+        for retired_at, origin in self._retired:
+            if everyone or self._clock() - retired_at >= RETIRE_S:
+                await origin.aclose()
+            else:
+                keep.append((retired_at, origin))
+        self._retired = keep
 
     async def aclose(self) -> None:
         if self._refreshing is not None:
             self._refreshing.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._refreshing
+        await self._close_retired(everyone=True)
         for upstream in self._members.values():
             await upstream.origin.aclose()
 
@@ -203,25 +218,34 @@ class FailoverOrigin:
         ]
 
     async def head(self, key: str) -> ObjectInfo:
-        _, info = await self._first_answer(key, lambda origin: origin.head(key))
+        _, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
         return info
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> OriginStream:
-        upstream, stream = await self._first_answer(
+        upstream, stream, sent_at = await self._first_answer(
             key, lambda origin: origin.open(key, start, end, if_match)
         )
-        return WatchedStream(stream, upstream, self)
+        return WatchedStream(stream, upstream, self, sent_at)
 
     async def _first_answer(
         self, key: str, ask: Callable[[Origin], Awaitable[T]]
-    ) -> tuple[Upstream, T]:
-        """Ask each upstream in turn until one answers; raise the last failure when none does,
-        or at once a definite answer (not found, changed) or a tier member's throttling."""
+    ) -> tuple[Upstream, T, float]:
+        """Ask each upstream that is not marked down in turn until one answers; when all are,
+        the home alone. Raise the last failure when none answers or the time runs out
+        (FAILOVER_BUDGET read timeouts: a request never waits on every hung upstream in
+        turn), or at once a definite answer (not found, changed) or a tier member's
+        throttling."""
+        order = await self.order(key)
+        asked = [u for u in order if not u.breaker.is_open] or [self._chain[-1]]
+        deadline = self._clock() + FAILOVER_BUDGET * self._read_timeout_s
         last: OriginError | None = None
-        for upstream in await self.order(key):
+        for upstream in asked:
+            if last is not None and self._clock() >= deadline:
+                break
             sent_at = self._clock()
+            upstream.breaker.sending()
             try:
                 answer = await ask(upstream.origin)
             except OriginError as exc:
@@ -230,11 +254,11 @@ class FailoverOrigin:
                 if not _is_upstream_failure(exc):
                     self.note_success(upstream, sent_at)  # it answered: gone, or changed
                     raise
-                self.note_failure(upstream, exc)
+                self.note_failure(upstream, exc, sent_at)
                 last = exc
                 continue
             self.note_success(upstream, sent_at)
-            return upstream, answer
+            return upstream, answer, sent_at
         assert last is not None
         raise last
 
@@ -245,9 +269,9 @@ class FailoverOrigin:
                 "origin %s: %s %s is up again", self.name, upstream.role, upstream.breaker.upstream
             )
 
-    def note_failure(self, upstream: Upstream, exc: Exception) -> None:
+    def note_failure(self, upstream: Upstream, exc: Exception, sent_at: float) -> None:
         """Mark `upstream` down; logged when it goes down, not at each failed probe after."""
-        left = upstream.breaker.failed(str(exc))
+        left = upstream.breaker.failed(str(exc), sent_at)
         level = logging.WARNING if left is BreakerState.CLOSED else logging.DEBUG
         log.log(
             level,
@@ -285,11 +309,14 @@ class WatchedStream:
     """An upstream's stream that marks the upstream down when its body fails or stalls, so the
     fill's resumed request goes to the next upstream."""
 
-    def __init__(self, inner: OriginStream, upstream: Upstream, owner: FailoverOrigin) -> None:
+    def __init__(
+        self, inner: OriginStream, upstream: Upstream, owner: FailoverOrigin, sent_at: float
+    ) -> None:
         self.info = inner.info
         self._inner = inner
         self._upstream = upstream
         self._owner = owner
+        self._sent_at = sent_at
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
@@ -301,13 +328,13 @@ class WatchedStream:
                 return
             except OriginError as exc:
                 if _is_upstream_failure(exc):
-                    self._owner.note_failure(self._upstream, exc)
+                    self._owner.note_failure(self._upstream, exc, self._sent_at)
                 raise
             except asyncio.CancelledError:
                 silent_s = self._owner._clock() - waiting_since
                 if silent_s >= STALL_SHARE * self._owner._read_timeout_s:
                     stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
-                    self._owner.note_failure(self._upstream, stall)
+                    self._owner.note_failure(self._upstream, stall, self._sent_at)
                 raise
             yield chunk
 

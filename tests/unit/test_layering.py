@@ -30,7 +30,7 @@ ALLOWED: dict[str, set[str]] = {
         "origins.file",
         "origins.upstreams",
     },
-    "origins.capped": {"origins.base"},
+    "origins.capped": {"errors", "origins.base"},
     "origins.upstreams": {"breaker", "errors", "origins.base", "rendezvous"},
     "breaker": set(),
     "rendezvous": set(),

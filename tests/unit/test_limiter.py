@@ -80,7 +80,16 @@ def test_a_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> Non
 
 @pytest.mark.parametrize(
     ("header", "expected"),
-    [("3", 3.0), (" 120 ", 120.0), (None, None), ("soon", None), ("-1", None)],
+    [
+        ("3", 3.0),
+        (" 120 ", 120.0),
+        (None, None),
+        ("soon", None),
+        ("-1", None),
+        ("9" * 400, None),  # a hostile hint: float() of it is inf
+        ("\u00b2", None),  # a digit to str.isdigit, not to float()
+        ("Mon, 99 Foo 99999 99:99:99 GMT", None),
+    ],
 )
 def test_retry_after(header: str | None, expected: float | None) -> None:
     assert retry_after_s(header) == expected

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,11 @@ import pytest
 from shardcache.breaker import BreakerState, CircuitBreaker
 from shardcache.cache import ShardCache
 from shardcache.errors import (
+    OriginBusy,
     OriginChanged,
     OriginNotFound,
     OriginThrottled,
+    OriginTimeout,
     OriginUnavailable,
 )
 from shardcache.observer import NullObserver
@@ -111,7 +114,7 @@ async def test_a_failing_upstream_is_skipped_until_its_back_off_ends() -> None:
     )
 
 
-async def test_every_upstream_down_still_asks_each_and_raises_the_last_failure() -> None:
+async def test_every_upstream_down_asks_the_home_alone_and_raises_its_failure() -> None:
     clock = Clock()
     first, second = FakeOrigin("first"), FakeOrigin("second")
     first.put("k", b"x")
@@ -122,8 +125,82 @@ async def test_every_upstream_down_still_asks_each_and_raises_the_last_failure()
     with pytest.raises(OriginUnavailable):
         await failover.open("k")
     with pytest.raises(OriginUnavailable):
-        await failover.open("k")  # both down: both asked again rather than failing blind
-    assert len(first.opens) == 2 and len(second.opens) == 2
+        await failover.open("k")  # both down: the home is asked rather than failing blind
+    assert len(first.opens) == 1 and len(second.opens) == 2
+    clock.now += 2.5  # the home's back-off is 2 s now, the mirror's 1 s: both probed again
+    second.open_failures["k"] = 0
+    await failover.open("k")
+    assert len(first.opens) == 2 and len(second.opens) == 3
+
+
+class Hung(FakeOrigin):
+    """An upstream that accepts and never answers: each request times out (the transport's
+    own answer timeout, `timeout_s`)."""
+
+    timeout_s = 0.1
+
+    async def open(self, key: str, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        self.opens.append((key, 0))
+        await asyncio.sleep(self.timeout_s)
+        raise OriginTimeout(f"{self.name}: timed out")
+
+
+async def test_a_request_gives_up_after_two_read_timeouts_however_many_upstreams_hang() -> None:
+    hung = [Hung(f"m{i}") for i in range(6)]
+    failover = FailoverOrigin(
+        "o", [upstream(h, Clock()) for h in hung], read_timeout_s=Hung.timeout_s
+    )
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(OriginTimeout):
+        await failover.open("k")
+    assert loop.time() - started < 0.35  # not six timeouts in turn
+    assert sum(len(h.opens) for h in hung) <= 3
+
+
+class Stopped(FakeOrigin):
+    """An upstream that accepts connections and answers nothing until `resume` is set (a
+    process stopped with SIGSTOP)."""
+
+    resume: asyncio.Event | None = None
+
+    async def open(self, key: str, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        if self.resume is not None:
+            await self.resume.wait()
+        return await super().open(key)
+
+
+async def test_after_a_back_off_one_request_probes_and_the_others_keep_skipping() -> None:
+    clock = Clock()
+    stopped, home = Stopped("stopped"), FakeOrigin("home")
+    for origin in (stopped, home):
+        origin.put("k", b"x")
+    stopped.open_failures["k"] = 1
+    failover = FailoverOrigin("o", [upstream(stopped, clock), upstream(home, clock)], clock=clock)
+    await failover.open("k")  # refused: down for 1 s
+    clock.now += 1.5
+    stopped.resume = asyncio.Event()
+    probe = asyncio.ensure_future(failover.open("k"))  # the probe: it hangs
+    await asyncio.sleep(0.01)
+    for _ in range(3):
+        await failover.open("k")
+    assert len(stopped.opens) == 1 and len(home.opens) == 4  # the others went past it
+    stopped.resume.set()
+    await probe  # it answered: up again, asked first
+    await failover.open("k")
+    assert len(stopped.opens) == 3 and len(home.opens) == 4
+
+
+def test_failures_of_requests_sent_before_the_breaker_opened_are_one_outage() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker("u", clock)
+    sent = clock.now
+    clock.now += 0.1
+    assert breaker.failed("refused", sent) is BreakerState.CLOSED
+    for _ in range(5):  # the other requests sent together with the first
+        assert breaker.failed("refused", sent) is None
+    assert breaker.backoff_s == 1.0 and breaker.health().failures_in_a_row == 1
+    assert breaker.health().failures_total == 6
 
 
 async def test_definite_answers_and_a_throttling_tier_do_not_fail_over() -> None:
@@ -346,3 +423,65 @@ def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status() -> Non
         ("mirror", "http://mirror.example/x"),
         ("home", "http://home.example/x"),
     ]
+
+
+async def test_one_request_at_once_still_streams_an_uncacheable_object_through(
+    tmp_path: Path,
+) -> None:
+    """A stream-through opens the first part, asks a HEAD for the checksums while that part is
+    open, then asks for the rest: with `max_requests = 1` it used to wait for itself forever."""
+    origin = FakeOrigin("o")
+    origin.accepts_ranges = True
+    origin.checksums_on_get = False  # a HEAD must bring them, as from S3
+    data = os.urandom(3 * MiB)
+    origin.put("big", data)
+    capped = CappedOrigin(origin, max_requests=1, max_wait_s=5)
+    cache = ShardCache(
+        Store(tmp_path / "c", 2 * MiB),  # smaller than the object: streamed through
+        {"o": capped},
+        RetryPolicy(retries=1, base_s=0.001),
+        NullObserver(),
+    )
+    try:
+        async with asyncio.timeout(10):
+            assert await read_all(await cache.open("o", "big")) == data
+        assert origin.heads["big"] == 1 and len(origin.opens) == 2
+    finally:
+        await cache.aclose()
+
+
+async def test_caps_shed_what_they_cannot_serve_in_time_instead_of_queueing() -> None:
+    origin = FakeOrigin("o")
+    origin.put("k", b"x")
+    clock = Clock()
+    rate = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2, clock=clock)
+    # All at the same instant: turns at 0, 1 and 2 s; the next would wait 3 s, over the limit.
+    tasks = [asyncio.ensure_future(rate.head("k")) for _ in range(5)]
+    await asyncio.sleep(0.05)
+    outcomes = []
+    for task in tasks:
+        if task.done() and isinstance(task.exception(), OriginBusy):
+            outcomes.append(f"busy {task.exception().retry_after_s:.0f}")  # type: ignore[union-attr]
+        else:
+            outcomes.append("answered" if task.done() else "booked")
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert outcomes == ["answered", "booked", "booked", "busy 3", "busy 3"]  # shed: not booked
+    origin.gate = asyncio.Event()  # bodies never end
+    slots = CappedOrigin(origin, max_requests=1, max_wait_s=0.1)
+    first = await slots.open("k")
+    with pytest.raises(OriginBusy, match="1 requests at once stayed busy"):
+        await slots.open("k")
+    await first.aclose()
+    second = await slots.open("k")  # closing gave the place back
+    await second.aclose()
+
+
+async def test_every_first_caller_of_a_dns_tier_waits_for_its_first_resolution() -> None:
+    async def slow_resolver(host: str, port: int) -> list[str]:
+        await asyncio.sleep(0.05)
+        return ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+
+    tier = TierMembers(FakeOrigin, dns_url="http://sc:8470", resolver=slow_resolver)
+    seen = await asyncio.gather(*(tier.current() for _ in range(8)))
+    assert [len(members) for members in seen] == [3] * 8  # none went round the tier
