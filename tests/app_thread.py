@@ -7,6 +7,7 @@ the test's own code, without sharing either's loop, and stopped when the test en
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 from collections.abc import Callable
 
@@ -16,16 +17,24 @@ from tests.ports import free_port
 
 
 class AppThread:
-    def __init__(self, make_app: Callable[[], web.Application], name: str) -> None:
-        """`make_app()` runs on the new thread, so the app's events belong to its loop."""
+    def __init__(
+        self,
+        make_app: Callable[[], web.Application],
+        name: str,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """`make_app()` runs on the new thread, so the app's events belong to its loop; with
+        `ssl_context`, it serves HTTPS."""
         self._make_app = make_app
         self._name = name
+        self._ssl_context = ssl_context
         self.port = 0
         self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self._ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         ready = threading.Event()
@@ -37,7 +46,8 @@ class AppThread:
             # once when it ends: waiting for them to finish only slows the suite.
             runner = web.AppRunner(self._make_app(), access_log=None, shutdown_timeout=0.25)
             loop.run_until_complete(runner.setup())
-            loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
+            site = web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl_context)
+            loop.run_until_complete(site.start())
             ready.set()
             loop.run_forever()
             loop.run_until_complete(runner.cleanup())

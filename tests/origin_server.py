@@ -10,6 +10,7 @@ import asyncio
 import base64
 import collections
 import hashlib
+import ssl
 import threading
 import time
 from collections import Counter
@@ -56,6 +57,7 @@ class OriginServer:
     accepted_at: list[float] = field(default_factory=list)  # monotonic times, when throttling
     refused_at: list[float] = field(default_factory=list)
     _last_second: collections.deque[float] = field(default_factory=collections.deque)
+    ssl_context: ssl.SSLContext | None = None  # serve HTTPS (see tests/tls.py)
 
     def _slow_down(self) -> web.Response | None:
         """503 SlowDown when the last second's requests reached the limit, else None."""
@@ -84,7 +86,8 @@ class OriginServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.ssl_context is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["key"]
@@ -168,7 +171,7 @@ class OriginServer:
         return app
 
     def start(self) -> None:
-        self._server = AppThread(self._app, "test-origin")
+        self._server = AppThread(self._app, "test-origin", self.ssl_context)
         self._server.start()
         self.port = self._server.port
 
