@@ -13,6 +13,7 @@ import ipaddress
 import math
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ class OriginSpec:
     hashing, `tier_dns` is one URL whose host resolves to them, again every `tier_refresh`
     seconds; the tier serves this origin under `tier_origin` (default: the same name), and
     gets `tier_headers`, never `headers` (which may be the object store's credentials).
-    `max_requests` and `max_requests_per_second` cap what the origin is sent.
+    `max_requests` and `max_requests_per_second` cap what the origin is sent; `ca_file` adds
+    the certificates its https:// URLs are verified against (besides the system's).
     """
 
     name: str
@@ -62,6 +64,7 @@ class OriginSpec:
     tier_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     max_requests: int | None = None
     max_requests_per_second: float | None = None
+    ca_file: str | None = None  # PEM certificates to trust for this origin's https:// URLs
 
     @property
     def urls(self) -> tuple[str, ...]:
@@ -451,6 +454,7 @@ _ORIGIN_KEYS = {
     "tier_headers",
     "max_requests",
     "max_requests_per_second",
+    "ca_file",
 }
 MAX_UPSTREAMS = 64
 
@@ -494,6 +498,7 @@ def _origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> di
             tier_refresh_s=_optional(body, "tier_refresh", _parse_seconds, at) or 30.0,
             max_requests=_optional(body, "max_requests", _parse_max_requests, at),
             max_requests_per_second=_optional(body, "max_requests_per_second", _parse_rate, at),
+            ca_file=_optional(body, "ca_file", _parse_ca_file, at),
         )
     return origins
 
@@ -597,6 +602,19 @@ def _tier_origin(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError("must be a string")
     return validate_origin_name(value)
+
+
+def _parse_ca_file(value: Any) -> str:
+    """A PEM file of certificates to trust, checked now: a file that cannot be read or holds no
+    certificate is a bad setting, not a failure at the first request."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be the path of a PEM file of CA certificates")
+    path = os.path.expanduser(value.strip())
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use {path} as CA certificates ({exc})") from None
+    return path
 
 
 def _parse_max_requests(value: Any) -> int:

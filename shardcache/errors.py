@@ -22,6 +22,7 @@
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
         │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
+        │   ├── OriginUntrusted         502     tls          its TLS certificate did not verify
         │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
@@ -197,6 +198,14 @@ class OriginBusy(OriginUnavailable):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OriginUntrusted(OriginUnavailable):
+    """An https:// origin's certificate did not verify against the trusted CAs: asking again
+    meets the same certificate, and reading it unverified (or over plain HTTP) is never done."""
+
+    kind = "tls"
+    is_retryable = False
 
 
 class OriginDenied(OriginUnavailable):

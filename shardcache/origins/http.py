@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import email.utils
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import quote, urljoin, urlsplit
@@ -34,6 +35,7 @@ from shardcache.errors import (
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
+    OriginUntrusted,
 )
 from shardcache.keys import ERROR_KIND_HEADER, join_url
 from shardcache.origins import Timeouts
@@ -58,6 +60,13 @@ def map_aiohttp_errors(url: str) -> Iterator[None]:
         raise OriginTimeout(f"{url}: timed out") from exc
     except aiohttp.ClientPayloadError as exc:
         raise OriginUnavailable(f"{url}: body cut short ({exc})") from exc
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise OriginUntrusted(
+            f"{url}: TLS certificate not trusted ({exc.certificate_error}); trust its CA with "
+            "the origin's ca_file or SSL_CERT_FILE"
+        ) from exc
+    except aiohttp.ClientConnectorSSLError as exc:
+        raise OriginUnavailable(f"{url}: TLS handshake failed ({exc.os_error})") from exc
     except aiohttp.ClientConnectorError as exc:
         raise OriginUnavailable(f"{url}: cannot connect ({exc.os_error})") from exc
     except aiohttp.ClientError as exc:
@@ -271,8 +280,11 @@ class HttpTransport:
         timeouts: Timeouts,
         headers: dict[str, str] | None = None,
         follow_within: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
+        """`ca_file`: certificates to trust besides the system's (and `SSL_CERT_FILE`'s)."""
         self._headers = {"Accept-Encoding": "identity", **(headers or {})}
+        self._tls = tls_context(ca_file)
         self._follow_within = follow_within
         # No `sock_read`: aiohttp 3.14 can leave that timer armed on a connection back in the
         # keep-alive pool (aio-libs/aiohttp#12953), and the next request on it then fails at
@@ -291,7 +303,7 @@ class HttpTransport:
                 timeout=self._timeout,
                 auto_decompress=False,
                 read_bufsize=CHUNK_BYTES,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=self._tls),
             )
         return self._session
 
@@ -366,12 +378,22 @@ class HttpTransport:
             await asyncio.sleep(0)  # let the connector close its transports
 
 
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """How https:// origins are verified: the system's CAs (and `SSL_CERT_FILE`'s, as OpenSSL
+    reads it), plus `ca_file`'s; hostnames checked. Never unverified: an origin whose
+    certificate does not verify fails (`OriginUntrusted`), it is never read in plain text."""
+    context = ssl.create_default_context()
+    if ca_file is not None:
+        context.load_verify_locations(cafile=ca_file)
+    return context
+
+
 class HttpOrigin:
     def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
         self.name = spec.name
         self._base = spec.url.rstrip("/")
         follow_within = spec.url if spec.follow_redirects else None
-        self._transport = HttpTransport(timeouts, dict(spec.headers), follow_within)
+        self._transport = HttpTransport(timeouts, dict(spec.headers), follow_within, spec.ca_file)
 
     def url_for(self, key: str) -> str:
         return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))

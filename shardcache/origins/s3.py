@@ -33,6 +33,7 @@ from shardcache.errors import (
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
+    OriginUntrusted,
 )
 from shardcache.origins import Timeouts
 from shardcache.origins.base import ObjectInfo
@@ -76,6 +77,11 @@ def map_botocore_errors(url: str) -> Iterator[None]:
         raise OriginTimeout(f"{url}: timed out") from exc
     except botocore.exceptions.NoCredentialsError as exc:
         raise OriginDenied(f"{url}: no AWS credentials found") from exc
+    except botocore.exceptions.SSLError as exc:
+        raise OriginUntrusted(
+            f"{url}: TLS certificate not trusted ({exc}); trust its CA with the origin's "
+            "ca_file or AWS_CA_BUNDLE"
+        ) from exc
     except (botocore.exceptions.BotoCoreError, OSError) as exc:
         raise OriginUnavailable(f"{url}: {exc}") from exc
 
@@ -118,11 +124,13 @@ class S3Origin:
             max_pool_connections=64,
         )
         # Sessions are not thread-safe but clients are: build the client once, here.
+        # `ca_file` for both halves: boto3 (HEAD, signing) reads AWS_CA_BUNDLE or certifi's
+        # bundle, aiohttp (bodies) the system's and SSL_CERT_FILE; an origin's own CAs to both.
         self._client = boto3.session.Session().client(
-            "s3", endpoint_url=spec.endpoint_url, config=config
+            "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
         )
         # No follow_within: a presigned URL's redirect is never followed, to any host.
-        self._transport = HttpTransport(timeouts)
+        self._transport = HttpTransport(timeouts, ca_file=spec.ca_file)
 
     def _object_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key

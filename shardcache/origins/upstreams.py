@@ -32,7 +32,13 @@ from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.breaker import BreakerState, CircuitBreaker, Health
-from shardcache.errors import OriginError, OriginThrottled, OriginTimeout, OriginUnavailable
+from shardcache.errors import (
+    OriginError,
+    OriginThrottled,
+    OriginTimeout,
+    OriginUnavailable,
+    OriginUntrusted,
+)
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.rendezvous import rank
 
@@ -302,6 +308,8 @@ class FailoverOrigin:
 def _is_upstream_failure(exc: OriginError) -> bool:
     """Whether `exc` says the upstream is unwell (connect failure, 5xx, stall, a body cut
     short), so the next one should be asked; not found, changed or refused are answers."""
+    if isinstance(exc, OriginUntrusted):
+        return True  # this upstream's certificate; the next one may well verify
     return exc.is_retryable and isinstance(exc, OriginUnavailable | OriginTimeout)
 
 
