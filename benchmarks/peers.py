@@ -178,30 +178,64 @@ http {{
             proxy_buffer_size 256k;
             proxy_buffers 64 256k;
             proxy_busy_buffers_size 1m;
-            proxy_read_timeout 300s;
+            proxy_read_timeout 300s;{proxy_tls}
         }}
     }}
     server {{
         listen 127.0.0.1:{static_port};
         root {static_root};
         location / {{ }}
-    }}
+    }}{tls_server}
 }}
 """
+# With `tls`: the static files over HTTPS too (the origin of the TLS scenario), and the proxy
+# verifying its HTTPS upstream as shardcache does (the certificate names localhost).
+TLS_SERVER = """
+    server {{
+        listen 127.0.0.1:{tls_port} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.3;
+        root {static_root};
+        location / {{ }}
+    }}"""
+PROXY_TLS = """
+            proxy_ssl_verify on;
+            proxy_ssl_trusted_certificate {cert};
+            proxy_ssl_name localhost;
+            proxy_ssl_session_reuse on;
+            proxy_ssl_protocols TLSv1.3;"""
 
 
 class Nginx(Process):
     """nginx as caching proxy in front of `origin` (port `proxy_port`) and as a static file
     server of `static_root` (port `static_port`)."""
 
-    def __init__(self, workdir: Path, origin: str | None, static_root: Path) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        origin: str | None,
+        static_root: Path,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """With `tls` (certificate, key), `static_root` is also served over HTTPS at
+        `tls_url`, which is then the proxy's origin unless `origin` is given."""
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"
         self.workdir = workdir / f"nginx-{free_port()}"
         self.workdir.mkdir(parents=True)
         self.proxy_port, self.static_port = free_port(), free_port()
         self.proxy_url = f"http://127.0.0.1:{self.proxy_port}"
         self.static_url = f"http://127.0.0.1:{self.static_port}"
-        origin = origin or self.static_url
+        self.tls_port = free_port()
+        self.tls_url = f"https://127.0.0.1:{self.tls_port}"
+        tls_server = proxy_tls = ""
+        if tls is not None:
+            cert, key = tls
+            tls_server = TLS_SERVER.format(
+                tls_port=self.tls_port, cert=cert, key=key, static_root=static_root
+            )
+            proxy_tls = PROXY_TLS.format(cert=cert)
+        origin = origin or (self.tls_url if tls is not None else self.static_url)
         conf = self.workdir / "nginx.conf"
         conf.write_text(
             NGINX_CONF.format(
@@ -210,6 +244,8 @@ class Nginx(Process):
                 static_port=self.static_port,
                 origin=origin,
                 static_root=static_root,
+                tls_server=tls_server,
+                proxy_tls=proxy_tls,
             )
         )
         super().__init__(
@@ -225,6 +261,36 @@ class Nginx(Process):
     def stop(self) -> None:
         super().stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def self_signed(workdir: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1 and its key, made with openssl."""
+    cert, key = workdir / "tls-cert.pem", workdir / "tls-key.pem"
+    subprocess.run(
+        [
+            shutil.which("openssl") or "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -13,6 +13,7 @@ own `cache_dir`. Tools missing from the machine are installed (apt-get, pip) or 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import json
 import os
@@ -34,7 +35,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.peers import ROOT, Nginx, Shardcache, SimOrigin, cpu_seconds, rss_bytes  # noqa: E402
+from benchmarks.peers import (  # noqa: E402
+    ROOT,
+    Nginx,
+    Shardcache,
+    SimOrigin,
+    cpu_seconds,
+    rss_bytes,
+    self_signed,
+)
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -113,7 +122,13 @@ def ensure_tools() -> None:
     """Install the peers this machine lacks; fail loudly if that is impossible."""
     apt = [
         pkg
-        for tool, pkg in (("nginx", "nginx"), ("wrk", "wrk"), ("curl", "curl"))
+        for tool, pkg in (
+            ("nginx", "nginx"),
+            ("wrk", "wrk"),
+            ("curl", "curl"),
+            ("openssl", "openssl"),
+            ("taskset", "util-linux"),
+        )
         if not (shutil.which(tool) or Path(f"/usr/sbin/{tool}").exists())
     ]
     if apt:
@@ -169,14 +184,14 @@ def settle_disk(rewarm: tuple[Path, ...] = ()) -> None:
 
 
 def timed_transfer(
-    url: str, size: int, pids: list[int], rewarm: tuple[Path, ...] | None = ()
+    url: str, size: int, pids: list[int], rewarm: tuple[Path, ...] | None = (), *curl_args: str
 ) -> tuple[float, float]:
     """GB/s and CPU seconds per GB of `pids` for one curl download of `url`; the page cache
     is settled first (rewarming `rewarm`) unless `rewarm` is None (hits: keep it warm)."""
     if rewarm is not None:
         settle_disk(rewarm)
     cpu_before = cpu_seconds(pids)
-    seconds, received, _ = curl(url)
+    seconds, received, _ = curl(url, *curl_args)
     if received != size:
         raise RuntimeError(f"{url}: {received} bytes, expected {size}")
     return gbps(size, seconds), (cpu_seconds(pids) - cpu_before) / (size / 1e9)
@@ -276,6 +291,112 @@ def hit_and_miss(work: Path, sizes: Sizes) -> list[Row]:
             "report",
             "user+system time of the serving processes over the transfers above",
             ratio=[a / b for a, b in zip(cpu_miss_sc, cpu_miss_ng, strict=True) if b],
+        ),
+    ]
+
+
+def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
+    """Cold misses from an HTTPS origin: nginx serving a file over TLS 1.3 from the page cache,
+    with a certificate made here and trusted by each client (shardcache: SSL_CERT_FILE; nginx:
+    proxy_ssl_trusted_certificate; curl: --cacert). shardcache vs nginx proxy_cache (HTTPS
+    upstream) vs direct curl, CPU per GB of the serving processes, and two cold shards at once
+    with the daemon pinned to one core, then given two."""
+    static = work / "static"
+    static.mkdir()
+    base = static / "base.tar"
+    with base.open("wb") as out:
+        out.write(os.urandom(sizes.shard))
+    names = [f"tls_{run}_{who}.tar" for run in range(sizes.runs) for who in ("sc", "ng")]
+    names += [
+        f"pair_{run}_{cores}_{i}.tar"
+        for run in range(sizes.runs)
+        for cores in (1, 2)
+        for i in (0, 1)
+    ]
+    for name in names:
+        os.link(base, static / name)
+    cert, key = self_signed(work)
+    nginx = Nginx(work, None, static, tls=(cert, key))
+    daemon = Shardcache(work, {"o": nginx.tls_url}, env={"SSL_CERT_FILE": str(cert)})
+    sc, ng, direct, cpu_sc, cpu_ng = [], [], [], [], []
+    pair: dict[int, list[float]] = {1: [], 2: []}
+    try:
+        ng_pids = nginx.worker_pids()
+        for run in range(sizes.runs):
+            rate, cpu = timed_transfer(
+                f"{daemon.url}/o/tls_{run}_sc.tar", sizes.shard, [daemon.pid], (base,)
+            )
+            sc.append(rate)
+            cpu_sc.append(cpu)
+            rate, cpu = timed_transfer(
+                f"{nginx.proxy_url}/tls_{run}_ng.tar", sizes.shard, ng_pids, (base,)
+            )
+            ng.append(rate)
+            cpu_ng.append(cpu)
+            direct.append(
+                timed_transfer(
+                    f"{nginx.tls_url}/base.tar", sizes.shard, [], (base,), "--cacert", str(cert)
+                )[0]
+            )
+            for cores in (1, 2):
+                subprocess.run(
+                    ["taskset", "-a", "-p", "-c", "0" if cores == 1 else "0,1", str(daemon.pid)],
+                    check=True,
+                    capture_output=True,
+                )
+                settle_disk((base,))
+                urls = [f"{daemon.url}/o/pair_{run}_{cores}_{i}.tar" for i in (0, 1)]
+                started = time.perf_counter()
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    received = list(pool.map(lambda url: curl(url)[1], urls))
+                if received != [sizes.shard] * 2:
+                    raise RuntimeError(f"two cold shards: received {received}")
+                pair[cores].append(gbps(2 * sizes.shard, time.perf_counter() - started))
+    finally:
+        daemon.stop()
+        nginx.stop()
+    size = f"{sizes.shard // MiB} MiB"
+    how = "curl -s -f -o /dev/null http://127.0.0.1:PORT/o/cold-shard.tar (origin https://)"
+    return [
+        Row(
+            "miss, HTTPS origin (TLS 1.3, page cache)",
+            f"GB/s ({size})",
+            sc,
+            ng,
+            "nginx proxy_cache miss (HTTPS upstream)",
+            "≥ 1.5",
+            how,
+            ratio=[a / b for a, b in zip(sc, ng, strict=True)],
+        ),
+        Row(
+            "miss, HTTPS origin (TLS 1.3, page cache)",
+            f"GB/s ({size})",
+            sc,
+            direct,
+            "direct curl --cacert, one connection",
+            "≥ 0.9",
+            how,
+            ratio=[a / b for a, b in zip(sc, direct, strict=True)],
+        ),
+        Row(
+            "CPU per GB served, HTTPS miss",
+            "CPU s/GB",
+            cpu_sc,
+            cpu_ng,
+            "nginx",
+            "report",
+            "user+system time of the serving processes over the transfers above",
+            ratio=[a / b for a, b in zip(cpu_sc, cpu_ng, strict=True) if b],
+        ),
+        Row(
+            "two cold HTTPS shards at once, daemon given two cores vs one",
+            f"GB/s in all (2 × {size})",
+            pair[2],
+            pair[1],
+            "the daemon pinned to one core (taskset)",
+            "report",
+            "two curl -s -f at once; taskset -a -p -c 0 (or 0,1) DAEMON_PID",
+            ratio=[a / b for a, b in zip(pair[2], pair[1], strict=True)],
         ),
     ]
 
@@ -942,6 +1063,7 @@ def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
 
 SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "hit-miss": hit_and_miss,
+    "tls": tls_miss,
     "capped": capped_miss,
     "s3": s3_miss,
     "late": late_joiners,

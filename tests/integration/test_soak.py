@@ -23,7 +23,7 @@ environment:
     SHARDCACHE_SOAK_REPORT=/tmp/soak.json \\
         python3 -m pytest tests/integration/test_soak.py -q -s -p no:cacheprovider
 
-- `SHARDCACHE_SOAK_REQUESTS` (2000), `SHARDCACHE_SOAK_CLIENTS` (32), `SHARDCACHE_SOAK_OBJECTS`
+- `SHARDCACHE_SOAK_REQUESTS` (1200), `SHARDCACHE_SOAK_CLIENTS` (32), `SHARDCACHE_SOAK_OBJECTS`
   (36), `SHARDCACHE_SOAK_SEED` (20260509; seeds the objects, the requests and the faults);
 - `SHARDCACHE_SOAK_TIMEOUT`: the test's timeout in seconds (default max(300, requests / 5));
 - `SHARDCACHE_SOAK_REPORT`: a JSON file the summary is written to, one key per origin kind.
@@ -58,7 +58,7 @@ from tests.integration.helpers import curl
 from tests.s3_fault_proxy import S3FaultProxy
 
 KiB, MiB = 1024, 1024 * 1024
-REQUESTS = int(os.environ.get("SHARDCACHE_SOAK_REQUESTS", "2000"))
+REQUESTS = int(os.environ.get("SHARDCACHE_SOAK_REQUESTS", "1200"))
 CLIENTS = int(os.environ.get("SHARDCACHE_SOAK_CLIENTS", "32"))
 OBJECTS = int(os.environ.get("SHARDCACHE_SOAK_OBJECTS", "36"))
 SEED = int(os.environ.get("SHARDCACHE_SOAK_SEED", "20260509"))
