@@ -39,6 +39,7 @@ REFUSAL = (
     b"HTTP/1.1 503 Service Unavailable\r\n"
     b"Content-Type: application/json\r\n"
     b"Retry-After: 1\r\n"
+    b"X-Shardcache-Error: too_many_connections\r\n"  # not a store's throttling (`keys`)
     b"Connection: close\r\n"
     b"Content-Length: " + str(len(_REFUSAL_BODY)).encode() + b"\r\n\r\n" + _REFUSAL_BODY
 )

@@ -47,8 +47,8 @@ T = TypeVar("T")
 # A read cancelled after this share of the read timeout without a byte was the fill's own stall
 # timeout (which fires just before any the stream could set): the upstream stalled.
 STALL_SHARE = 0.9
-# One request's failover gives up after this many read timeouts (it always asks one upstream):
-# with every upstream hung, a request must not wait on each of them in turn.
+# One request's failover stops asking tier members and mirrors after this many read timeouts
+# (the home is always asked): with every member hung, a request must not wait on each in turn.
 FAILOVER_BUDGET = 2
 RETIRE_S = 600.0  # a member gone from DNS keeps its connections this long for requests under way
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -238,18 +238,19 @@ class FailoverOrigin:
     async def _first_answer(
         self, key: str, ask: Callable[[Origin], Awaitable[T]]
     ) -> tuple[Upstream, T, float]:
-        """Ask each upstream that is not marked down in turn until one answers; when all are,
-        the home alone. Raise the last failure when none answers or the time runs out
-        (FAILOVER_BUDGET read timeouts: a request never waits on every hung upstream in
-        turn), or at once a definite answer (not found, changed) or a tier member's
-        throttling."""
+        """Ask each upstream that is not marked down in turn, and the home last whatever its
+        state, until one answers. The others are asked for FAILOVER_BUDGET read timeouts at
+        most (a request never waits on every hung member in turn), the home always. Raise the
+        last failure when none answers, or at once a definite answer (not found, changed) or a
+        tier member's throttling."""
         order = await self.order(key)
-        asked = [u for u in order if not u.breaker.is_open] or [self._chain[-1]]
+        home = self._chain[-1]
+        asked = [u for u in order if not u.breaker.is_open and u is not home] + [home]
         deadline = self._clock() + FAILOVER_BUDGET * self._read_timeout_s
         last: OriginError | None = None
         for upstream in asked:
-            if last is not None and self._clock() >= deadline:
-                break
+            if last is not None and self._clock() >= deadline and upstream is not home:
+                continue  # out of time for the others: the home still gets its turn
             sent_at = self._clock()
             upstream.breaker.sending()
             try:

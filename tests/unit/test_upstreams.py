@@ -154,8 +154,23 @@ async def test_a_request_gives_up_after_two_read_timeouts_however_many_upstreams
     started = loop.time()
     with pytest.raises(OriginTimeout):
         await failover.open("k")
-    assert loop.time() - started < 0.35  # not six timeouts in turn
-    assert sum(len(h.opens) for h in hung) <= 3
+    assert loop.time() - started < 0.45  # not six timeouts in turn
+    assert sum(len(h.opens) for h in hung) == 3  # two within the budget, then the home
+    assert len(hung[-1].opens) == 1
+
+
+async def test_hung_tier_members_never_keep_a_request_from_a_healthy_home() -> None:
+    members = {f"http://m{i}:8470": Hung(f"m{i}") for i in range(10)}
+    home = FakeOrigin("home")
+    home.put("k", b"x")
+    tier = TierMembers(lambda url: members[url], list(members))
+    failover = FailoverOrigin("o", [upstream(home, Clock())], tier, read_timeout_s=Hung.timeout_s)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    stream = await failover.open("k")  # two members' timeouts, then the home answers
+    assert b"".join([c async for c in stream]) == b"x"
+    assert loop.time() - started < 0.35
+    assert sum(len(m.opens) for m in members.values()) == 2
 
 
 class Stopped(FakeOrigin):
@@ -485,3 +500,21 @@ async def test_every_first_caller_of_a_dns_tier_waits_for_its_first_resolution()
     tier = TierMembers(FakeOrigin, dns_url="http://sc:8470", resolver=slow_resolver)
     seen = await asyncio.gather(*(tier.current() for _ in range(8)))
     assert [len(members) for members in seen] == [3] * 8  # none went round the tier
+
+
+def test_a_shardcache_503_is_throttling_only_when_it_says_so() -> None:
+    from shardcache.connections import REFUSAL
+    from shardcache.origins.http import _raise_for_status
+
+    refusal_headers = dict(
+        line.split(": ", 1) for line in REFUSAL.split(b"\r\n\r\n")[0].decode().split("\r\n")[1:]
+    )
+    for headers, expected in (
+        ({"X-Shardcache-Error": "throttled", "Retry-After": "2"}, OriginThrottled),
+        ({"X-Shardcache-Error": "shutdown", "Retry-After": "5"}, OriginUnavailable),
+        (refusal_headers, OriginUnavailable),  # a member at its connection limit
+        ({"Retry-After": "2"}, OriginThrottled),  # any other server: S3's SlowDown, a CDN
+    ):
+        with pytest.raises(expected) as raised:
+            _raise_for_status(503, "http://member/o/k", headers)
+        assert type(raised.value) is expected, headers
