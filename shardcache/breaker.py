@@ -59,8 +59,7 @@ class CircuitBreaker:
         self._failures_in_a_row = 0
         self._failures_total = 0
         self._open_until = 0.0
-        self._failed_at = -float("inf")
-        self._opened_at = -float("inf")
+        self._opened_at = -float("inf")  # the last failure that counted (not the same outage)
         self._probe_sent_at: float | None = None
         self._last_error: str | None = None
 
@@ -90,7 +89,7 @@ class CircuitBreaker:
         """The upstream answered a request sent at `sent_at`; return the state it left if that
         changed, else None. An answer to a request sent before the last failure says nothing
         new (a HEAD sent alongside the GET that failed), so it does not close the breaker."""
-        if sent_at is not None and sent_at < self._failed_at:
+        if sent_at is not None and sent_at < self._opened_at:
             return None
         before = self.state
         self._failures_in_a_row = 0
@@ -108,7 +107,7 @@ class CircuitBreaker:
         before = self.state
         now = self._clock()
         self._failures_in_a_row += 1
-        self._failed_at = self._opened_at = now
+        self._opened_at = now
         self._probe_sent_at = None
         backoff = min(self._cap_s, self._base_s * 2 ** (self._failures_in_a_row - 1))
         self._open_until = max(self._open_until, now + backoff)

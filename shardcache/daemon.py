@@ -125,7 +125,7 @@ class Daemon:
             "check_ready": self._check_ready,
             "status": self._status,
             "origin_urls": self.origin_urls,
-            "tiered_origins": {o.name for o in settings.origins if o.has_upstreams},
+            "origins_with_upstreams": {o.name for o in settings.origins if o.has_upstreams},
             "in_flight": self.in_flight,
         }
 
@@ -266,7 +266,9 @@ class Daemon:
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
-        self.state["tiered_origins"] = {n for n, o in new_origins.items() if o.has_upstreams}
+        self.state["origins_with_upstreams"] = {
+            n for n, o in new_origins.items() if o.has_upstreams
+        }
         restart_needed = [
             f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
         ]

@@ -67,6 +67,12 @@ def redacted(document: Any) -> Any:
     return document
 
 
+def _retry_after(seconds: float | None) -> dict[str, str]:
+    """A `Retry-After` header passing on a hint (an upstream's, a cap's), bounded to an hour."""
+    wait_s = min(seconds or 0.0, 3600.0)
+    return {"Retry-After": f"{math.ceil(wait_s)}"} if wait_s > 0 else {}
+
+
 def _origin_error_message(request: web.Request, exc: OriginError) -> str:
     """What a client is told of an origin failure. Behind an admin token, a client without it
     learns the kind, not the origin's host, prefix or root: those are configuration."""
@@ -132,8 +138,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # one as a tier slows down instead of asking the next member (`origins.upstreams`).
         _count_error(request, exc)
         log.info("%s %r: %s", request.method, request.path, exc)
-        wait_s = min(exc.retry_after_s or 0.0, 3600.0)  # an upstream's hint, passed on bounded
-        hint = {"Retry-After": f"{math.ceil(wait_s)}"} if wait_s > 0 else {}
+        hint = _retry_after(exc.retry_after_s)
         hint[ERROR_KIND_HEADER] = exc.kind
         return json_error(503, _origin_error_message(request, exc), hint)
     except OriginError as exc:
@@ -141,7 +146,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         log.info("%s %r: %s", request.method, request.path, exc)
         headers = {ERROR_KIND_HEADER: exc.kind}
         if isinstance(exc, OriginBusy):
-            headers["Retry-After"] = f"{math.ceil(min(exc.retry_after_s, 3600.0))}"
+            headers.update(_retry_after(exc.retry_after_s))
         return json_error(exc.status, _origin_error_message(request, exc), headers)
     except ShardcacheError as exc:
         _count_error(request, exc)

@@ -169,7 +169,7 @@ def _refuse_tier_loop(request: web.Request) -> None:
     origin = request.match_info["origin"]
     state = request.app[STATE_KEY]
     if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.get(
-        "tiered_origins", ()
+        "origins_with_upstreams", ()
     ):
         return
     problem = (

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import functools
 import re
 import ssl
 import time
@@ -378,13 +379,19 @@ class HttpTransport:
             await asyncio.sleep(0)  # let the connector close its transports
 
 
-def tls_context(ca_file: str | None) -> ssl.SSLContext:
+@functools.lru_cache(maxsize=32)
+def tls_context(ca_file: str | None) -> ssl.SSLContext | bool:
     """How https:// origins are verified: the system's CAs (and `SSL_CERT_FILE`'s, as OpenSSL
     reads it), plus `ca_file`'s; hostnames checked. Never unverified: an origin whose
-    certificate does not verify fails (`OriginUntrusted`), it is never read in plain text."""
+    certificate does not verify fails (`OriginUntrusted`), it is never read in plain text.
+
+    Without `ca_file`, aiohttp's own shared default context (True); with one, one context per
+    file, built once: loading CA bundles takes milliseconds, and transports are built on the
+    event loop (a reload, a tier member found by DNS)."""
+    if ca_file is None:
+        return True
     context = ssl.create_default_context()
-    if ca_file is not None:
-        context.load_verify_locations(cafile=ca_file)
+    context.load_verify_locations(cafile=ca_file)
     return context
 
 
