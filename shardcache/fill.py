@@ -53,7 +53,7 @@ from shardcache.errors import (
 )
 from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot, land_chunks
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
@@ -492,6 +492,9 @@ class _ContinuedStream:
                 self._requests.received(len(chunk))
                 yield chunk
 
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s)
+
     async def aclose(self) -> None:
         await self._first.aclose()
         if self._rest is not None:
@@ -513,6 +516,9 @@ class _RelayedStream:
         async for chunk in self._stream:
             self._requests.received(len(chunk))
             yield chunk
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s)
 
     async def aclose(self) -> None:
         await self._stream.aclose()

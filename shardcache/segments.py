@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shardcache.checksums import crc32c, crc32c_combine
+from shardcache.checksums import crc32c_combine
 from shardcache.errors import (
     OriginChanged,
     OriginError,
     OriginNotResumable,
     OriginThrottled,
-    OriginUnavailable,
 )
 from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream, with_read_timeout
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 log = logging.getLogger("shardcache.fill")
 RETRY_AFTER_CAP_S = 30.0  # an origin's Retry-After longer than this is not waited out
@@ -214,6 +212,7 @@ class SegmentedDownload:
         self._extra_slots = extra_slots
         self._next_segment = 0
         self._first_incomplete = 0
+        self._loop = asyncio.get_running_loop()
 
     @property
     def contiguous_bytes(self) -> int:
@@ -314,26 +313,12 @@ class SegmentedDownload:
     async def _copy(self, segment: Segment, stream: OriginStream) -> None:
         if segment.is_complete:  # an empty object: nothing to copy
             return
-        async for chunk in with_read_timeout(stream, self._policy.read_timeout_s):
-            piece = chunk[: segment.end - segment.position]  # a stream may run past its segment
-            segment.crc32c = await asyncio.to_thread(
-                _write_at, self._fd, piece, segment.position, segment.crc32c
-            )
-            segment.done_bytes += len(piece)
-            self.requests.received(len(piece))
-            self._on_progress()
-            if segment.is_complete:
-                return
-        raise OriginUnavailable(f"body ended at byte {segment.position}, expected {segment.end}")
+        await stream.land(self._fd, segment, self._landed, self._policy.read_timeout_s)
 
+    def _landed(self, count: int) -> None:
+        """`count` more bytes are on disk; called on the thread that wrote them."""
+        self._loop.call_soon_threadsafe(self._announce, count)
 
-def _write_at(fd: int, chunk: bytes, offset: int, crc: int) -> int:
-    """Write `chunk` at `offset`; return the running CRC-32C taken on the way, while the bytes
-    are hot in this thread's cache, so keeping an entry's digest costs no second read of the
-    object."""
-    view = memoryview(chunk)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        offset += written
-        view = view[written:]
-    return crc32c(chunk, crc)
+    def _announce(self, count: int) -> None:
+        self.requests.received(count)
+        self._on_progress()

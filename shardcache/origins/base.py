@@ -7,12 +7,13 @@ its edge; callers never see botocore or aiohttp.client exceptions.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from shardcache.checksums import Checksum
-from shardcache.errors import OriginTimeout
+from shardcache.checksums import Checksum, crc32c
+from shardcache.errors import OriginTimeout, OriginUnavailable
 
 # Bytes per read from an origin. Each open origin connection buffers about three of these, so
 # this times the connections in flight bounds the daemon's memory (see `segments`).
@@ -49,12 +50,40 @@ class ObjectInfo:
         return None
 
 
+class Spot(Protocol):
+    """Where a body lands in a fill's file: bytes [position, end) are still wanted. `land`
+    advances `done_bytes` (and so `position`) only after the bytes are written, and keeps
+    `crc32c` the running CRC-32C of every byte landed so far."""
+
+    end: int
+    done_bytes: int
+    crc32c: int
+
+    @property
+    def position(self) -> int: ...
+
+
+# `landed(count)`: `count` more bytes are on disk. Called on the thread that wrote them, which
+# may not be the event loop's: the callee makes it safe to call from any thread.
+Landed = Callable[[int], None]
+
+
 class OriginStream(Protocol):
-    """An open read of an object from `start`; iterate for body chunks, then `aclose()`."""
+    """An open read of an object from `start`: iterate for body chunks, or `land` the body
+    straight into a file; then `aclose()`."""
 
     info: ObjectInfo
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        """Write the body at `spot.position` of `fd` until `spot.end`; raise OriginTimeout
+        when no byte comes for `read_timeout_s`, OriginUnavailable when it ends before.
+
+        This is the fill's data path: the HTTP transport receives, writes and hashes on a
+        worker thread (`origins.http`), so many segments use many cores; other streams land
+        their chunks with `land_chunks`."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -99,3 +128,32 @@ async def with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIter
         except TimeoutError:
             raise OriginTimeout(f"no byte from the origin for {timeout_s:g}s") from None
         yield chunk
+
+
+async def land_chunks(
+    stream: OriginStream, fd: int, spot: Spot, landed: Landed, read_timeout_s: float
+) -> None:
+    """`OriginStream.land` for a stream that yields chunks on the event loop: each is written
+    (and hashed) on a worker thread."""
+    if spot.position >= spot.end:  # an empty object: nothing to write
+        return
+    async for chunk in with_read_timeout(stream, read_timeout_s):
+        piece = chunk[: spot.end - spot.position]  # a stream may run past its segment
+        spot.crc32c = await asyncio.to_thread(write_at, fd, piece, spot.position, spot.crc32c)
+        spot.done_bytes += len(piece)
+        landed(len(piece))
+        if spot.position >= spot.end:
+            return
+    raise OriginUnavailable(f"body ended at byte {spot.position}, expected {spot.end}")
+
+
+def write_at(fd: int, chunk: bytes | memoryview, offset: int, crc: int) -> int:
+    """Write `chunk` at `offset`; return the running CRC-32C taken on the way, while the bytes
+    are hot in this thread's cache, so keeping an entry's digest costs no second read of the
+    object."""
+    view = memoryview(chunk)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        offset += written
+        view = view[written:]
+    return crc32c(chunk if isinstance(chunk, bytes) else bytes(chunk), crc)

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from shardcache.errors import OriginBusy
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
 
 
 class CappedOrigin:
@@ -108,6 +108,12 @@ class _SlotStream:
                 yield chunk
         finally:
             self._release()  # read to the end (or failed): the next request may go
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        try:
+            await self._inner.land(fd, spot, landed, read_timeout_s)
+        finally:
+            self._release()  # landed in full (or failed): the next request may go
 
     def _release(self) -> None:
         if self._slots is not None:

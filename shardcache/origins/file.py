@@ -32,7 +32,7 @@ from shardcache.errors import (
     OriginUnavailable,
 )
 from shardcache.keys import join_url
-from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
+from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, land_chunks
 
 # O_NOFOLLOW on every component: a component that became a link since `realpath` fails (ELOOP)
 # instead of being followed. O_NONBLOCK: opening a FIFO must not hang a worker thread (regular
@@ -137,6 +137,9 @@ class FileStream:
                     return
                 self._remaining -= len(chunk)
                 yield chunk
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s)
 
     async def aclose(self) -> None:
         await self._reader.close()

@@ -14,16 +14,19 @@ import asyncio
 import contextlib
 import email.utils
 import functools
+import http.client
 import re
+import select
+import socket
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from urllib.parse import quote, urljoin, urlsplit
 
-import aiohttp
-from multidict import CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from shardcache import checksums
+from shardcache import __version__, checksums
 from shardcache.config import OriginSpec
 from shardcache.errors import (
     OriginChanged,
@@ -40,7 +43,8 @@ from shardcache.errors import (
 )
 from shardcache.keys import ERROR_KIND_HEADER, join_url
 from shardcache.origins import Timeouts
-from shardcache.origins.base import CHUNK_BYTES, ObjectInfo
+from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, write_at
+from shardcache.origins.threads import Abort, Aborted, run_blocking
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _TRANSIENT_4XX = {408, 425, 429}  # timeout, too early, too many requests: worth a retry
@@ -48,30 +52,39 @@ _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
 _REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 10
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+Site = tuple[str, str, int | None]  # scheme, host, port
+LAND_BYTES = 1 << 20  # a landing thread's buffer: the most one write takes
+FLUSH_BYTES = 256 << 10  # written as soon as this much came (or nothing more is there yet)
+IDLE_S = 10.0  # an idle connection older than this is not reused (servers close them)
+MAX_IDLE_PER_SITE = 64
 
 
 @contextlib.contextmanager
-def map_aiohttp_errors(url: str) -> Iterator[None]:
-    """Translate aiohttp client exceptions for `url` into OriginError subclasses."""
+def map_http_errors(url: str) -> Iterator[None]:
+    """Translate what a blocking HTTP exchange with `url` raises into OriginError subclasses."""
     try:
         yield
-    except OriginError:
+    except (OriginError, Aborted):
         raise
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except TimeoutError as exc:  # socket.timeout: no byte for the read (or connect) timeout
         raise OriginTimeout(f"{url}: timed out") from exc
-    except aiohttp.ClientPayloadError as exc:
-        raise OriginUnavailable(f"{url}: body cut short ({exc})") from exc
-    except aiohttp.ClientConnectorCertificateError as exc:
+    except ssl.SSLCertVerificationError as exc:
         raise OriginUntrusted(
-            f"{url}: TLS certificate not trusted ({exc.certificate_error}); trust its CA with "
-            "the origin's ca_file or SSL_CERT_FILE"
+            f"{url}: TLS certificate not trusted (certificate verify failed: "
+            f"{exc.verify_message}); trust its CA with the origin's ca_file or SSL_CERT_FILE"
         ) from exc
-    except aiohttp.ClientConnectorSSLError as exc:
-        raise OriginUnavailable(f"{url}: TLS handshake failed ({exc.os_error})") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise OriginUnavailable(f"{url}: cannot connect ({exc.os_error})") from exc
-    except aiohttp.ClientError as exc:
-        raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+    except ssl.SSLError as exc:
+        raise OriginUnavailable(f"{url}: TLS failed ({exc.reason or exc})") from exc
+    except http.client.RemoteDisconnected as exc:
+        raise OriginUnavailable(f"{url}: connection closed before an answer") from exc
+    except ConnectionRefusedError as exc:
+        raise OriginUnavailable(f"{url}: cannot connect ({exc.strerror})") from exc
+    except socket.gaierror as exc:
+        raise OriginUnavailable(f"{url}: cannot connect ({exc.strerror})") from exc
+    except http.client.HTTPException as exc:  # a malformed status line or headers
+        raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}"[:300]) from exc
+    except OSError as exc:
+        raise OriginUnavailable(f"{url}: {exc.strerror or exc}") from exc
 
 
 def retry_after_s(value: str | None) -> float | None:
@@ -126,7 +139,7 @@ def _raise_for_shardcache_error(
     raise OriginUnavailable(f"{url}: shardcache upstream answered {status} ({kind})")
 
 
-def _site(url: str) -> tuple[str, str, int | None]:
+def _site(url: str) -> Site:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
@@ -232,45 +245,233 @@ def check_range(
 class HttpStream:
     """A response body that must be exactly `body_bytes` long: what Content-Length or, for a
     chunked 206, Content-Range announced. A body running past that, or ending before it,
-    raises OriginUnavailable; nothing beyond it is ever yielded."""
+    raises OriginUnavailable; nothing beyond it is ever yielded or written.
+
+    Its bytes are received on origin threads (`origins.threads`): `land` writes and hashes
+    them there; iterating hops to a thread per chunk. A body read to its end gives its
+    connection back for the next request."""
+
+    def __init__(self, info: ObjectInfo, exchange: _Exchange, skip: int, body_bytes: int) -> None:
+        self.info = info
+        self._exchange = exchange
+        self._skip = skip  # bytes to drop when a server answered a Range request with 200
+        self._left = body_bytes
+        self._poll = select.poll()
+        self._poll.register(exchange.sock.fileno(), select.POLLIN)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            chunk = await run_blocking(
+                self._next_chunk, self._exchange.abort, wait_when_cancelled=True
+            )
+            if chunk is None:
+                return
+            yield chunk
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        await run_blocking(
+            lambda abort: self._land(fd, spot, landed, read_timeout_s),
+            self._exchange.abort,
+            wait_when_cancelled=True,
+        )
+
+    async def aclose(self) -> None:
+        self._exchange.close()
+
+    # -- on an origin thread -----------------------------------------------------------------
+
+    def _next_chunk(self, abort: Abort) -> bytes | None:
+        buffer = bytearray(CHUNK_BYTES)
+        with self._mapping_errors():
+            while True:
+                abort.check()
+                received = self._receive(memoryview(buffer))
+                if received is None:
+                    return None
+                if received:
+                    return bytes(received)
+
+    def _land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        self._exchange.sock.settimeout(read_timeout_s)
+        buffer = memoryview(bytearray(LAND_BYTES))
+        with self._mapping_errors():
+            while spot.position < spot.end:
+                self._exchange.abort.check()
+                received = self._receive(buffer)
+                if received is None:
+                    raise OriginUnavailable(
+                        f"{self._exchange.label}: body ended at byte {spot.position}, "
+                        f"expected {spot.end}"
+                    )
+                piece = received[: spot.end - spot.position]  # it may run past its segment
+                if piece:
+                    spot.crc32c = write_at(fd, piece, spot.position, spot.crc32c)
+                    spot.done_bytes += len(piece)
+                    landed(len(piece))
+
+    @contextlib.contextmanager
+    def _mapping_errors(self) -> Iterator[None]:
+        try:
+            with map_http_errors(self._exchange.label):
+                yield
+        except OriginTimeout as exc:
+            timeout_s = self._exchange.sock.gettimeout()
+            raise OriginTimeout(f"{self._exchange.label}: no byte for {timeout_s:g}s") from exc
+
+    def _receive(self, buffer: memoryview) -> memoryview | None:
+        """The next bytes of the body, with what a 200 to a Range request sent before the
+        range dropped (possibly none); None once the body is complete. Raises
+        OriginUnavailable when it ends early or runs long."""
+        if self._left == 0:
+            if self._runs_past_its_end():
+                raise OriginUnavailable(f"{self._exchange.label}: body longer than announced")
+            self._exchange.finish(complete=True)
+            return None
+        count = self._read_some(buffer[: min(len(buffer), self._left)])
+        if count == 0:
+            raise OriginUnavailable(f"{self._exchange.label}: body ended {self._left} bytes short")
+        if count > self._left:
+            raise OriginUnavailable(f"{self._exchange.label}: body longer than announced")
+        self._left -= count
+        received = buffer[:count]
+        if self._skip:
+            dropped = min(self._skip, count)
+            self._skip -= dropped
+            received = received[dropped:]
+        return received
+
+    def _runs_past_its_end(self) -> bool:
+        """Whether a body with no Content-Length (chunked, or ended by closing) goes on past
+        what was announced; it must end right there."""
+        response = self._exchange.response
+        if response.chunked:
+            return bool(response.read1(1))
+        if response.length is None:
+            assert response.fp is not None
+            return bool(response.fp.read1(1))
+        return False  # http.client and `_left` hold it to its Content-Length
+
+    def _read_some(self, buffer: memoryview) -> int:
+        """Block until some bytes came, then take what else is already there, up to
+        FLUSH_BYTES: few large writes on a fast origin, no waiting for a full buffer on a
+        slow one (a reader streams what has landed)."""
+        response = self._exchange.response
+        if response.chunked:  # rare for object stores; http.client decodes the chunks
+            data = response.read1(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        assert response.fp is not None
+        count = response.fp.readinto1(buffer)
+        while count and count < min(FLUSH_BYTES, len(buffer)) and self._readable_now():
+            more = response.fp.readinto1(buffer[count:])
+            if not more:
+                break
+            count += more
+        return count
+
+    def _readable_now(self) -> bool:
+        sock = self._exchange.sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending():
+            return True
+        return bool(self._poll.poll(0))
+
+
+class _Exchange:
+    """One request's connection and response, until the body is read (the connection then
+    goes back to the pool) or the stream is closed (it is closed with it)."""
 
     def __init__(
         self,
-        info: ObjectInfo,
-        response: aiohttp.ClientResponse,
-        skip: int,
-        url: str,
-        body_bytes: int,
+        pool: _Connections,
+        site: Site,
+        connection: http.client.HTTPConnection,
+        response: http.client.HTTPResponse,
+        sock: socket.socket,
+        abort: Abort,
+        label: str,
     ) -> None:
-        self.info = info
-        self._response = response
-        self._skip = skip  # bytes to drop when a server answered a Range request with 200
-        self._url = url
-        self._left = body_bytes
+        self.pool = pool
+        self.site = site
+        self.connection: http.client.HTTPConnection | None = connection
+        self.response = response
+        self.sock = sock
+        self.abort = abort
+        self.label = label
+        self.headers = CIMultiDictProxy(CIMultiDict(response.getheaders()))
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        with map_aiohttp_errors(self._url):
-            async for chunk in self._response.content.iter_chunked(CHUNK_BYTES):
-                if len(chunk) > self._left:
-                    raise OriginUnavailable(f"{self._url}: body longer than announced")
-                self._left -= len(chunk)
-                if self._skip:
-                    dropped = min(self._skip, len(chunk))
-                    self._skip -= dropped
-                    chunk = chunk[dropped:]
-                    if not chunk:
-                        continue
-                yield chunk
-        if self._left:
-            raise OriginUnavailable(f"{self._url}: body ended {self._left} bytes short")
+    def finish(self, complete: bool) -> None:
+        """Give the connection back when the body was read in full and the server keeps it
+        open; close it otherwise. Once; safe on any thread (one at a time)."""
+        connection, self.connection = self.connection, None
+        if connection is None:
+            return
+        self.abort.watch_nothing()  # from now on it may carry another request
+        response = self.response
+        if complete and not response.chunked:
+            response.close()  # its bytes are all read: http.client may send the next request
+        if complete and response.isclosed() and not response.will_close:
+            self.pool.give(self.site, connection)
+        else:
+            connection.close()
 
-    async def aclose(self) -> None:
-        self._response.close()
+    def close(self) -> None:
+        self.finish(complete=False)
+
+
+class _Connections:
+    """Idle keep-alive connections by site (scheme, host, port), taken by one request at a
+    time. A server closes idle connections on its own schedule; one idle longer than
+    IDLE_S is not reused, and one that fails before its answer began is retried once on a
+    new connection (`HttpTransport._exchange`)."""
+
+    def __init__(self, tls: ssl.SSLContext, connect_s: float) -> None:
+        self._tls = tls
+        self._connect_s = connect_s
+        self._lock = threading.Lock()
+        self._idle: dict[Site, list[tuple[http.client.HTTPConnection, float]]] = {}
+        self._closed = False
+
+    def take(self, site: Site) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to `site`, and whether it carried a request before."""
+        now = time.monotonic()
+        with self._lock:
+            idle = self._idle.get(site, [])
+            while idle:
+                connection, since = idle.pop()
+                if now - since < IDLE_S:
+                    return connection, True
+                connection.close()
+        scheme, host, port = site
+        if scheme == "https":
+            return http.client.HTTPSConnection(
+                host, port, timeout=self._connect_s, context=self._tls
+            ), False
+        return http.client.HTTPConnection(host, port, timeout=self._connect_s), False
+
+    def give(self, site: Site, connection: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(site, [])
+            if self._closed or len(idle) >= MAX_IDLE_PER_SITE:
+                connection.close()
+                return
+            idle.append((connection, time.monotonic()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, {}
+        for connections in idle.values():
+            for connection, _ in connections:
+                connection.close()
 
 
 class HttpTransport:
-    """One pooled aiohttp client session: HEAD and ranged GET of full URLs, raw bytes, errors
+    """HEAD and ranged GET of full URLs over pooled keep-alive connections, raw bytes, errors
     mapped at the edge. Used by the HTTP origin, and by the S3 origin for presigned URLs.
+
+    Requests run on origin threads with blocking sockets (`origins.threads`), through
+    `http.client`: the body of each connection is received, written and hashed on its own
+    thread, off the event loop (`HttpStream.land`).
 
     Redirects are followed only within `follow_within`'s scheme, host and port, and not at
     all when it is None (the default, and always for S3).
@@ -284,60 +485,100 @@ class HttpTransport:
         ca_file: str | None = None,
     ) -> None:
         """`ca_file`: certificates to trust besides the system's (and `SSL_CERT_FILE`'s)."""
-        self._headers = {"Accept-Encoding": "identity", **(headers or {})}
-        self._tls = tls_context(ca_file)
+        self._headers = {
+            "User-Agent": f"shardcache/{__version__}",
+            "Accept-Encoding": "identity",
+            **(headers or {}),
+        }
+        self._pool = _Connections(tls_context(ca_file), timeouts.connect_s)
         self._follow_within = follow_within
-        # No `sock_read`: aiohttp 3.14 can leave that timer armed on a connection back in the
-        # keep-alive pool (aio-libs/aiohttp#12953), and the next request on it then fails at
-        # once, "timed out" (the fault soak saw three retries in a row fail that way). The
-        # wait for an answer's headers is bounded here instead (by the read timeout: no byte
-        # for that long is a stall; it bounds the connect too when shorter than that), and
-        # every body read by `base.with_read_timeout`.
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect_s)
-        self._answer_timeout_s = timeouts.read_s
-        self._session: aiohttp.ClientSession | None = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:  # created lazily: a session needs the running loop
-            self._session = aiohttp.ClientSession(
-                headers=self._headers,
-                timeout=self._timeout,
-                auto_decompress=False,
-                read_bufsize=CHUNK_BYTES,
-                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60, ssl=self._tls),
-            )
-        return self._session
+        # Each blocking read waits at most the read timeout (no byte for that long is a
+        # stall); the wait for an answer's headers as a whole too, and it bounds the connect
+        # when shorter than the connect timeout.
+        self._read_s = timeouts.read_s
+        self._in_flight: set[Abort] = set()
+        self._in_flight_lock = threading.Lock()
 
     async def _send(
         self, method: str, url: str, label: str, headers: dict[str, str] | None = None
-    ) -> aiohttp.ClientResponse:
-        """Send one request, following only the redirects `redirect_target` allows; return a
-        response that is not a 3xx, which the caller must close. Raises OriginRedirected."""
-        for _ in range(MAX_REDIRECTS + 1):
-            async with asyncio.timeout(self._answer_timeout_s):  # to the answer's headers
-                response = await self._client().request(
-                    method, url, headers=headers, allow_redirects=False
+    ) -> _Exchange:
+        """Send one request and wait for its answer's headers, on an origin thread; the
+        caller must close the returned exchange."""
+        abort = Abort()
+        with self._in_flight_lock:
+            self._in_flight.add(abort)
+        try:
+            async with asyncio.timeout(self._read_s):
+                return await run_blocking(
+                    lambda abort: self._answer(abort, method, url, label, headers or {}),
+                    abort,
+                    orphaned=_Exchange.close,
                 )
-            if not 300 <= response.status < 400:
-                return response
-            response.close()
-            location = response.headers.get("Location")
-            url = redirect_target(url, response.status, location, label, self._follow_within)
-        raise OriginRedirected(f"{label}: more than {MAX_REDIRECTS} redirects")
+        except TimeoutError:
+            raise OriginTimeout(f"{label}: timed out, no answer in {self._read_s:g}s") from None
+        finally:
+            with self._in_flight_lock:
+                self._in_flight.discard(abort)
+
+    def _answer(
+        self, abort: Abort, method: str, url: str, label: str, headers: dict[str, str]
+    ) -> _Exchange:
+        """Send, following only the redirects `redirect_target` allows, and return an answer
+        that is not a 3xx. Raises OriginRedirected."""
+        with map_http_errors(label):
+            for _ in range(MAX_REDIRECTS + 1):
+                exchange = self._exchange(abort, method, url, label, headers)
+                status = exchange.response.status
+                if not 300 <= status < 400:
+                    return exchange
+                exchange.close()
+                location = exchange.headers.get("Location")
+                url = redirect_target(url, status, location, label, self._follow_within)
+            raise OriginRedirected(f"{label}: more than {MAX_REDIRECTS} redirects")
+
+    def _exchange(
+        self, abort: Abort, method: str, url: str, label: str, headers: dict[str, str]
+    ) -> _Exchange:
+        site = _site(url)
+        parts = urlsplit(url)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        for attempt in range(2):
+            connection, reused = self._pool.take(site)
+            try:
+                if connection.sock is None:
+                    abort.check()
+                    connection.connect()  # bounded by the connect timeout
+                sock = connection.sock
+                assert sock is not None
+                abort.watch(sock)
+                sock.settimeout(self._read_s)
+                connection.request(method, target, headers={**self._headers, **headers})
+                response = connection.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                connection.close()
+                if reused and attempt == 0:
+                    continue  # the server had closed it while it was idle: a new one
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            return _Exchange(self._pool, site, connection, response, sock, abort, label)
+        raise AssertionError("unreachable")
 
     async def head(self, url: str, label: str) -> ObjectInfo:
         """HEAD `url`; `label` names the object in errors (never a signed URL)."""
-        with map_aiohttp_errors(label):
-            response = await self._send("HEAD", url, label)
-            try:
-                if response.status in (405, 501):
-                    raise OriginHeadUnsupported(
-                        f"{label}: origin answered {response.status} to HEAD"
-                    )
-                _raise_for_status(response.status, label, response.headers)
-                return _info(response.headers, response.status, label)
-            finally:
-                response.release()
+        exchange = await self._send("HEAD", url, label)
+        try:
+            status = exchange.response.status
+            if status in (405, 501):
+                raise OriginHeadUnsupported(f"{label}: origin answered {status} to HEAD")
+            _raise_for_status(status, label, exchange.headers)
+            info = _info(exchange.headers, status, label)
+        except BaseException:
+            exchange.close()
+            raise
+        exchange.finish(complete=True)  # a HEAD has no body: the connection is free
+        return info
 
     async def get(
         self, url: str, label: str, start: int, end: int | None, if_match: str | None
@@ -350,48 +591,50 @@ class HttpTransport:
         # validators of each response are compared by the caller instead.
         if if_match is not None and not if_match.startswith("W/"):
             headers["If-Match"] = if_match
-        with map_aiohttp_errors(label):
-            response = await self._send("GET", url, label, headers)
-            if response.status == 416 and start == 0 and "Range" in headers:
-                # An empty object has no byte 0 to range over: ask for all of it.
-                response.close()
-                del headers["Range"]
-                response = await self._send("GET", url, label, headers)
-            try:
-                _raise_for_status(response.status, label, response.headers)
-                info = _info(response.headers, response.status, label)
-                if response.status == 206:
-                    check_range(response.headers, info.size_bytes, start, end, label)
-                if if_match is not None and info.etag not in (None, if_match):  # If-Match ignored
-                    raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
-            except BaseException:
-                response.close()
-                raise
-        skip = start if response.status == 200 else 0
+        exchange = await self._send("GET", url, label, headers)
+        if exchange.response.status == 416 and start == 0 and "Range" in headers:
+            # An empty object has no byte 0 to range over: ask for all of it.
+            exchange.close()
+            del headers["Range"]
+            exchange = await self._send("GET", url, label, headers)
+        status = exchange.response.status
+        try:
+            _raise_for_status(status, label, exchange.headers)
+            info = _info(exchange.headers, status, label)
+            if status == 206:
+                check_range(exchange.headers, info.size_bytes, start, end, label)
+            if if_match is not None and info.etag not in (None, if_match):  # If-Match ignored
+                raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
+        except BaseException:
+            exchange.close()
+            raise
+        skip = start if status == 200 else 0
         body_bytes = info.size_bytes
-        if response.status == 206:
+        if status == 206:
             body_bytes = min(info.size_bytes if end is None else end, info.size_bytes) - start
-        return HttpStream(info, response, skip, label, body_bytes)
+        return HttpStream(info, exchange, skip, body_bytes)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            await asyncio.sleep(0)  # let the connector close its transports
+        """Close idle connections and stop the requests still in flight."""
+        self._pool.close()
+        with self._in_flight_lock:
+            in_flight = list(self._in_flight)
+        for abort in in_flight:
+            abort.fire()
 
 
 @functools.lru_cache(maxsize=32)
-def tls_context(ca_file: str | None) -> ssl.SSLContext | bool:
+def tls_context(ca_file: str | None) -> ssl.SSLContext:
     """How https:// origins are verified: the system's CAs (and `SSL_CERT_FILE`'s, as OpenSSL
     reads it), plus `ca_file`'s; hostnames checked. Never unverified: an origin whose
     certificate does not verify fails (`OriginUntrusted`), it is never read in plain text.
 
-    Without `ca_file`, aiohttp's own shared default context (True); with one, one context per
-    file, built once: loading CA bundles takes milliseconds, and transports are built on the
-    event loop (a reload, a tier member found by DNS)."""
-    if ca_file is None:
-        return True
+    One context per `ca_file` (and one without), built once: loading CA bundles takes
+    milliseconds, and transports are built on the event loop (a reload, a tier member found by
+    DNS)."""
     context = ssl.create_default_context()
-    context.load_verify_locations(cafile=ca_file)
+    if ca_file is not None:
+        context.load_verify_locations(cafile=ca_file)
     return context
 
 

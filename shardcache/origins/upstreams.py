@@ -39,7 +39,7 @@ from shardcache.errors import (
     OriginUnavailable,
     OriginUntrusted,
 )
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
 from shardcache.rendezvous import rank
 
 log = logging.getLogger("shardcache.origin")
@@ -346,6 +346,27 @@ class WatchedStream:
                     self._owner.note_failure(self._upstream, stall, self._sent_at)
                 raise
             yield chunk
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        last_byte_at = self._owner._clock()
+
+        def noted(count: int) -> None:  # on the landing thread
+            nonlocal last_byte_at
+            last_byte_at = self._owner._clock()
+            landed(count)
+
+        try:
+            await self._inner.land(fd, spot, noted, read_timeout_s)
+        except OriginError as exc:
+            if _is_upstream_failure(exc):
+                self._owner.note_failure(self._upstream, exc, self._sent_at)
+            raise
+        except asyncio.CancelledError:
+            silent_s = self._owner._clock() - last_byte_at
+            if silent_s >= STALL_SHARE * self._owner._read_timeout_s:
+                stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
+                self._owner.note_failure(self._upstream, stall, self._sent_at)
+            raise
 
     async def aclose(self) -> None:
         await self._inner.aclose()

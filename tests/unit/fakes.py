@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from shardcache.checksums import Checksum
 from shardcache.errors import OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.origins.base import ObjectInfo
+from shardcache.origins.base import Landed, ObjectInfo, Spot, land_chunks
 
 
 @dataclass
@@ -71,6 +71,9 @@ class FakeStream:
             yield self.data[position:end]
             position = end
             await asyncio.sleep(0)
+
+    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s)
 
     async def aclose(self) -> None:
         return None
