@@ -16,7 +16,6 @@ import email.utils
 import functools
 import http.client
 import re
-import select
 import socket
 import ssl
 import threading
@@ -55,6 +54,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 Site = tuple[str, str, int | None]  # scheme, host, port
 LAND_BYTES = 1 << 20  # a landing thread's buffer: the most one write takes
 FLUSH_BYTES = 256 << 10  # written as soon as this much came (or nothing more is there yet)
+GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
 IDLE_S = 10.0  # an idle connection older than this is not reused (servers close them)
 MAX_IDLE_PER_SITE = 64
 
@@ -256,8 +256,8 @@ class HttpStream:
         self._exchange = exchange
         self._skip = skip  # bytes to drop when a server answered a Range request with 200
         self._left = body_bytes
-        self._poll = select.poll()
-        self._poll.register(exchange.sock.fileno(), select.POLLIN)
+        self._buffer_drained = False
+        self._read_timeout_s = exchange.sock.gettimeout() or 30.0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         while True:
@@ -292,7 +292,7 @@ class HttpStream:
                     return bytes(received)
 
     def _land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
-        self._exchange.sock.settimeout(read_timeout_s)
+        self._read_timeout_s = read_timeout_s
         buffer = memoryview(bytearray(LAND_BYTES))
         with self._mapping_errors():
             while spot.position < spot.end:
@@ -315,8 +315,9 @@ class HttpStream:
             with map_http_errors(self._exchange.label):
                 yield
         except OriginTimeout as exc:
-            timeout_s = self._exchange.sock.gettimeout()
-            raise OriginTimeout(f"{self._exchange.label}: no byte for {timeout_s:g}s") from exc
+            raise OriginTimeout(
+                f"{self._exchange.label}: no byte for {self._read_timeout_s:g}s"
+            ) from exc
 
     def _receive(self, buffer: memoryview) -> memoryview | None:
         """The next bytes of the body, with what a 200 to a Range request sent before the
@@ -352,28 +353,41 @@ class HttpStream:
         return False  # http.client and `_left` hold it to its Content-Length
 
     def _read_some(self, buffer: memoryview) -> int:
-        """Block until some bytes came, then take what else is already there, up to
+        """Block until some bytes came, then take what else comes within GATHER_S, up to
         FLUSH_BYTES: few large writes on a fast origin, no waiting for a full buffer on a
-        slow one (a reader streams what has landed)."""
+        slow one (a reader streams what has landed).
+
+        Past what http.client buffered with the headers, a body with a Content-Length is
+        read from the socket itself: one call per TLS record (16 KiB) is the floor, and each
+        layer above it (the buffered reader, SocketIO) took the GIL again."""
         response = self._exchange.response
         if response.chunked:  # rare for object stores; http.client decodes the chunks
             data = response.read1(len(buffer))
             buffer[: len(data)] = data
             return len(data)
         assert response.fp is not None
-        count = response.fp.readinto1(buffer)
-        while count and count < min(FLUSH_BYTES, len(buffer)) and self._readable_now():
-            more = response.fp.readinto1(buffer[count:])
-            if not more:
-                break
-            count += more
-        return count
-
-    def _readable_now(self) -> bool:
+        if not self._buffer_drained:
+            self._buffer_drained = True
+            data = response.fp.read1(len(buffer))  # what came with the headers, or one read
+            buffer[: len(data)] = data
+            return len(data)
         sock = self._exchange.sock
-        if isinstance(sock, ssl.SSLSocket) and sock.pending():
-            return True
-        return bool(self._poll.poll(0))
+        sock.settimeout(self._read_timeout_s)
+        count = sock.recv_into(buffer)
+        limit = min(FLUSH_BYTES, len(buffer))
+        if 0 < count < limit:
+            sock.settimeout(GATHER_S)
+            try:
+                while count < limit:
+                    more = sock.recv_into(buffer[count:])
+                    if not more:
+                        break
+                    count += more
+            except TimeoutError:
+                pass  # nothing more for now: write what came
+            finally:
+                sock.settimeout(self._read_timeout_s)
+        return count
 
 
 class _Exchange:
