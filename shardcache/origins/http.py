@@ -1,4 +1,6 @@
-"""An HTTP(S) server as an origin, through one pooled aiohttp client session per origin.
+"""An HTTP(S) server as an origin: HTTP/1.1 over pooled keep-alive connections, on origin
+threads (`origins.threads`), so that receiving, decrypting, writing and hashing a miss's bytes
+use every core and not just the event loop's.
 
 Bodies are taken as raw bytes (no transparent decompression), with optional per-origin headers
 such as an `Authorization` token. Redirects are not followed unless the origin sets
@@ -308,6 +310,8 @@ class HttpStream:
                     spot.crc32c = write_at(fd, piece, spot.position, spot.crc32c)
                     spot.done_bytes += len(piece)
                     landed(len(piece))
+            if self._left == 0:
+                self._receive(buffer)  # the body's end: its connection goes back to the pool
 
     @contextlib.contextmanager
     def _mapping_errors(self) -> Iterator[None]:

@@ -1,10 +1,10 @@
-"""An S3 bucket (AWS, MinIO, any S3 API) as an origin: boto3 signs, aiohttp streams.
+"""An S3 bucket (AWS, MinIO, any S3 API) as an origin: boto3 signs, the HTTP transport streams.
 
 Credentials and endpoints come from boto3's standard chain (`AWS_ENDPOINT_URL[_S3]`,
 `AWS_REGION`, profiles, instance roles); a per-origin `endpoint_url` overrides the endpoint.
 boto3 is blocking and its body reads copy through urllib3 on a thread per read, which capped
 the S3 path near 0.3 GB/s on two cores; so bodies are fetched with a presigned GetObject URL
-over the same aiohttp transport as HTTP origins (Range and If-Match are plain headers), and
+over the same transport as HTTP origins (Range and If-Match are plain headers), and
 boto3 itself only signs (on a worker thread: it may refresh credentials) and answers HEAD
 (HeadObject with ChecksumMode, for the full-object checksums). Retries are `fill`'s.
 """
@@ -125,7 +125,8 @@ class S3Origin:
         )
         # Sessions are not thread-safe but clients are: build the client once, here.
         # `ca_file` for both halves: boto3 (HEAD, signing) reads AWS_CA_BUNDLE or certifi's
-        # bundle, aiohttp (bodies) the system's and SSL_CERT_FILE; an origin's own CAs to both.
+        # bundle, the transport (bodies) the system's and SSL_CERT_FILE; an origin's own CAs
+        # to both.
         self._client = boto3.session.Session().client(
             "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
         )

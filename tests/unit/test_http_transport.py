@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from shardcache.checksums import crc32c
+from shardcache.errors import OriginTimeout, OriginUnavailable
 from shardcache.origins import Timeouts
 from shardcache.origins.http import HttpTransport
+from shardcache.segments import Segment
 
 BODY = b"x" * (8 << 20)
 
@@ -39,4 +46,167 @@ async def test_a_pooled_connection_is_not_poisoned_by_an_old_read_timeout() -> N
             await asyncio.sleep(0.4)  # idle in the pool past the read timeout
     finally:
         await transport.aclose()
+        await server.close()
+
+
+class _Origin:
+    """A loopback aiohttp origin whose one route serves BODY, or stalls after `stall_after`
+    bytes, or ends `short_by` bytes early; it notes the client port of every request."""
+
+    def __init__(self, close_idle_after_s: float | None = None) -> None:
+        self.close_idle_after_s = close_idle_after_s
+        self.ports: list[int] = []
+        self.stall_after: int | None = None
+        self.short_by = 0
+        app = web.Application()
+        app.router.add_get("/{key}", self._shard)
+        self.server = TestServer(app)
+
+    async def _shard(self, request: web.Request) -> web.StreamResponse:
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.ports.append(peer[1] if peer else -1)
+        response = web.StreamResponse(headers={"ETag": '"e"', "Content-Length": str(len(BODY))})
+        await response.prepare(request)
+        if self.stall_after is not None:
+            await response.write(BODY[: self.stall_after])
+            await asyncio.sleep(3600)
+        await response.write(BODY[: len(BODY) - self.short_by])
+        if self.short_by:
+            assert request.transport is not None
+            request.transport.close()  # cut: the client must see a short body
+        if self.close_idle_after_s is not None and request.transport is not None:
+            asyncio.get_running_loop().call_later(
+                self.close_idle_after_s, request.transport.close
+            )  # as a server's keep-alive timeout does
+        return response
+
+    async def __aenter__(self) -> _Origin:
+        await self.server.start_server()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.close()
+
+    def url(self, key: str = "a.tar") -> str:
+        return str(self.server.make_url(f"/{key}"))
+
+
+async def _land_all(
+    transport: HttpTransport, url: str, path: Path, read_timeout_s: float = 5.0
+) -> Segment:
+    segment = Segment(0, len(BODY))
+    landed: list[int] = []
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        stream = await transport.get(url, "a.tar", 0, None, None)
+        try:
+            await stream.land(fd, segment, landed.append, read_timeout_s)
+        finally:
+            await stream.aclose()
+    finally:
+        os.close(fd)
+    assert sum(landed) == segment.done_bytes  # every landed byte announced, once
+    return segment
+
+
+async def test_a_landed_body_is_written_whole_with_its_crc_and_its_connection_reused(
+    tmp_path: Path,
+) -> None:
+    async with _Origin() as origin:
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        try:
+            for _ in range(2):
+                segment = await _land_all(transport, origin.url(), tmp_path / "a")
+                assert (tmp_path / "a").read_bytes() == BODY
+                assert segment.crc32c == crc32c(BODY)
+        finally:
+            await transport.aclose()
+    assert len(origin.ports) == 2 and origin.ports[0] == origin.ports[1]  # kept alive
+
+
+async def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
+    tmp_path: Path,
+) -> None:
+    """The pool cannot see a server's idle timeout: the request on the dead connection is
+    sent again on a new one, once."""
+    async with _Origin(close_idle_after_s=0.1) as origin:
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        try:
+            await _land_all(transport, origin.url(), tmp_path / "a")
+            await asyncio.sleep(0.5)  # the server closes the idle connection
+            await _land_all(transport, origin.url(), tmp_path / "a")
+        finally:
+            await transport.aclose()
+    assert (tmp_path / "a").read_bytes() == BODY
+    assert len(origin.ports) == 2 and origin.ports[0] != origin.ports[1]
+
+
+async def test_a_body_stalled_mid_way_times_out_and_a_short_one_fails(tmp_path: Path) -> None:
+    async with _Origin() as origin:
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.3))
+        try:
+            origin.stall_after = 1 << 20
+            started = time.monotonic()
+            with pytest.raises(OriginTimeout, match="no byte for"):
+                await _land_all(transport, origin.url(), tmp_path / "a", read_timeout_s=0.3)
+            assert time.monotonic() - started < 3
+            origin.stall_after, origin.short_by = None, 1000
+            with pytest.raises(OriginUnavailable, match="short"):
+                await _land_all(transport, origin.url(), tmp_path / "a")
+        finally:
+            await transport.aclose()
+
+
+async def test_a_cancelled_landing_stops_its_thread_before_the_file_can_close(
+    tmp_path: Path,
+) -> None:
+    """The fill closes its file right after a cancelled landing: the thread writing it must
+    be stopped by then (its socket is shut down), or its next pwrite would land in whatever
+    file reuses the descriptor."""
+    async with _Origin() as origin:
+        origin.stall_after = 1 << 20
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0))
+        path = tmp_path / "a"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            stream = await transport.get(origin.url(), "a.tar", 0, None, None)
+            segment = Segment(0, len(BODY))
+            landing = asyncio.create_task(stream.land(fd, segment, lambda count: None, 30.0))
+            while segment.done_bytes < origin.stall_after:
+                await asyncio.sleep(0.01)
+            started = time.monotonic()
+            landing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await landing
+            assert time.monotonic() - started < 2  # not the 30 s read timeout
+            written = segment.done_bytes
+            await stream.aclose()
+        finally:
+            os.close(fd)
+            await transport.aclose()
+        await asyncio.sleep(0.2)
+        assert path.stat().st_size == written == origin.stall_after
+
+
+async def test_closing_the_transport_stops_a_request_waiting_for_its_answer() -> None:
+    async def hang(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    app = web.Application()
+    app.router.add_get("/{key}", hang)
+    server = TestServer(app)
+    await server.start_server()
+    transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0))
+    try:
+        asking = asyncio.create_task(
+            transport.get(str(server.make_url("/a.tar")), "a.tar", 0, None, None)
+        )
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        await transport.aclose()
+        with pytest.raises(OriginUnavailable):
+            await asking
+        assert time.monotonic() - started < 2
+    finally:
         await server.close()
