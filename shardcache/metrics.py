@@ -30,6 +30,8 @@ ORIGIN_ERROR_KINDS = (
     "timeout",
     "unavailable",
     "throttled",
+    "busy",
+    "tls",
     "denied",
     "changed",
     "integrity",

@@ -48,6 +48,9 @@ def test_an_untrusted_certificate_is_a_502_naming_it_and_trust_is_per_origin_or_
     assert time.monotonic() - started < 2  # not retried: another try meets the same cert
     assert origin.gets["s.tar"] == 0  # no request reached it, over TLS or in plain text
     assert "certificate verify failed" in daemon.log()
+    status = daemon.get_json("/_/status")[1]
+    assert status["origins"]["untrusted"]["origin_errors"] == {"tls": 1}  # type: ignore[index]
+    assert daemon.metric("shardcache_origin_errors_total", origin="trusted", kind="tls") == 0
 
     trusted = curl(f"{daemon.url}/trusted/s.tar")
     assert (trusted.exit_code, trusted.sha256) == (0, hashlib.sha256(data).hexdigest())
