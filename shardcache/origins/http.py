@@ -18,6 +18,7 @@ import email.utils
 import functools
 import http.client
 import re
+import select
 import socket
 import ssl
 import threading
@@ -428,12 +429,52 @@ class _Exchange:
         if complete and not response.chunked:
             response.close()  # its bytes are all read: http.client may send the next request
         if complete and response.isclosed() and not response.will_close:
-            self.pool.give(self.site, connection)
+            self.pool.give(self.site, connection)  # unless more bytes came: see `give`
         else:
             connection.close()
 
     def close(self) -> None:
         self.finish(complete=False)
+
+
+def _has_bytes_waiting(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection can be read without blocking: bytes nobody asked for, or
+    the server's close."""
+    sock = connection.sock
+    if sock is None:
+        return True
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # closed under it
+        return True
+
+
+class _TlsConnection(http.client.HTTPConnection):
+    """HTTPS whose TLS handshake an `Abort` can stop: the TCP socket is followed before the
+    handshake (http.client's HTTPSConnection does both in one call), so a server dripping
+    its handshake a byte at a time cannot hold an origin thread past the request's time."""
+
+    default_port = 443
+
+    def __init__(self, host: str, port: int | None, timeout: float, tls: ssl.SSLContext) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._tls = tls
+        self.abort: Abort | None = None
+
+    def connect(self) -> None:
+        super().connect()  # TCP, within the connect timeout
+        assert self.sock is not None
+        # Wrapping takes the descriptor over from the TCP socket: follow the TLS one.
+        self.sock = self._tls.wrap_socket(
+            self.sock, server_hostname=self.host, do_handshake_on_connect=False
+        )
+        if self.abort is not None:
+            self.abort.watch(self.sock)
+        self.sock.do_handshake()
 
 
 class _Connections:
@@ -456,17 +497,21 @@ class _Connections:
             idle = self._idle.get(site, [])
             while idle:
                 connection, since = idle.pop()
-                if now - since < IDLE_S:
+                if now - since < IDLE_S and not _has_bytes_waiting(connection):
                     return connection, True
                 connection.close()
         scheme, host, port = site
         if scheme == "https":
-            return http.client.HTTPSConnection(
-                host, port, timeout=self._connect_s, context=self._tls
-            ), False
+            return _TlsConnection(host, port, self._connect_s, self._tls), False
         return http.client.HTTPConnection(host, port, timeout=self._connect_s), False
 
     def give(self, site: Site, connection: http.client.HTTPConnection) -> None:
+        """Keep `connection` for the next request, unless bytes already wait on it: past a
+        body's announced end, they would be read as the next request's answer (another key's
+        bytes); a server's close (EOF) reads the same way."""
+        if _has_bytes_waiting(connection):
+            connection.close()
+            return
         with self._lock:
             idle = self._idle.setdefault(site, [])
             if self._closed or len(idle) >= MAX_IDLE_PER_SITE:
@@ -565,7 +610,9 @@ class HttpTransport:
             try:
                 if connection.sock is None:
                     abort.check()
-                    connection.connect()  # bounded by the connect timeout
+                    if isinstance(connection, _TlsConnection):
+                        connection.abort = abort
+                    connection.connect()  # bounded by the connect timeout, and by `abort`
                 sock = connection.sock
                 assert sock is not None
                 abort.watch(sock)

@@ -210,3 +210,89 @@ async def test_closing_the_transport_stops_a_request_waiting_for_its_answer() ->
         assert time.monotonic() - started < 2
     finally:
         await server.close()
+
+
+class _RawOrigin:
+    """An origin that writes raw bytes: `answers[path]` is sent for each request of `path`,
+    as is, on whichever connection asked; it notes each connection's requested paths."""
+
+    def __init__(self, answers: dict[str, bytes]) -> None:
+        self.answers = answers
+        self.connections: list[list[str]] = []
+        self.closed = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        paths: list[str] = []
+        self.connections.append(paths)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                path = head.split(b" ")[1].decode()
+                paths.append(path)
+                writer.write(self.answers[path])
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed.set()
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> _RawOrigin:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    def url(self, path: str, scheme: str = "http") -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"{scheme}://127.0.0.1:{port}{path}"
+
+
+def _response(body: bytes) -> bytes:
+    return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: %d\r\n\r\n' % len(body) + body
+
+
+async def test_bytes_past_a_body_never_answer_the_next_request_on_that_connection() -> None:
+    """Found by the attack: an origin sending more than its Content-Length (here, a whole
+    forged response) left those bytes on the pooled connection, and the next key's request
+    read them as its answer: another key's bytes, served and cached as a success."""
+    real, forged = os.urandom(300_000), b"E" * 300_000
+    answers = {"/a.tar": _response(os.urandom(1000)) + _response(forged), "/b.tar": _response(real)}
+    async with _RawOrigin(answers) as origin:
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        try:
+            for path in ("/a.tar", "/b.tar"):
+                stream = await transport.get(origin.url(path), path, 0, None, None)
+                received = b"".join([chunk async for chunk in stream])
+                await stream.aclose()
+        finally:
+            await transport.aclose()
+    assert received == real
+    assert origin.connections == [["/a.tar"], ["/b.tar"]]  # not reused past the extra bytes
+
+
+async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request() -> None:
+    """A server that accepts and then says nothing (or drips its handshake): the request's
+    time runs out after the read timeout, and its thread's socket is shut down then, not
+    after the 30 s connect timeout."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up: EOF
+        closed.set()
+        writer.close()
+
+    closed = asyncio.Event()
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = HttpTransport(Timeouts(connect_s=30.0, read_s=0.5))
+    try:
+        with pytest.raises(OriginTimeout):
+            await transport.get(f"https://127.0.0.1:{port}/a.tar", "a.tar", 0, None, None)
+        async with asyncio.timeout(2):
+            await closed.wait()
+    finally:
+        await transport.aclose()
+        server.close()
