@@ -46,7 +46,7 @@ from shardcache.errors import (
 from shardcache.keys import ERROR_KIND_HEADER, join_url
 from shardcache.origins import Timeouts
 from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, write_at
-from shardcache.origins.threads import Abort, Aborted, run_blocking
+from shardcache.origins.threads import MAX_THREADS, Abort, Aborted, run_blocking
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
 _TRANSIENT_4XX = {408, 425, 429}  # timeout, too early, too many requests: worth a retry
@@ -60,6 +60,7 @@ FLUSH_BYTES = 256 << 10  # written as soon as this much came (or nothing more is
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
 IDLE_S = 10.0  # an idle connection older than this is not reused (servers close them)
 MAX_IDLE_PER_SITE = 64
+MAX_ASKING = MAX_THREADS // 4  # requests of one transport waiting for their answers at once
 
 
 @contextlib.contextmanager
@@ -561,6 +562,9 @@ class HttpTransport:
         self._read_s = timeouts.read_s
         self._in_flight: set[Abort] = set()
         self._in_flight_lock = threading.Lock()
+        # Requests waiting for their answer hold an origin thread each: one origin that
+        # never answers may hold only this many, and every other origin keeps the rest.
+        self._asking = asyncio.Semaphore(MAX_ASKING)
 
     async def _send(
         self, method: str, url: str, label: str, headers: dict[str, str] | None = None
@@ -571,7 +575,7 @@ class HttpTransport:
         with self._in_flight_lock:
             self._in_flight.add(abort)
         try:
-            async with asyncio.timeout(self._read_s):
+            async with asyncio.timeout(self._read_s), self._asking:
                 return await run_blocking(
                     lambda abort: self._answer(abort, method, url, label, headers or {}),
                     abort,

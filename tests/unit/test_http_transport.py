@@ -296,3 +296,37 @@ async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request() -> 
     finally:
         await transport.aclose()
         server.close()
+
+
+async def test_an_origin_that_never_answers_cannot_take_every_origin_thread() -> None:
+    """300 requests to an origin that accepts and never answers, then one to a healthy
+    origin: it is answered at once, not after a hung request's read timeout frees a thread
+    (the pool has MAX_THREADS; one transport's waiting requests hold at most MAX_ASKING)."""
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # until the client gives up
+        writer.close()
+
+    hung_server = await asyncio.start_server(never_answer, "127.0.0.1", 0, backlog=512)
+    hung_port = hung_server.sockets[0].getsockname()[1]
+    hung = HttpTransport(Timeouts(connect_s=5.0, read_s=3.0))
+    async with _Origin() as origin:
+        healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        asking = [
+            asyncio.create_task(hung.get(f"http://127.0.0.1:{hung_port}/{i}", "x", 0, 10, None))
+            for i in range(300)
+        ]
+        try:
+            await asyncio.sleep(0.5)  # all of them sent or waiting
+            started = time.monotonic()
+            stream = await healthy.get(origin.url(), "a.tar", 0, None, None)
+            await stream.aclose()
+            assert time.monotonic() - started < 1.0  # not the hung ones' 3 s
+        finally:
+            for task in asking:
+                task.cancel()
+            await asyncio.gather(*asking, return_exceptions=True)
+            await hung.aclose()
+            await healthy.aclose()
+            hung_server.close()
+            await asyncio.sleep(0.2)  # the handlers see their clients go
