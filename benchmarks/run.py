@@ -300,7 +300,7 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
     with a certificate made here and trusted by each client (shardcache: SSL_CERT_FILE; nginx:
     proxy_ssl_trusted_certificate; curl: --cacert). shardcache vs nginx proxy_cache (HTTPS
     upstream) vs direct curl, CPU per GB of the serving processes, and two cold shards at once
-    with the daemon pinned to one core, then given two."""
+    (HTTPS, then plain HTTP from the same nginx) with the daemon pinned to one core, then two."""
     static = work / "static"
     static.mkdir()
     base = static / "base.tar"
@@ -308,7 +308,8 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
         out.write(os.urandom(sizes.shard))
     names = [f"tls_{run}_{who}.tar" for run in range(sizes.runs) for who in ("sc", "ng")]
     names += [
-        f"pair_{run}_{cores}_{i}.tar"
+        f"pair_{scheme}_{run}_{cores}_{i}.tar"
+        for scheme in ("tls", "plain")
         for run in range(sizes.runs)
         for cores in (1, 2)
         for i in (0, 1)
@@ -317,9 +318,13 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
         os.link(base, static / name)
     cert, key = self_signed(work)
     nginx = Nginx(work, None, static, tls=(cert, key))
-    daemon = Shardcache(work, {"o": nginx.tls_url}, env={"SSL_CERT_FILE": str(cert)})
+    daemon = Shardcache(
+        work, {"o": nginx.tls_url, "p": nginx.static_url}, env={"SSL_CERT_FILE": str(cert)}
+    )
     sc, ng, direct, cpu_sc, cpu_ng = [], [], [], [], []
-    pair: dict[int, list[float]] = {1: [], 2: []}
+    pair: dict[tuple[str, int], list[float]] = {
+        (scheme, cores): [] for scheme in ("o", "p") for cores in (1, 2)
+    }
     try:
         ng_pids = nginx.worker_pids()
         for run in range(sizes.runs):
@@ -338,20 +343,23 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
                     f"{nginx.tls_url}/base.tar", sizes.shard, [], (base,), "--cacert", str(cert)
                 )[0]
             )
-            for cores in (1, 2):
+            for (origin, cores), rates in pair.items():
                 subprocess.run(
                     ["taskset", "-a", "-p", "-c", "0" if cores == 1 else "0,1", str(daemon.pid)],
                     check=True,
                     capture_output=True,
                 )
                 settle_disk((base,))
-                urls = [f"{daemon.url}/o/pair_{run}_{cores}_{i}.tar" for i in (0, 1)]
+                scheme = "tls" if origin == "o" else "plain"
+                urls = [
+                    f"{daemon.url}/{origin}/pair_{scheme}_{run}_{cores}_{i}.tar" for i in (0, 1)
+                ]
                 started = time.perf_counter()
                 with concurrent.futures.ThreadPoolExecutor(2) as pool:
                     received = list(pool.map(lambda url: curl(url)[1], urls))
                 if received != [sizes.shard] * 2:
                     raise RuntimeError(f"two cold shards: received {received}")
-                pair[cores].append(gbps(2 * sizes.shard, time.perf_counter() - started))
+                rates.append(gbps(2 * sizes.shard, time.perf_counter() - started))
     finally:
         daemon.stop()
         nginx.stop()
@@ -388,16 +396,18 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
             "user+system time of the serving processes over the transfers above",
             ratio=[a / b for a, b in zip(cpu_sc, cpu_ng, strict=True) if b],
         ),
+    ] + [
         Row(
-            "two cold HTTPS shards at once, daemon given two cores vs one",
+            f"two cold {label} shards at once, daemon given two cores vs one",
             f"GB/s in all (2 × {size})",
-            pair[2],
-            pair[1],
+            pair[origin, 2],
+            pair[origin, 1],
             "the daemon pinned to one core (taskset)",
             "report",
             "two curl -s -f at once; taskset -a -p -c 0 (or 0,1) DAEMON_PID",
-            ratio=[a / b for a, b in zip(pair[2], pair[1], strict=True)],
-        ),
+            ratio=[a / b for a, b in zip(pair[origin, 2], pair[origin, 1], strict=True)],
+        )
+        for origin, label in (("o", "HTTPS"), ("p", "plain HTTP"))
     ]
 
 
