@@ -428,6 +428,7 @@ class _Exchange:
         self.abort.watch_nothing()  # from now on it may carry another request
         response = self.response
         if complete and not response.chunked:
+            complete = not self._bytes_left_over()
             response.close()  # its bytes are all read: http.client may send the next request
         if complete and response.isclosed() and not response.will_close:
             self.pool.give(self.site, connection)  # unless more bytes came: see `give`
@@ -436,6 +437,21 @@ class _Exchange:
 
     def close(self) -> None:
         self.finish(complete=False)
+
+    def _bytes_left_over(self) -> bool:
+        """Whether bytes past the body's end were read with it (into http.client's buffer)
+        or wait on the socket: the connection is then not fit for another request."""
+        assert self.response.fp is not None
+        timeout = self.sock.gettimeout()
+        self.sock.settimeout(0)  # look, do not wait
+        try:
+            return bool(self.response.fp.peek(1))
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return False
+        except (OSError, ValueError):
+            return True
+        finally:
+            self.sock.settimeout(timeout)
 
 
 def _has_bytes_waiting(connection: http.client.HTTPConnection) -> bool:
