@@ -60,7 +60,7 @@ FLUSH_BYTES = 256 << 10  # written as soon as this much came (or nothing more is
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
 IDLE_S = 10.0  # an idle connection older than this is not reused (servers close them)
 MAX_IDLE_PER_SITE = 64
-MAX_ASKING = MAX_THREADS // 4  # requests of one transport waiting for their answers at once
+MAX_ASKING = MAX_THREADS // 8  # requests of one transport waiting for their answers at once
 
 
 @contextlib.contextmanager

@@ -22,8 +22,9 @@ T = TypeVar("T")
 
 # Threads for origin requests, shared by every origin. Each holds one request at a time, so
 # this bounds the origin requests in flight; the fill's own limits (segment connections, the
-# shared extra connections, caps) keep far fewer busy. Idle threads cost no CPU.
-MAX_THREADS = 256
+# shared extra connections, caps) keep far fewer busy. Idle threads cost no CPU, and their
+# stacks are address space, not memory, until used.
+MAX_THREADS = 512
 
 _executor: ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
-from shardcache.origins import Timeouts
+from shardcache.origins import Timeouts, http, threads
 from shardcache.origins.http import HttpTransport
 from shardcache.segments import Segment
 
@@ -298,10 +299,16 @@ async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request() -> 
         server.close()
 
 
-async def test_an_origin_that_never_answers_cannot_take_every_origin_thread() -> None:
-    """300 requests to an origin that accepts and never answers, then one to a healthy
-    origin: it is answered at once, not after a hung request's read timeout frees a thread
-    (the pool has MAX_THREADS; one transport's waiting requests hold at most MAX_ASKING)."""
+async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """More requests than there are origin threads to an origin that accepts and never
+    answers, then one to a healthy origin: it is answered at once, not after a hung request's
+    read timeout frees a thread. The pool and the cap are scaled down here (16 threads, 4
+    waiting per transport, against 512 and 64), their ratio kept."""
+    pool = ThreadPoolExecutor(16)
+    monkeypatch.setattr(threads, "_executor", pool)
+    monkeypatch.setattr(http, "MAX_ASKING", 4)
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # until the client gives up
@@ -314,7 +321,7 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread() ->
         healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
         asking = [
             asyncio.create_task(hung.get(f"http://127.0.0.1:{hung_port}/{i}", "x", 0, 10, None))
-            for i in range(300)
+            for i in range(40)
         ]
         try:
             await asyncio.sleep(0.5)  # all of them sent or waiting
@@ -330,3 +337,4 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread() ->
             await healthy.aclose()
             hung_server.close()
             await asyncio.sleep(0.2)  # the handlers see their clients go
+            pool.shutdown(wait=False)
