@@ -26,7 +26,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -329,22 +329,18 @@ class WatchedStream:
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(self._inner)
+        waiting_since = self._owner._clock()
+
+        def silent_since() -> float:
+            return waiting_since
+
         while True:
             waiting_since = self._owner._clock()
-            try:
-                chunk = await anext(chunks)
-            except StopAsyncIteration:
-                return
-            except OriginError as exc:
-                if _is_upstream_failure(exc):
-                    self._owner.note_failure(self._upstream, exc, self._sent_at)
-                raise
-            except asyncio.CancelledError:
-                silent_s = self._owner._clock() - waiting_since
-                if silent_s >= STALL_SHARE * self._owner._read_timeout_s:
-                    stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
-                    self._owner.note_failure(self._upstream, stall, self._sent_at)
-                raise
+            with self._noting_failures(silent_since):
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    return
             yield chunk
 
     async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
@@ -355,14 +351,21 @@ class WatchedStream:
             last_byte_at = self._owner._clock()
             landed(count)
 
-        try:
+        with self._noting_failures(lambda: last_byte_at):
             await self._inner.land(fd, spot, noted, read_timeout_s)
+
+    @contextlib.contextmanager
+    def _noting_failures(self, last_byte_at: Callable[[], float]) -> Iterator[None]:
+        """Mark the upstream down when the body fails, or when it is cancelled after a
+        silence near the read timeout (a fill's own timer fired first: a stall)."""
+        try:
+            yield
         except OriginError as exc:
             if _is_upstream_failure(exc):
                 self._owner.note_failure(self._upstream, exc, self._sent_at)
             raise
         except asyncio.CancelledError:
-            silent_s = self._owner._clock() - last_byte_at
+            silent_s = self._owner._clock() - last_byte_at()
             if silent_s >= STALL_SHARE * self._owner._read_timeout_s:
                 stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
                 self._owner.note_failure(self._upstream, stall, self._sent_at)
