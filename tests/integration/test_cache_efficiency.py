@@ -36,7 +36,7 @@ import trace_sim  # noqa: E402
 
 SHARDS = 100
 SAMPLES_PER_SHARD = 8
-EPOCHS = 4
+EPOCHS = 3  # the first reads everything; two more show what the cache keeps
 ENTRY_OVERHEAD = 8 * 1024  # store.ENTRY_OVERHEAD_BYTES: what each entry costs beyond its bytes
 INDEX_ALLOWANCE = 768 * 1024  # the index database and its write-ahead log allowance
 
