@@ -507,11 +507,12 @@ class _Connections:
         self._idle: dict[Site, list[tuple[http.client.HTTPConnection, float]]] = {}
         self._closed = False
 
-    def take(self, site: Site) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection to `site`, and whether it carried a request before."""
+    def take(self, site: Site, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
+        """A connection to `site` (a new one if `fresh`: the retry after a stale one must not
+        meet another), and whether it carried a request before."""
         now = time.monotonic()
         with self._lock:
-            idle = self._idle.get(site, [])
+            idle = [] if fresh else self._idle.get(site, [])
             while idle:
                 connection, since = idle.pop()
                 if now - since < IDLE_S and not _has_bytes_waiting(connection):
@@ -626,7 +627,7 @@ class HttpTransport:
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         for attempt in range(2):
-            connection, reused = self._pool.take(site)
+            connection, reused = self._pool.take(site, fresh=attempt > 0)
             try:
                 if connection.sock is None:
                     abort.check()
