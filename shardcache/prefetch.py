@@ -12,8 +12,9 @@
   joins that fill; a queued prefetch whose key is being fetched already (a client came early:
   the late prefetch jumps the queue) follows that fill without holding a slot.
 - Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
-  within `max_unread_bytes` (the size comes from a HEAD first). Unread entries are pinned in the
-  store, so later prefetches can never evict them before the loader reads them (no thrash).
+  within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
+  HEAD answers first (`_admit`). Unread entries are pinned in the store, so later prefetches
+  can never evict them before the loader reads them (no thrash).
 - Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
   ends the run quietly (the end of the dataset, not a failure).
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
@@ -133,6 +134,7 @@ class _Start:
     is_dropped: bool = False  # by clear(): let it go, uncounted
     admitted_bytes: int = 0  # look-ahead budget it holds until its fill pins the shard
     is_admitted: bool = False
+    size_bytes: int | None = None  # once its HEAD has answered
 
 
 @dataclass
@@ -240,6 +242,7 @@ class PrefetchQueue:
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
         self._admitted_bytes = 0  # look-ahead budget held by items not pinned yet
+        self._largest_sized = 0  # the largest look-ahead shard sized so far: a guess for others
         self._said_waiting = False  # a wait for the budget is logged once
         self._budget_waiters = 0  # items waiting for the look-ahead budget now
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
@@ -548,17 +551,23 @@ class PrefetchQueue:
         """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
         than the whole budget is admitted alone), then hold them until the fill pins the shard.
 
-        Items are sized side by side; the budget goes in their order, without one slow HEAD
-        holding up the rest: an item is admitted when the budget holds it and, at its size
-        again, each item taken before it and not admitted yet. A wait is logged once, and
-        shown in the status until it ends: a loader reading what was prefetched, or an emptied
-        queue, ends it."""
+        Items are sized side by side, and their HEADs answer in any order; the budget still
+        goes in the queue's order, without one slow HEAD holding up the rest while there is
+        room: an item is admitted when the budget holds it on top of what each item taken
+        before it and not admitted yet is owed (`_ahead_of`). CI, room for three, s0..s2's
+        HEADs slower than s3's, when the alone rule looked only at what was held:
+        1. s3 is sized; nothing is held, so it was admitted alone;
+        2. s0 and s1 are admitted; s2 waits for the budget that s3 took.
+        A wait is logged once, and shown in the status until it ends: a loader reading what
+        was prefetched, or an emptied queue, ends it."""
+        start.size_bytes = size_bytes
+        self._largest_sized = max(self._largest_sized, size_bytes)
         waiting = False
         try:
             while not start.is_dropped:
                 held = self.cache.unread_bytes + self._admitted_bytes
-                ahead = self._waiting_before(start)
-                if not held or held + size_bytes * (1 + ahead) <= self.max_unread_bytes:
+                ahead, owed = self._ahead_of(start)
+                if (not held and not ahead) or held + owed + size_bytes <= self.max_unread_bytes:
                     break
                 if not waiting:
                     waiting = True
@@ -584,14 +593,23 @@ class PrefetchQueue:
             self._admitted_bytes += size_bytes
             self.cache.unread_changed.set()  # the next in line may go now
 
-    def _waiting_before(self, start: _Start) -> int:
-        """Items taken before `start` and not admitted yet (being sized, or waiting)."""
-        count = 0
+    def _ahead_of(self, start: _Start) -> tuple[int, int]:
+        """The items taken before `start` and not admitted yet (being sized, or waiting), and
+        the budget they are owed before it: each one's size once its HEAD has answered, else
+        the largest shard sized so far (its own size is not known yet, and a guess of `start`'s
+        size let the small last shard of a dataset pass the one before it).
+
+        An earlier item that waits makes every later one wait too (each needs its room on top
+        of that item's), so its sizing wakes no one; its admission or its leaving does."""
+        ahead = owed = 0
         for earlier in self._lookahead.starting:
             if earlier is start:
                 break
-            count += not earlier.is_admitted and not earlier.is_dropped
-        return count
+            if not earlier.is_admitted and not earlier.is_dropped:
+                ahead += 1
+                size = earlier.size_bytes
+                owed += size if size is not None else self._largest_sized
+        return ahead, owed
 
     def _admission(self, lane: _Lane, start: _Start) -> Callable[[int], Awaitable[None]]:
         """An item's admission: the look-ahead budget (warming needs none, it pins nothing),

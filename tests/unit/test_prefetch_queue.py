@@ -343,3 +343,108 @@ async def test_a_sizing_head_is_retried(cache: ShardCache, origin: FakeOrigin) -
     finally:
         await queue.aclose()
     assert (queue.completed, queue.failed) == (1, 0)
+
+
+# -- the look-ahead budget goes in the queue's order (CI: s_003 fetched where s_002 belonged) ---
+
+
+def _gate_heads(origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch, keys: list[str]):  # type: ignore[no-untyped-def]
+    """Hold the HEADs of `keys` until their event is set; the others answer at once."""
+    gates = {key: asyncio.Event() for key in keys}
+    real_head = origin.head
+
+    async def head(key: str):  # type: ignore[no-untyped-def]
+        if key in gates:
+            await gates[key].wait()
+        return await real_head(key)
+
+    monkeypatch.setattr(origin, "head", head)
+    return gates
+
+
+async def test_a_later_item_sized_first_does_not_take_an_earlier_ones_budget(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for three, s0..s2 still being sized: a later item whose HEAD answered first (s_003
+    in CI) was admitted at once, since nothing was held yet (the rule that lets a shard larger
+    than the budget in alone), then s0 and s1; s2, the loader's third shard, waited."""
+    keys = [f"s{n}.tar" for n in range(10)]
+    for key in keys:
+        origin.put(key, os.urandom(64 * KiB))
+    gates = _gate_heads(origin, monkeypatch, keys[:3])
+    queue = PrefetchQueue(cache, 8, 3 * 64 * KiB, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", key) for key in keys])
+        # 1. s3..s7 are sized: one of them is admitted (wrong), or they wait (right).
+        await _until(
+            "a later item to be admitted or to wait",
+            lambda: bool(_fetch_order(origin)) or queue._budget_waiters == 5,
+        )
+        # 2. s0, s1 and s2 are sized, the three of them at once.
+        for gate in gates.values():
+            gate.set()
+        await _until("three prefetches", lambda: queue.completed >= 3)
+        await _until("the rest to wait for the budget", lambda: queue._budget_waiters == 7)
+    finally:
+        await queue.aclose()
+    assert _fetch_order(origin) == ["s0.tar", "s1.tar", "s2.tar"]
+
+
+async def test_a_smaller_later_shard_does_not_take_the_budget_a_larger_earlier_one_waits_for(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for 4 units, a (2) held: b (3) waits for a to be read. c (1) was admitted because
+    it fit next to a second item of its own size, not of b's; b then waited for c as well."""
+    unit = 64 * KiB
+    for key, units in (("a.tar", 2), ("b.tar", 3), ("c.tar", 1)):
+        origin.put(key, os.urandom(units * unit))
+    gates = _gate_heads(origin, monkeypatch, ["b.tar", "c.tar"])
+    queue = PrefetchQueue(cache, 4, 4 * unit, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", key) for key in ("a.tar", "b.tar", "c.tar")])
+        await _until("a", lambda: queue.completed == 1)
+        gates["b.tar"].set()
+        await _until("b to wait for the budget", lambda: queue._budget_waiters == 1)
+        gates["c.tar"].set()
+        await _until(
+            "c to be admitted or to wait",
+            lambda: "c.tar" in _fetch_order(origin) or queue._budget_waiters == 2,
+        )
+        assert _fetch_order(origin) == ["a.tar"]
+        lease = await cache.open("fake", "a.tar")  # the loader reads a: b goes, then c
+        await lease.aclose()
+        await _until("b and c", lambda: queue.completed == 3)
+    finally:
+        await queue.aclose()
+    assert _fetch_order(origin) == ["a.tar", "b.tar", "c.tar"]
+
+
+async def test_the_small_last_shard_does_not_pass_an_earlier_one_being_sized(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for three 1-unit shards, two held, s2 being sized: the dataset's last shard (half a
+    unit) fit next to a guess of its own size for s2, and took the room s2 needed."""
+    unit = 64 * KiB
+    for n in range(3):
+        origin.put(f"s{n}.tar", os.urandom(unit))
+    origin.put("s3.tar", os.urandom(unit // 2))
+    gates = _gate_heads(origin, monkeypatch, ["s1.tar", "s2.tar", "s3.tar"])
+    queue = PrefetchQueue(cache, 4, 3 * unit, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", f"s{n}.tar") for n in range(4)])
+        await _until("s0", lambda: queue.completed == 1)
+        gates["s1.tar"].set()
+        await _until("s1", lambda: queue.completed == 2)
+        gates["s3.tar"].set()
+        await _until(
+            "s3 to be admitted or to wait",
+            lambda: "s3.tar" in _fetch_order(origin) or queue._budget_waiters == 1,
+        )
+        gates["s2.tar"].set()
+        await _until("s2", lambda: queue.completed == 3)
+    finally:
+        await queue.aclose()
+    assert _fetch_order(origin) == ["s0.tar", "s1.tar", "s2.tar"]
