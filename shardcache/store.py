@@ -611,10 +611,11 @@ class Store:
     def would_admit(self, key: str, size_bytes: int, look_ahead: bool) -> bool:
         """Whether a fill of `key` would be admitted now, without evicting anything: a prefetch
         asks before fetching, so that one the policy would refuse is not downloaded only to
-        be thrown away. A dry run of the first eviction only (the fill itself decides)."""
-        planning = self.plans is not None and self.plans.is_active
-        if self.admission is None and not planning:
-            return True  # plain LRU admits everything
+        be thrown away. A dry run of the first eviction only (the fill itself decides).
+
+        Plain LRU admits everything it has room for, but not past what is pinned and
+        reserved: a prefetch that would find no room has sent its GET before its fill learns
+        that, and the loader's read then fetches the shard again."""
         unplanned = self.plans is None or self.plans.next_use_s(key) is None
         if look_ahead and self.admission is not None and unplanned:
             return True  # a transient fill: it may evict within its area

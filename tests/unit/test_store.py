@@ -92,6 +92,31 @@ def test_reservations_count_against_the_bound(store: Store) -> None:
     os.close(second.fd)
 
 
+def test_would_admit_says_no_when_nothing_can_make_room(store: Store) -> None:
+    # A prefetch asks before its GET: under plain LRU too, a fill that would find no room
+    # (everything pinned or reserved) must not be fetched only to stream through and be
+    # thrown away, and then fetched again by the loader's read.
+    for key in "ab":
+        _fill(store, key, os.urandom(3 * MiB // 2))
+    store.pin("a")
+    store.pin("b")
+    assert not store.would_admit("c", 3 * MiB // 2, look_ahead=True)
+    assert store.would_admit("c", 100 * KiB, look_ahead=True)  # it fits beside them
+    store.unpin("a")
+    assert store.would_admit("c", 3 * MiB // 2, look_ahead=True)  # a can be evicted
+    store.unpin("b")
+
+
+def test_would_admit_counts_the_room_fills_under_way_hold(store: Store) -> None:
+    reservation = store.reserve(3 * MiB)  # a fill under way, its commit still to come
+    try:
+        assert not store.would_admit("c", 2 * MiB, look_ahead=True)
+    finally:
+        store.abort(reservation)
+        os.close(reservation.fd)
+    assert store.would_admit("c", 2 * MiB, look_ahead=True)
+
+
 def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
     first = Store(tmp_path / "c", 4 * MiB)
     data = os.urandom(50 * KiB)
