@@ -136,8 +136,8 @@ def test_look_ahead_bound_and_no_thrash(origin: OriginServer, start_daemon, tmp_
         # Room for three prefetched shards, the one being read and the next one filling, and
         # two more: the index takes about 0.6 MiB of the size, and on a slow disk a fill's
         # commit lags its last byte, so its room is still reserved when the next one starts.
-        # A prefetch that then finds no room has already sent its GET (it streams through):
-        # with 6 MiB CI saw that once, with 7 MiB once more (s_009 fetched twice).
+        # A prefetch that found no room once sent its GET anyway and streamed through (CI saw
+        # s_009 fetched twice with 6 and 7 MiB); the store now says no first (would_admit).
         cache_size="8MiB",
         cache_dir=cache_dir,
     )
