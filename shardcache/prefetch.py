@@ -561,7 +561,8 @@ class PrefetchQueue:
         A wait is logged once, and shown in the status until it ends: a loader reading what
         was prefetched, or an emptied queue, ends it."""
         start.size_bytes = size_bytes
-        self._largest_sized = max(self._largest_sized, size_bytes)
+        if size_bytes <= self.max_unread_bytes:  # one larger goes alone: no guess for others
+            self._largest_sized = max(self._largest_sized, size_bytes)
         waiting = False
         try:
             while not start.is_dropped:

@@ -613,13 +613,16 @@ class Store:
         asks before fetching, so that one the policy would refuse is not downloaded only to
         be thrown away. A dry run of the first eviction only (the fill itself decides).
 
-        Plain LRU admits everything it has room for, but not past what is pinned and
-        reserved: a prefetch that would find no room has sent its GET before its fill learns
-        that, and the loader's read then fetches the shard again."""
+        Under plain LRU too: a prefetch that finds no room at its reservation has sent its
+        GET already (it streams through, and the loader's read fetches the shard again). The
+        dry run catches the cache whose room fills under way hold, or whose every entry is
+        pinned; not one where evicting all that is unpinned would still fall short."""
         unplanned = self.plans is None or self.plans.next_use_s(key) is None
         if look_ahead and self.admission is not None and unplanned:
             return True  # a transient fill: it may evict within its area
         with self._lock, map_store_errors(f"cannot size up {key}"):
+            if size_bytes + self._reserved_bytes > self.capacity_bytes:
+                return False  # as `_evict_until_free` would find: reservations hold the rest
             self._flush_touches()
             room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
             if room - self._area_free() >= size_bytes:

@@ -448,3 +448,33 @@ async def test_the_small_last_shard_does_not_pass_an_earlier_one_being_sized(
     finally:
         await queue.aclose()
     assert _fetch_order(origin) == ["s0.tar", "s1.tar", "s2.tar"]
+
+
+async def test_a_shard_larger_than_the_budget_does_not_become_the_guess_for_others(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item whose HEAD has not answered is owed the largest shard sized so far; had that
+    been a shard larger than the whole budget (which goes alone), every later item would wait
+    on one slow HEAD with nothing held."""
+    unit = 64 * KiB
+    origin.put("big.tar", os.urandom(10 * unit))
+    for n in range(4):
+        origin.put(f"s{n}.tar", os.urandom(unit))
+    gates = _gate_heads(origin, monkeypatch, ["s0.tar"])
+    queue = PrefetchQueue(cache, 8, 4 * unit, readahead=0)
+    queue.start()
+    try:
+        await queue.submit([("fake", "big.tar")])
+        await _until("big", lambda: queue.completed == 1)
+        lease = await cache.open("fake", "big.tar")
+        await lease.aclose()  # read: nothing is held now
+        await queue.submit([("fake", f"s{n}.tar") for n in range(4)])
+        await _until(
+            "s1..s3 while s0's HEAD hangs",
+            lambda: {"s1.tar", "s2.tar", "s3.tar"} <= set(_fetch_order(origin)),
+            timeout_s=5.0,
+        )
+        gates["s0.tar"].set()
+        await _until("s0", lambda: queue.completed == 5)
+    finally:
+        await queue.aclose()

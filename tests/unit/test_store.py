@@ -115,6 +115,13 @@ def test_would_admit_counts_the_room_fills_under_way_hold(store: Store) -> None:
         store.abort(reservation)
         os.close(reservation.fd)
     assert store.would_admit("c", 2 * MiB, look_ahead=True)
+    _fill(store, "small", os.urandom(10 * KiB))  # something to evict does not make room
+    reservation = store.reserve(3 * MiB)
+    try:
+        assert not store.would_admit("c", 2 * MiB, look_ahead=True)
+    finally:
+        store.abort(reservation)
+        os.close(reservation.fd)
 
 
 def test_restart_keeps_entries_and_sweeps_partials(tmp_path: Path) -> None:
