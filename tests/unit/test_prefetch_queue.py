@@ -388,7 +388,9 @@ async def test_a_later_item_sized_first_does_not_take_an_earlier_ones_budget(
         await _until("the rest to wait for the budget", lambda: queue._budget_waiters == 7)
     finally:
         await queue.aclose()
-    assert _fetch_order(origin) == ["s0.tar", "s1.tar", "s2.tar"]
+    # Admitted together, the three ask the store for room side by side (on threads), so
+    # their GETs may go in any order; which three they are is the point.
+    assert sorted(_fetch_order(origin)) == ["s0.tar", "s1.tar", "s2.tar"]
 
 
 async def test_a_smaller_later_shard_does_not_take_the_budget_a_larger_earlier_one_waits_for(
