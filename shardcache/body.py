@@ -263,8 +263,10 @@ async def send_stream(
     read_timeout_s: float,
     on_wait: Callable[[float], None],
     on_sent: Callable[[int], None],
+    min_bytes_per_s: float = 0.0,
 ) -> None:
-    """Relay bytes [start, end) of an uncached origin stream; `on_sent(n)` counts them.
+    """Relay bytes [start, end) of an uncached origin stream; `on_sent(n)` counts them; a
+    stream slower than `min_bytes_per_s` fails (`SpeedFloor`) rather than hold the client.
 
     The stream runs from the object's first byte to its last, whatever the range, so the
     last chunk sent is held back until the stream has ended with the right length and the
@@ -276,7 +278,7 @@ async def send_stream(
     position = 0  # offset in the object of the next byte the stream yields
     pending = b""
     began = loop.time()
-    async for chunk in with_read_timeout(stream, read_timeout_s):
+    async for chunk in with_read_timeout(stream, read_timeout_s, min_bytes_per_s):
         on_wait(loop.time() - began)
         verifier.update(chunk)
         piece = chunk[max(0, start - position) : max(0, end - position)]

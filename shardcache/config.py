@@ -93,6 +93,7 @@ class Settings:
     origin_connect_timeout: float
     origin_read_timeout: float
     origin_retries: int
+    origin_min_speed: int = 16 << 10
     prefetch_concurrency: int | None = None  # None: auto, tuned to what the origin delivers
     prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
     readahead: int = 2
@@ -223,6 +224,13 @@ def _parse_switch(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+def _parse_speed(value: Any) -> int:
+    """A speed floor in bytes per second ("16KiB", "1MB", 4096), or 0 for none."""
+    if str(value).strip() == "0":
+        return 0
+    return parse_size(value)
+
+
 def _parse_token(value: Any) -> str | None:
     """A token is printable ASCII without spaces, at least 16 characters; "" means none."""
     if not isinstance(value, str):  # TOML: a number or a list is a mistake, not a token
@@ -266,6 +274,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("origin_connect_timeout", _parse_seconds, 10.0, "seconds to connect", "S"),
     Option("origin_read_timeout", _parse_seconds, 30.0, "seconds without a byte = stalled", "S"),
     Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
+    Option(
+        "origin_min_speed",
+        _parse_speed,
+        "16KiB",
+        "bytes/s an origin body must average over each read timeout; 0 = no floor",
+        "SIZE",
+    ),
     Option(
         "prefetch_concurrency",
         _parse_prefetch_concurrency,

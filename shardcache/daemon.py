@@ -120,6 +120,7 @@ class Daemon:
         self.state: dict[str, Any] = {
             "is_shutting_down": False,
             "read_timeout_s": settings.origin_read_timeout,
+            "min_bytes_per_s": settings.origin_min_speed,
             "client_body_timeout_s": settings.client_body_timeout,
             "client_send_timeout_s": settings.client_send_timeout,
             "check_ready": self._check_ready,
@@ -145,6 +146,7 @@ class Daemon:
         policy = RetryPolicy(
             retries=settings.origin_retries,
             read_timeout_s=settings.origin_read_timeout,
+            min_bytes_per_s=settings.origin_min_speed,
             connections=settings.origin_connections,
             segment_bytes=settings.segment_size,
             first_segment_bytes=min(settings.segment_size, 2 << 20),

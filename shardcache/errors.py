@@ -17,6 +17,7 @@
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
+        │   └── OriginTooSlow           504     timeout      a body below --origin-min-speed
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
@@ -141,6 +142,11 @@ class OriginNotFound(OriginError):
 class OriginTimeout(OriginError):
     status = 504
     kind = "timeout"
+
+
+class OriginTooSlow(OriginTimeout):
+    """A body arrives, but slower than the speed floor over a read-timeout window (a drip
+    below the read timeout): the upstream counts as failing, as curl's --speed-limit does."""
 
 
 class OriginUnavailable(OriginError):

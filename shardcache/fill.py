@@ -270,7 +270,7 @@ class Fill:
             # more request would pay the origin's time to first byte again).
             first_end = None if self._policy.connections == 1 else self._policy.first_segment_bytes
             first = await self._requests.open(0, first_end, None)
-            if first.info.etag is None:
+            if first.info.strong_etag is None:
                 first = await self._whole_object(first, is_ranged=first_end is not None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
@@ -307,8 +307,9 @@ class Fill:
             self._finished.set()
 
     async def _whole_object(self, first: OriginStream, is_ranged: bool) -> OriginStream:
-        """An object whose responses carry no ETag: nothing could reliably tell a later ranged
-        request's version from the first one's, so fetch it in one request (no segments)."""
+        """An object whose responses carry no strong ETag: nothing could reliably tell a later
+        ranged request's version from the first one's, so fetch it in one request (no
+        segments, no resume)."""
         # An origin that serves no ranges answered with the whole object already (a 200).
         is_part = is_ranged and first.info.accepts_ranges
         if is_part and first.info.size_bytes > self._policy.first_segment_bytes:
@@ -485,15 +486,22 @@ class _ContinuedStream:
         if position < self.info.size_bytes:
             self._rest = await self._requests.open(position, None, self.info.etag)
             self._requests.count("ok")
-            change = self.info.differs_from(self._rest.info)
-            if change is not None:
-                raise OriginChanged(f"{self._requests.key} changed while streamed: {change}")
+            doubt = self.info.proves_same_version(self._rest.info)
+            if doubt is not None:
+                raise OriginChanged(f"{self._requests.key}: not resumed, {doubt}")
             async for chunk in self._rest:
                 self._requests.received(len(chunk))
                 yield chunk
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s)
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         await self._first.aclose()
@@ -517,8 +525,15 @@ class _RelayedStream:
             self._requests.received(len(chunk))
             yield chunk
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s)
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         await self._stream.aclose()

@@ -6,8 +6,9 @@ own offset in the fill's file. Segments are claimed in order, so the bytes a rea
 arrive first; `contiguous_bytes` is the prefix that is on disk without holes, which is all a
 reader may see. Each segment resumes on its own after a failure (Range from its first missing
 byte, `If-Match` on the object's ETag), through `OriginRequests`, the one retry policy. Every
-response must be the same object as the first (length, ETag, Last-Modified): an origin that
-ignores If-Match must not get two versions spliced into one shard.
+later response must prove it is the first one's version (the same strong ETag, or the same
+published checksum; `ObjectInfo.proves_same_version`): an upstream that ignores If-Match, with
+or without validators of its own, must never get two versions spliced into one shard.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class RetryPolicy:
     base_s: float = 0.25
     cap_s: float = 5.0
     read_timeout_s: float = 30.0
+    min_bytes_per_s: float = 0.0  # a body's speed floor over each read timeout (SpeedFloor)
     connections: int = 8
     segment_bytes: int = 16 << 20
     first_segment_bytes: int = 2 << 20
@@ -201,10 +203,10 @@ class SegmentedDownload:
     ) -> None:
         self.requests = requests
         self.info = info
-        # Without an ETag a second request could be another version unnoticed (Last-Modified
-        # has one-second steps and survives copies): one request for the whole object, and
-        # no resuming it part-way.
-        self.is_resumable = info.etag is not None
+        # Without a strong ETag a second request could be another version unnoticed
+        # (Last-Modified has one-second steps and survives copies; a weak ETag may stay the
+        # same over different bytes): one request for the whole object, never resumed.
+        self.is_resumable = info.strong_etag is not None
         self.segments = plan(info.size_bytes, requests.policy, info.accepts_ranges)
         self._fd = fd
         self._policy = requests.policy
@@ -281,13 +283,15 @@ class SegmentedDownload:
         async def once() -> None:
             nonlocal stream
             opened, stream = stream, None  # a retry opens a new request from the position
+            is_first_answer = opened is not None  # the answer every other one is held to
             try:
                 if opened is None:
                     opened = await self.requests.open_once(
                         segment.position, segment.end, self.info.etag
                     )
                 try:
-                    self._check_same_object(opened.info)
+                    if not is_first_answer:
+                        self._check_same_version(opened.info)
                     await self._copy(segment, opened)
                 except OriginError as exc:
                     self.requests.count(exc.kind)
@@ -303,17 +307,29 @@ class SegmentedDownload:
 
         await self.requests.retrying(once, lambda: segment.position)
 
-    def _check_same_object(self, info: ObjectInfo) -> None:
-        """Refuse a response for another version of the object than the first response's
-        (an origin may ignore If-Match): its bytes must not be spliced into this one."""
-        change = self.info.differs_from(info)
-        if change is not None:
-            raise OriginChanged(f"{self.requests.key} changed during the fill: {change}")
+    def _check_same_version(self, info: ObjectInfo) -> None:
+        """Refuse any later answer that does not prove it is the first answer's version (an
+        upstream may ignore If-Match and omit its ETag): its bytes must not be spliced into
+        this one. The fill fails visibly; the next read starts again from byte 0."""
+        if not self.is_resumable:
+            # One segment, restarted from byte 0 with nothing landed: not a splice, and the
+            # checksums learned for the first answer still judge the whole body.
+            doubt = self.info.differs_from(info)
+        else:
+            doubt = self.info.proves_same_version(info)
+        if doubt is not None:
+            raise OriginChanged(f"{self.requests.key}: not resumed, {doubt}")
 
     async def _copy(self, segment: Segment, stream: OriginStream) -> None:
         if segment.is_complete:  # an empty object: nothing to copy
             return
-        await stream.land(self._fd, segment, self._landed, self._policy.read_timeout_s)
+        await stream.land(
+            self._fd,
+            segment,
+            self._landed,
+            self._policy.read_timeout_s,
+            self._policy.min_bytes_per_s,
+        )
 
     def _landed(self, count: int) -> None:
         """`count` more bytes are on disk; called on the thread that wrote them."""

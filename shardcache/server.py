@@ -291,9 +291,16 @@ async def _send_body(
     elif lease.fill is not None:
         await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait)
     elif lease.stream is not None:
-        read_timeout = request.app[STATE_KEY]["read_timeout_s"]
+        state = request.app[STATE_KEY]
         await send_stream(
-            lease.stream, sender.write, start, end, read_timeout, on_wait, sender.count_written
+            lease.stream,
+            sender.write,
+            start,
+            end,
+            state["read_timeout_s"],
+            on_wait,
+            sender.count_written,
+            state["min_bytes_per_s"],
         )
 
 

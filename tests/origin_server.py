@@ -36,6 +36,8 @@ class Behaviour:
     wrong_range: bool = False  # answer `Range: bytes=N-…` with bytes from 0, and say so
     overlong: int = 0  # answer ranges chunked (no Content-Length) with this many extra bytes
     no_etag: bool = False  # send no validator at all
+    claims_etag: str | None = None  # send this ETag whatever the bytes (a lying mirror)
+    ignores_if_match: bool = False  # serve whatever If-Match asks (RFC 9110 says 412)
     no_md5: bool = False  # publish no checksum
     last_modified: str | None = None  # a Last-Modified header to send
     status: int | None = None  # answer every GET with this status (an error)
@@ -105,8 +107,9 @@ class OriginServer:
             return web.Response(status=how.status, text="refused")
         if request.method == "HEAD" and how.head_status is not None:
             return web.Response(status=how.head_status, text="HEAD failed")
+        etag = how.claims_etag or etag
         if_match = request.headers.get("If-Match")
-        if if_match is not None and if_match != etag:
+        if if_match is not None and if_match != etag and not how.ignores_if_match:
             return web.Response(status=412)
         start, stop = 0, len(data)
         status = 200

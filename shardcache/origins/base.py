@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from shardcache.checksums import Checksum, crc32c
-from shardcache.errors import OriginTimeout, OriginUnavailable
+from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 
 # Bytes per read from an origin. Each open origin connection buffers about three of these, so
 # this times the connections in flight bounds the daemon's memory (see `segments`).
@@ -49,6 +50,74 @@ class ObjectInfo:
             return f"Last-Modified moved by {other.last_modified - self.last_modified:+.0f} s"
         return None
 
+    @property
+    def strong_etag(self) -> str | None:
+        """The ETag when it is a strong validator (RFC 9110 §8.8.1), else None: a weak ETag
+        may stay the same across byte-different versions, so it proves nothing about bytes."""
+        if self.etag is None or self.etag.startswith("W/"):
+            return None
+        return self.etag
+
+    def proves_same_version(self, other: ObjectInfo) -> str | None:
+        """Say why `other` (the answer to a request resumed after the first byte, from any
+        upstream) does not prove it is this version, or return None when it does.
+
+        Stricter than `differs_from`: a missing validator proves nothing. An upstream that
+        ignores If-Match and answers without an ETag, or with a weak one, may be serving
+        another version; splicing its bytes after this one's would hand a reader a shard
+        that is neither (issue 23). Only the same strong ETag, or a same published checksum
+        of the whole object, proves the version."""
+        change = self.differs_from(other)
+        if change is not None:
+            return change
+        published = {(c.algorithm, c.digest) for c in self.checksums}
+        if any((c.algorithm, c.digest) in published for c in other.checksums):
+            return None
+        if self.strong_etag is None:
+            return "the first answer carried no strong ETag to resume against"
+        if other.etag != self.strong_etag:
+            shown = "no ETag" if other.etag is None else f"ETag {other.etag}"
+            return f"the resumed answer carries {shown}, not {self.strong_etag}"
+        return None
+
+
+@dataclass(slots=True)
+class SpeedFloor:
+    """The least a body must deliver: `min_bytes_per_s` on average over every window of
+    `window_s` (the read timeout), as curl's `--speed-limit` over `--speed-time`.
+
+    The read timeout alone bounds the wait for each byte, not for the body: an upstream that
+    drips one byte a second under a 2 s read timeout would hold a fill and its readers for
+    ever. `passed` is called as bytes arrive (on any thread); a window that ends under the
+    floor raises OriginTooSlow, which fails the upstream over like any stall. 0 turns it off.
+    """
+
+    min_bytes_per_s: float
+    window_s: float
+    clock: Callable[[], float] = time.monotonic
+    _window_start: float = field(init=False, default=0.0)
+    _window_bytes: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._window_start = self.clock()
+
+    def passed(self, count: int, label: str) -> None:
+        """`count` more bytes came; raise OriginTooSlow when the window just ended under the
+        floor."""
+        if self.min_bytes_per_s <= 0:
+            return
+        self._window_bytes += count
+        now = self.clock()
+        elapsed = now - self._window_start
+        if elapsed < self.window_s:
+            return
+        if self._window_bytes < self.min_bytes_per_s * elapsed:
+            raise OriginTooSlow(
+                f"{label}: {self._window_bytes} bytes in {elapsed:.1f}s, under the floor of "
+                f"{self.min_bytes_per_s:.0f} bytes/s"
+            )
+        self._window_start, self._window_bytes = now, 0
+
 
 class Spot(Protocol):
     """Where a body lands in a fill's file: bytes [position, end) are still wanted. `land`
@@ -76,9 +145,17 @@ class OriginStream(Protocol):
 
     def __aiter__(self) -> AsyncIterator[bytes]: ...
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
         """Write the body at `spot.position` of `fd` until `spot.end`; raise OriginTimeout
-        when no byte comes for `read_timeout_s`, OriginUnavailable when it ends before.
+        when no byte comes for `read_timeout_s`, OriginTooSlow when it falls under
+        `min_bytes_per_s` (see `SpeedFloor`), OriginUnavailable when it ends before.
 
         This is the fill's data path: the HTTP transport receives, writes and hashes on a
         worker thread (`origins.http`), so many segments use many cores; other streams land
@@ -115,10 +192,14 @@ class Origin(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIterator[bytes]:
-    """Yield `stream`'s chunks; raise OriginTimeout when one takes longer than `timeout_s`
-    (a stalled origin must never hang a fill or a client)."""
+async def with_read_timeout(
+    stream: OriginStream, timeout_s: float, min_bytes_per_s: float = 0.0
+) -> AsyncIterator[bytes]:
+    """Yield `stream`'s chunks; raise OriginTimeout when one takes longer than `timeout_s`,
+    OriginTooSlow when they come slower than `min_bytes_per_s` (a stalled or dripping origin
+    must never hang a fill or a client)."""
     chunks = aiter(stream)
+    floor = SpeedFloor(min_bytes_per_s, timeout_s)
     while True:
         try:
             async with asyncio.timeout(timeout_s):
@@ -127,17 +208,23 @@ async def with_read_timeout(stream: OriginStream, timeout_s: float) -> AsyncIter
             return
         except TimeoutError:
             raise OriginTimeout(f"no byte from the origin for {timeout_s:g}s") from None
+        floor.passed(len(chunk), "the origin's body")
         yield chunk
 
 
 async def land_chunks(
-    stream: OriginStream, fd: int, spot: Spot, landed: Landed, read_timeout_s: float
+    stream: OriginStream,
+    fd: int,
+    spot: Spot,
+    landed: Landed,
+    read_timeout_s: float,
+    min_bytes_per_s: float = 0.0,
 ) -> None:
     """`OriginStream.land` for a stream that yields chunks on the event loop: each is written
     (and hashed) on a worker thread."""
     if spot.position >= spot.end:  # an empty object: nothing to write
         return
-    async for chunk in with_read_timeout(stream, read_timeout_s):
+    async for chunk in with_read_timeout(stream, read_timeout_s, min_bytes_per_s):
         piece = chunk[: spot.end - spot.position]  # a stream may run past its segment
         spot.crc32c = await asyncio.to_thread(write_at, fd, piece, spot.position, spot.crc32c)
         spot.done_bytes += len(piece)

@@ -109,9 +109,16 @@ class _SlotStream:
         finally:
             self._release()  # read to the end (or failed): the next request may go
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
         try:
-            await self._inner.land(fd, spot, landed, read_timeout_s)
+            await self._inner.land(fd, spot, landed, read_timeout_s, min_bytes_per_s)
         finally:
             self._release()  # landed in full (or failed): the next request may go
 

@@ -138,8 +138,15 @@ class FileStream:
                 self._remaining -= len(chunk)
                 yield chunk
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s)
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         await self._reader.close()

@@ -40,12 +40,13 @@ from shardcache.errors import (
     OriginRefused,
     OriginThrottled,
     OriginTimeout,
+    OriginTooSlow,
     OriginUnavailable,
     OriginUntrusted,
 )
 from shardcache.keys import ERROR_KIND_HEADER, join_url
 from shardcache.origins import Timeouts
-from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, write_at
+from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, SpeedFloor, Spot, write_at
 from shardcache.origins.threads import MAX_THREADS, Abort, Aborted, run_blocking
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
@@ -272,9 +273,16 @@ class HttpStream:
                 return
             yield chunk
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
         await run_blocking(
-            lambda abort: self._land(fd, spot, landed, read_timeout_s),
+            lambda abort: self._land(fd, spot, landed, read_timeout_s, min_bytes_per_s),
             self._exchange.abort,
             wait_when_cancelled=True,
         )
@@ -295,9 +303,12 @@ class HttpStream:
                 if received:
                     return bytes(received)
 
-    def _land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+    def _land(
+        self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float, min_bytes_per_s: float
+    ) -> None:
         self._read_timeout_s = read_timeout_s
         buffer = memoryview(bytearray(LAND_BYTES))
+        floor = SpeedFloor(min_bytes_per_s, read_timeout_s)
         with self._mapping_errors():
             while spot.position < spot.end:
                 self._exchange.abort.check()
@@ -307,6 +318,7 @@ class HttpStream:
                         f"{self._exchange.label}: body ended at byte {spot.position}, "
                         f"expected {spot.end}"
                     )
+                floor.passed(len(received), self._exchange.label)
                 piece = received[: spot.end - spot.position]  # it may run past its segment
                 if piece:
                     spot.crc32c = write_at(fd, piece, spot.position, spot.crc32c)
@@ -320,6 +332,8 @@ class HttpStream:
         try:
             with map_http_errors(self._exchange.label):
                 yield
+        except OriginTooSlow:
+            raise  # it says how slow; the rewording below is for a socket's silence
         except OriginTimeout as exc:
             raise OriginTimeout(
                 f"{self._exchange.label}: no byte for {self._read_timeout_s:g}s"
@@ -689,8 +703,11 @@ class HttpTransport:
             info = _info(exchange.headers, status, label)
             if status == 206:
                 check_range(exchange.headers, info.size_bytes, start, end, label)
-            if if_match is not None and info.etag not in (None, if_match):  # If-Match ignored
-                raise OriginChanged(f"{label}: ETag changed from {if_match} to {info.etag}")
+            if if_match is not None and info.etag != if_match:  # If-Match ignored
+                # An answer without the ETag asked for proves nothing about its version,
+                # whatever else it carries: its bytes must not be spliced onto another's.
+                shown = "no ETag" if info.etag is None else f"ETag {info.etag}"
+                raise OriginChanged(f"{label}: asked If-Match {if_match}, answered {shown}")
         except BaseException:
             exchange.close()
             raise

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import socket
 import time
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.errors import (
+    OriginChanged,
     OriginError,
     OriginThrottled,
     OriginTimeout,
@@ -224,7 +226,56 @@ class FailoverOrigin:
         ]
 
     async def head(self, key: str) -> ObjectInfo:
-        _, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
+        """The first answer's info; when it publishes no checksum and came from a tier member
+        or a mirror, with the checksums of the first upstream after it that publishes one
+        for the same version (the home last). A mirror or member that serves other bytes
+        under the right length and ETag is then caught by the home's checksum, which the
+        fill verifies against whoever sends the body."""
+        upstream, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
+        if info.checksums or upstream is self._chain[-1]:
+            return info
+        return await self._with_checksums_from_behind(key, info, upstream)
+
+    async def _with_checksums_from_behind(
+        self, key: str, info: ObjectInfo, answered: Upstream
+    ) -> ObjectInfo:
+        """`info` with the published checksums of an upstream asked after `answered`, each
+        named by where it came from (`X-Shardcache-Verified`); `info` itself when none of
+        them publishes any for this version, or none answers within the failover budget."""
+        order = await self.order(key)
+        home = self._chain[-1]
+        behind = order[order.index(answered) + 1 :] if answered in order else order
+        asked = [u for u in behind if not u.breaker.is_open and u is not home] + [home]
+        deadline = self._clock() + FAILOVER_BUDGET * self._read_timeout_s
+        for upstream in asked:
+            if self._clock() >= deadline and upstream is not home:
+                continue
+            sent_at = self._clock()
+            upstream.breaker.sending()
+            try:
+                other = await upstream.origin.head(key)
+            except OriginError as exc:
+                if _is_upstream_failure(exc):
+                    self.note_failure(upstream, exc, sent_at)
+                else:
+                    self.note_success(upstream, sent_at)
+                log.debug(
+                    "origin %s: no checksum for %s from %s: %s", self.name, key, upstream.role, exc
+                )
+                continue
+            self.note_success(upstream, sent_at)
+            if not other.checksums:
+                continue
+            change = info.differs_from(other)
+            if change is not None:
+                raise OriginChanged(
+                    f"{key}: the {answered.role} and the {upstream.role} disagree: {change}"
+                )
+            named = tuple(
+                dataclasses.replace(c, source=f"{c.source} ({upstream.role})")
+                for c in other.checksums
+            )
+            return dataclasses.replace(info, checksums=named)
         return info
 
     async def open(
@@ -343,7 +394,14 @@ class WatchedStream:
                     return
             yield chunk
 
-    async def land(self, fd: int, spot: Spot, landed: Landed, read_timeout_s: float) -> None:
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
         last_byte_at = self._owner._clock()
 
         def noted(count: int) -> None:  # on the landing thread
@@ -352,7 +410,7 @@ class WatchedStream:
             landed(count)
 
         with self._noting_failures(lambda: last_byte_at):
-            await self._inner.land(fd, spot, noted, read_timeout_s)
+            await self._inner.land(fd, spot, noted, read_timeout_s, min_bytes_per_s)
 
     @contextlib.contextmanager
     def _noting_failures(self, last_byte_at: Callable[[], float]) -> Iterator[None]:
