@@ -13,6 +13,7 @@ import ipaddress
 import math
 import os
 import re
+import socket
 import ssl
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -543,9 +544,9 @@ def _origin_urls(name: str, body: dict[str, Any], at: str) -> tuple[str, ...]:
         or not all(isinstance(u, str) for u in urls)
     ):
         raise ConfigError(f"{at}: urls must be a list of 1 to {MAX_UPSTREAMS} URL strings")
-    if len(set(urls)) != len(urls):
-        raise ConfigError(f"{at}: urls lists the same URL twice")
     checked = tuple(parse_origin_url(name, url, at) for url in urls)
+    if len({(_place(u), urlsplit(u).path.rstrip("/")) for u in checked}) != len(checked):
+        raise ConfigError(f"{at}: urls lists the same URL twice")
     if len(checked) > 1 and any(urlsplit(u).scheme == "file" for u in checked):
         raise ConfigError(f"{at}: urls may list s3:// and http(s):// upstreams, not file://")
     return checked
@@ -596,11 +597,20 @@ def _tier(value: Any, at: str) -> tuple[tuple[str, ...], str | None]:
 
 
 def _place(url: str) -> tuple[str, str, int]:
-    """Where a member URL points: scheme, host (case-folded, `localhost` as 127.0.0.1) and
-    port (the scheme's default when none is given)."""
+    """Where a member URL points: scheme, host and port (the scheme's default when none is
+    given). The host is case-folded, `localhost` is 127.0.0.1, and an IPv4 address in any
+    spelling the resolver takes (127.1, 127.0.0.01, 2130706433, 0x7f.1) is written as dotted
+    quads, an IPv6 one compressed: one member spelled two ways must not get two shares."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower()
     host = "127.0.0.1" if host == "localhost" else host
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        try:
+            host = socket.inet_ntoa(socket.inet_aton(host))  # the forms getaddrinfo accepts
+        except OSError:
+            pass  # a host name: compared as written
     return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
 
 
