@@ -22,7 +22,13 @@ and every fault injected is counted by kind in `injected`:
 - `ignore_if_match`: an `If-Match` that no longer matches is ignored and the new version served
   (the splicing case); counted only when it actually mismatched;
 - `wrong_range`: a `Range: bytes=N-…` (N > 0) answered 206 with the bytes from 0, and a
-  Content-Range that says so (`bytes 0-…/total`).
+  Content-Range that says so (`bytes 0-…/total`);
+- `drop_etag`: an answer without its ETag (with `ignore_if_match`, a resume that cannot prove
+  its version: the failover soak's lying upstream);
+- `drip`: headers, then the body one byte every 0.3 s (under the daemon's read timeout, far
+  under its speed floor) until the client gives up.
+
+`path_prefix` is stripped from request paths: a tier member serves an origin under /NAME/.
 
 `FaultInjector` and `send_body` are shared with `tests.s3_fault_proxy`.
 """
@@ -55,8 +61,11 @@ FAULT_KINDS = (
     "change",
     "ignore_if_match",
     "wrong_range",
+    "drop_etag",
+    "drip",
 )
-_BODY_FAULTS = ("reset", "stall", "short_body", "wrong_bytes")
+_BODY_FAULTS = ("reset", "stall", "short_body", "wrong_bytes", "drip")
+DRIP_BYTES = 200  # a drip ends in a reset after this many bytes, if the client is still there
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 CHUNK_BYTES = 128 * 1024
 
@@ -74,6 +83,8 @@ class Faults:
     change: float = 0.0
     ignore_if_match: float = 0.0  # given a stale If-Match
     wrong_range: float = 0.0  # given a Range starting past 0
+    drop_etag: float = 0.0
+    drip: float = 0.0
     stall_s: float = 2.5
     enabled: bool = True
 
@@ -154,6 +165,16 @@ async def send_body(
     transport = request.transport
     if fault == "wrong_bytes":
         body = injector.flip(body)
+    if fault == "drip":
+        with contextlib.suppress(ConnectionError):
+            for position in range(min(len(body), DRIP_BYTES)):
+                await response.write(body[position : position + 1])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), 0.3)
+                if stopping.is_set():
+                    break
+        reset(transport)
+        return
     cut = injector.rng.randrange(len(body)) if fault in ("reset", "stall", "short_body") else None
     stop = len(body) if cut is None else cut
     position = 0
@@ -221,6 +242,7 @@ class FaultOrigin:
     checksummed: dict[str, bool] = field(default_factory=dict)
     requests: Counter[str] = field(default_factory=Counter)  # by method
     port: int = 0
+    path_prefix: str = ""
 
     def __post_init__(self) -> None:
         self.injector = FaultInjector(self.faults, self.seed)
@@ -249,7 +271,7 @@ class FaultOrigin:
         self.put(key, rng.randbytes(max(1, size)))
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        key = request.match_info["key"]
+        key = request.match_info["key"].removeprefix(self.path_prefix)
         if key not in self.versions:
             return web.Response(status=404, text="no such object")
         is_head = request.method == "HEAD"
@@ -269,6 +291,8 @@ class FaultOrigin:
         if if_match is not None and if_match != etag and not injector.roll("ignore_if_match"):
             return web.Response(status=412, text="precondition failed")
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
+        if injector.roll("drop_etag"):
+            del headers["ETag"]
         status, start, stop = 200, 0, len(data)
         wanted = request.headers.get("Range")
         if wanted is not None and not is_head:

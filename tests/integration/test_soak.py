@@ -16,6 +16,10 @@ a short body reported as success); no 500; no traceback or unretrieved task exce
 log; the daemon still serves afterwards; `shardcache verify` finds the cache clean once the
 daemon stopped; and every fault kind was injected at least once.
 
+A third origin kind, `failover` (issue 23), puts the origin behind a tier member and a mirror,
+all three injecting every fault, besides answers without their ETag and bodies dripping under
+the read timeout, each changing versions on its own: every body must still be one version whole.
+
 Short (CI) mode by default: 2,000 requests from 32 clients per origin kind. Long mode via the
 environment:
 
@@ -34,6 +38,7 @@ The summary is printed too (`-s` shows it; a failure shows it as captured output
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -66,6 +71,9 @@ TIMEOUT_S = int(os.environ.get("SHARDCACHE_SOAK_TIMEOUT", str(max(300, REQUESTS 
 REPORT = os.environ.get("SHARDCACHE_SOAK_REPORT")
 HOT_KEYS = 8  # asked for half the time: they fit the cache, so they are mostly hits
 CLIENT_TIMEOUT_S = 120  # a request slower than this is a hang, and reported as one
+# Behind failover, a read waits for at most a few read timeouts and retries before the next
+# upstream serves it: longer is an upstream holding it (a drip under the read timeout).
+FAILOVER_HANG_S = 30
 DAEMON_ARGS = (
     "--origin-read-timeout",
     "1",
@@ -93,6 +101,18 @@ class SoakOrigin:
     checksummed: Callable[[str], bool]
     publish: Callable[[str, bytes], object]  # a new object or a new version, faults aside
     keys: list[str] = field(default_factory=list)
+    config: str = ""  # a TOML [origins.soak] table, for origins a flag cannot describe
+
+
+class _Summed(Counter[str]):
+    """The counts of several origins, read as one (nothing is ever stored in it)."""
+
+    def __init__(self, *parts: Counter[str]) -> None:
+        super().__init__()
+        self._parts = parts
+
+    def __missing__(self, key: str) -> int:
+        return sum(part[key] for part in self._parts)
 
 
 def _objects(rng: random.Random, count: int) -> dict[str, tuple[bytes, bool]]:
@@ -174,10 +194,51 @@ def _s3_origin(s3_client, s3_env: dict[str, str]) -> Iterator[SoakOrigin]:  # ty
         proxy.stop()
 
 
-@pytest.fixture(params=["http", "s3"])
+def _failover_origin() -> Iterator[SoakOrigin]:
+    """An origin behind a tier member and a mirror (issue 23): all three inject every fault,
+    and besides answer without their ETag (`drop_etag`, so with `ignore_if_match` a resume
+    cannot prove its version) and drip bodies under the read timeout (`drip`). Each changes
+    versions on its own, so the upstreams disagree; every body served must still be one
+    version whole, of one of them."""
+    rng = random.Random(SEED)
+    faults = dataclasses.replace(Faults.soak(), change=0.05, drop_etag=0.2, drip=0.01)
+    member = FaultOrigin(faults=faults, seed=SEED + 11, path_prefix="soak/")
+    mirror = FaultOrigin(faults=faults, seed=SEED + 12)
+    home = FaultOrigin(faults=faults, seed=SEED + 13)
+    everyone = (member, mirror, home)
+    objects = _objects(rng, OBJECTS)
+    for key, (data, checksummed) in objects.items():
+        for upstream in everyone:
+            upstream.put(key, data, checksummed=checksummed)
+    for upstream in everyone:
+        upstream.start()
+    try:
+        yield SoakOrigin(
+            kind="failover",
+            daemon_origin="",
+            env={},
+            faults=faults,
+            injected=_Summed(*(u.injected for u in everyone)),
+            origin_requests=_Summed(*(u.requests for u in everyone)),
+            versions=lambda key: [v for u in everyone for v in u.versions[key]],
+            checksummed=lambda key: home.checksummed[key],
+            publish=lambda key, data: [u.put(key, data) for u in everyone],
+            keys=list(objects),
+            config=(
+                f'[origins.soak]\nurls = ["{mirror.url}", "{home.url}"]\ntier = ["{member.url}"]\n'
+            ),
+        )
+    finally:
+        for upstream in everyone:
+            upstream.stop()
+
+
+@pytest.fixture(params=["http", "s3", "failover"])
 def soak_origin(request: pytest.FixtureRequest) -> Iterator[SoakOrigin]:
     if request.param == "http":
         yield from _http_origin()
+    elif request.param == "failover":
+        yield from _failover_origin()
     else:
         yield from _s3_origin(
             request.getfixturevalue("s3_client"), request.getfixturevalue("s3_env")
@@ -415,6 +476,16 @@ def _log_problems(log: str) -> dict[str, list[str]]:
     return found
 
 
+def _upstreams_down(daemon: Daemon) -> int:
+    """How many upstreams /_/status shows not up (0 for an origin without upstreams)."""
+    try:
+        _, status = daemon.get_json("/_/status")
+        rows = status["origins"]["soak"].get("upstreams", [])  # type: ignore[index, union-attr]
+    except (OSError, KeyError, TypeError, ValueError):
+        return -1
+    return sum(1 for row in rows if row.get("state") != "up")
+
+
 def _write_report(kind: str, summary: dict[str, object]) -> None:
     if not REPORT:
         return
@@ -430,12 +501,15 @@ def _write_report(kind: str, summary: dict[str, object]) -> None:
 
 @pytest.mark.timeout(TIMEOUT_S)
 def test_soak_integrity_under_faults(
-    soak_origin: SoakOrigin, start_daemon: Callable[..., Daemon]
+    soak_origin: SoakOrigin, start_daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:
     origin, name = soak_origin, "soak"
-    daemon = start_daemon(
-        {name: origin.daemon_origin}, *DAEMON_ARGS, cache_size=CACHE_SIZE, env=origin.env
-    )
+    flags: tuple[str, ...] = DAEMON_ARGS
+    if origin.config:
+        (tmp_path / "soak.toml").write_text(origin.config)
+        flags += ("--config", str(tmp_path / "soak.toml"))
+    origins = {name: origin.daemon_origin} if origin.daemon_origin else {}
+    daemon = start_daemon(origins, *flags, cache_size=CACHE_SIZE, env=origin.env)
     asks = _plan(random.Random(SEED + 2), origin, REQUESTS)
     began = time.monotonic()
     tally = asyncio.run(_drive(daemon.url, name, origin, asks))
@@ -466,6 +540,7 @@ def test_soak_integrity_under_faults(
     evictions = daemon.metric("shardcache_cache_evictions_total")
     retries = daemon.metric("shardcache_origin_retries_total", origin=name)
     log_problems = _log_problems(daemon.log())
+    upstreams_down = _upstreams_down(daemon)
     exit_code = daemon.stop()
     if exit_code != 0:
         problems.append(f"the daemon exited {exit_code} on SIGTERM")
@@ -510,8 +585,9 @@ def test_soak_integrity_under_faults(
         "invisible_failures": tally.invisible,
         "invisible_examples": tally.invisible_examples[:20],
         "faults_injected": {kind: origin.injected[kind] for kind in FAULT_KINDS},
+        "upstreams_down_at_end": upstreams_down,
         "fault_probabilities": origin.faults.probabilities(),
-        "origin_requests": dict(origin.origin_requests),
+        "origin_requests": {m: origin.origin_requests[m] for m in ("GET", "HEAD")},
         "versions_published": sum(len(origin.versions(k)) for k in origin.keys),
         "log_problems": {k: len(v) for k, v in log_problems.items()},
         "verify_exit": verify.returncode,
@@ -543,11 +619,14 @@ def test_soak_integrity_under_faults(
     if tally.invisible:
         problems.append(f"{tally.invisible} invisible failures (short bodies taken as success)")
         problems += tally.invisible_examples[:10]
+    if origin.kind == "failover" and tally.slowest_s > FAILOVER_HANG_S:
+        problems.append(f"a read took {tally.slowest_s:.0f} s: a dripping upstream held it")
     if tally.status_500:
         problems.append(f"{tally.status_500} responses with status 500")
     for needle, where in log_problems.items():
         problems.append(f"{len(where)}x {needle!r} in the daemon log; first:\n{where[0]}")
-    never = [kind for kind in FAULT_KINDS if not origin.injected[kind]]
+    rolled = origin.faults.probabilities()
+    never = [kind for kind in FAULT_KINDS if rolled[kind] and not origin.injected[kind]]
     if never:
         problems.append(f"fault kinds never injected: {never}")
     assert not problems, "\n".join(problems)
