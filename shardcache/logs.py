@@ -31,11 +31,27 @@ def redact(text: str) -> str:
 
 
 class TextFormatter(logging.Formatter):
+    """One line per record, whatever the message quotes: keys, paths, headers and origin
+    answers reach messages and arguments from outside, so control characters in the message
+    are escaped here, at the one place every logger's records pass (root, aiohttp.access,
+    shardcache.*), and no call site can forget. A traceback keeps the lines Python gives it;
+    the text of its exceptions is escaped like a message."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)  # set by format() from msg % args
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return escape_traceback(super().formatException(ei), ei[1])
+
+    def formatStack(self, stack_info: str) -> str:
+        return _CONTROL_BUT_NEWLINE.sub(_escaped, stack_info)
 
 
 class JsonFormatter(logging.Formatter):
@@ -85,13 +101,45 @@ class UnparseableRequests(logging.Filter):
         return True
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0, DEL and C1 (NEL, U+0085, ends a line for some readers), the Unicode line and paragraph
+# separators, the bidirectional overrides that reorder what a terminal shows (CVE-2021-42574),
+# and lone surrogates (undecodable bytes, which a UTF-8 stream cannot even write).
+_OTHER_CONTROLS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_CONTROL = re.compile(f"[\x00-\x1f{_OTHER_CONTROLS}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_CONTROLS}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def escape_controls(text: str) -> str:
-    """`text` with control characters written as \\xNN: a path like `/a%0d%0aFAKE LINE`
-    decodes to a CR LF, which must not forge a line in the log."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """`text` with control characters written as \\xNN or \\uNNNN: a path like
+    `/a%0d%0aFAKE LINE` decodes to a CR LF, which must not forge a line in the log, nor may an
+    ESC sequence or a U+2028 rewrite what a terminal or a log viewer shows."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def escape_traceback(text: str, exc: BaseException | None) -> str:
+    """A formatted traceback with the messages of `exc` and the exceptions chained to it (and
+    their notes) escaped, and every other control character but the newlines between its
+    lines: the lines are Python's, the messages may quote anything."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for quoted in (_text_of(exc), *getattr(exc, "__notes__", ())):
+            if isinstance(quoted, str) and _CONTROL.search(quoted):
+                text = text.replace(quoted, escape_controls(quoted))
+        exc = exc.__cause__ or exc.__context__
+    return _CONTROL_BUT_NEWLINE.sub(_escaped, text)
+
+
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__: the traceback module prints a placeholder instead
+        return ""
 
 
 # Asked every few seconds by probes, Prometheus and `stats --watch`: their access lines are
