@@ -1,13 +1,18 @@
-"""Log formatting: human text by default, one JSON object per line for log shippers, and one
-access line per request. Origin headers (tokens) are never passed to a logger; URLs in messages
-have any userinfo and query-string credentials redacted."""
+"""Log formatting: human text by default, one JSON object per line for log shippers, one access
+line per request, and `FailureLog`, which keeps failures clients see at WARNING without a line
+per request. Origin headers (tokens) are never passed to a logger; URLs in messages have any
+userinfo and query-string credentials redacted; text from clients and origins is escaped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
@@ -177,3 +182,78 @@ class AccessLogger(AbstractAccessLogger):
             time_s * 1000,
             extra={"fields": fields},
         )
+
+
+FAILURE_LOG_INTERVAL_S = 60.0
+
+
+@dataclass(slots=True)
+class _Window:
+    opened_at: float
+    timer: asyncio.TimerHandle | None
+    suppressed: int = 0
+
+
+class FailureLog:
+    """Failures clients see (a 502, an aborted body), at WARNING without a line per request.
+
+    Per origin and error kind: the first failure is a WARNING at once; the others in the next
+    `interval_s` are DEBUG lines, and one WARNING when the interval ends says how many there
+    were. So a run of failures is seen at `--log-level warning` at once, and costs at most two
+    lines an interval; each one is counted in the metrics and has its access line. `close()`
+    writes the summaries still open (at shutdown).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = FAILURE_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._windows: dict[tuple[str, str], _Window] = {}
+
+    def failed(self, origin: str, kind: str, message: str, *args: object) -> None:
+        """Log one failure of `kind` at `origin` (`message % args`, as a logger takes it)."""
+        key = (origin, kind)
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is not None and now - window.opened_at >= self._interval_s:
+            self._summarize(key)  # its timer is late (or there is no event loop)
+            window = None
+        if window is None:
+            self._windows[key] = _Window(now, self._call_later(key))
+            self._log.warning(message, *args)
+        else:
+            window.suppressed += 1
+            self._log.debug(message, *args)
+
+    def close(self) -> None:
+        """Write the summaries of the intervals still open and stop their timers."""
+        for key in list(self._windows):
+            self._summarize(key)
+
+    def _call_later(self, key: tuple[str, str]) -> asyncio.TimerHandle | None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: the next failure or close() summarizes
+            return None
+        return loop.call_later(self._interval_s, self._summarize, key)
+
+    def _summarize(self, key: tuple[str, str]) -> None:
+        window = self._windows.pop(key, None)
+        if window is None:
+            return
+        if window.timer is not None:
+            window.timer.cancel()
+        if window.suppressed:
+            self._log.warning(
+                "origin %s: %d more %s failures in the last %.0f s (each has its access line; "
+                "see shardcache_origin_errors_total and shardcache_requests_total)",
+                key[0],
+                window.suppressed,
+                key[1],
+                self._clock() - window.opened_at,
+            )

@@ -102,3 +102,34 @@ def test_records_of_every_logger_are_escaped_once_configured(
     lines = written.split("\n")
     assert lines[-1] == "" and len(lines) == 6, written
     assert not RAW_CONTROL.search(written.replace("\n", ""))
+
+
+def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from shardcache.logs import FailureLog
+
+    now = [0.0]
+    failures = FailureLog(logging.getLogger("shardcache.test"), 60.0, lambda: now[0])
+    caplog.set_level(logging.DEBUG, "shardcache.test")
+    for second in range(100):  # one origin failing two ways, once a second; another once
+        now[0] = float(second)
+        failures.failed("web", "tls", "read %d failed", second)
+        failures.failed("web", "timeout", "read %d timed out", second)
+    failures.failed("s3", "tls", "read failed")
+    failures.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    summary = "origin web: {} more {} failures in the last {} s (each has its access line; "
+    assert [w.split("see shardcache_")[0] for w in warnings] == [
+        "read 0 failed",
+        "read 0 timed out",
+        summary.format(59, "tls", 60),  # the interval is over: summarized, then a new one
+        "read 60 failed",
+        summary.format(59, "timeout", 60),
+        "read 60 timed out",
+        "read failed",  # another origin
+        summary.format(39, "tls", 39),  # at close()
+        summary.format(39, "timeout", 39),
+    ]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 2 * 98  # every failure is still there at debug level
