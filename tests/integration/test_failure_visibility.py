@@ -100,6 +100,21 @@ def test_a_body_failing_its_checksum_is_counted_shown_alerted_and_logged_once(
     assert len(summary) == 1, _records(daemon)
 
 
+def test_a_streamed_through_body_failing_its_checksum_is_counted_once_per_read(
+    origin: OriginServer, start_daemon
+) -> None:
+    """Larger than the cache: each read streams its own origin body through, uncached."""
+    origin.put("big.tar", os.urandom(3 * MiB), content_md5=hashlib.md5(b"another").digest())
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", cache_size="2MiB")
+
+    for _ in range(3):
+        assert curl(f"{daemon.url}/web/big.tar").exit_code != 0
+
+    assert daemon.metric("shardcache_origin_errors_total", origin="web", kind="integrity") == 3
+    assert daemon.metric("shardcache_requests_total", origin="web", result="error") == 3
+    assert daemon.metric("shardcache_requests_total", origin="web", result="miss") == 0
+
+
 @pytest.fixture(params=["untrusted-certificate", "s3-without-credentials"])
 def failing_origin(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
