@@ -47,12 +47,13 @@ from shardcache.checksums import (
 from shardcache.errors import (
     CacheError,
     OriginChanged,
+    OriginError,
     OriginHeadUnsupported,
     ShardcacheError,
     ShuttingDown,
 )
 from shardcache.limiter import RequestLimiter
-from shardcache.observer import Observer
+from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot, land_chunks
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
@@ -109,7 +110,8 @@ class Fill:
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
-        self._requests = OriginRequests(origin, origin_key, policy, observer, limiter)
+        self._tally = FailureTally(observer)  # counts a failure no request was counted under
+        self._requests = OriginRequests(origin, origin_key, policy, self._tally, limiter)
         self._store = store
         self._policy = policy
         self._observer = observer
@@ -448,8 +450,10 @@ class Fill:
         self.error = exc
         if FillState.FAILED in _TRANSITIONS[self.state]:
             self._move(FillState.FAILED)
-        if self.written_bytes:
-            log.warning(
+        if isinstance(exc, OriginError):
+            self._tally.settle(self.origin.name, exc.kind)
+        if self.written_bytes:  # its readers' failures are WARNINGs, rate-limited (server)
+            log.info(
                 "fill of %s failed after %d bytes: %s", self.cache_key, self.written_bytes, exc
             )
 

@@ -1,13 +1,18 @@
-"""Log formatting: human text by default, one JSON object per line for log shippers, and one
-access line per request. Origin headers (tokens) are never passed to a logger; URLs in messages
-have any userinfo and query-string credentials redacted."""
+"""Log formatting: human text by default, one JSON object per line for log shippers, one access
+line per request, and `FailureLog`, which keeps failures clients see at WARNING without a line
+per request. Origin headers (tokens) are never passed to a logger; URLs in messages have any
+userinfo and query-string credentials redacted; text from clients and origins is escaped."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
@@ -31,11 +36,27 @@ def redact(text: str) -> str:
 
 
 class TextFormatter(logging.Formatter):
+    """One line per record, whatever the message quotes: keys, paths, headers and origin
+    answers reach messages and arguments from outside, so control characters in the message
+    are escaped here, at the one place every logger's records pass (root, aiohttp.access,
+    shardcache.*), and no call site can forget. A traceback keeps the lines Python gives it;
+    the text of its exceptions is escaped like a message."""
+
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)  # set by format() from msg % args
+        return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        return escape_traceback(super().formatException(ei), ei[1])
+
+    def formatStack(self, stack_info: str) -> str:
+        return _CONTROL_BUT_NEWLINE.sub(_escaped, stack_info)
 
 
 class JsonFormatter(logging.Formatter):
@@ -85,13 +106,45 @@ class UnparseableRequests(logging.Filter):
         return True
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0, DEL and C1 (NEL, U+0085, ends a line for some readers), the Unicode line and paragraph
+# separators, the bidirectional overrides that reorder what a terminal shows (CVE-2021-42574),
+# and lone surrogates (undecodable bytes, which a UTF-8 stream cannot even write).
+_OTHER_CONTROLS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+_CONTROL = re.compile(f"[\x00-\x1f{_OTHER_CONTROLS}]")
+_CONTROL_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_CONTROLS}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def escape_controls(text: str) -> str:
-    """`text` with control characters written as \\xNN: a path like `/a%0d%0aFAKE LINE`
-    decodes to a CR LF, which must not forge a line in the log."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """`text` with control characters written as \\xNN or \\uNNNN: a path like
+    `/a%0d%0aFAKE LINE` decodes to a CR LF, which must not forge a line in the log, nor may an
+    ESC sequence or a U+2028 rewrite what a terminal or a log viewer shows."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def escape_traceback(text: str, exc: BaseException | None) -> str:
+    """A formatted traceback with the messages of `exc` and the exceptions chained to it (and
+    their notes) escaped, and every other control character but the newlines between its
+    lines: the lines are Python's, the messages may quote anything."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for quoted in (_text_of(exc), *getattr(exc, "__notes__", ())):
+            if isinstance(quoted, str) and _CONTROL.search(quoted):
+                text = text.replace(quoted, escape_controls(quoted))
+        exc = exc.__cause__ or exc.__context__
+    return _CONTROL_BUT_NEWLINE.sub(_escaped, text)
+
+
+def _text_of(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__: the traceback module prints a placeholder instead
+        return ""
 
 
 # Asked every few seconds by probes, Prometheus and `stats --watch`: their access lines are
@@ -129,3 +182,78 @@ class AccessLogger(AbstractAccessLogger):
             time_s * 1000,
             extra={"fields": fields},
         )
+
+
+FAILURE_LOG_INTERVAL_S = 60.0
+
+
+@dataclass(slots=True)
+class _Window:
+    opened_at: float
+    timer: asyncio.TimerHandle | None
+    suppressed: int = 0
+
+
+class FailureLog:
+    """Failures clients see (a 502, an aborted body), at WARNING without a line per request.
+
+    Per origin and error kind: the first failure is a WARNING at once; the others in the next
+    `interval_s` are DEBUG lines, and one WARNING when the interval ends says how many there
+    were. So a run of failures is seen at `--log-level warning` at once, and costs at most two
+    lines an interval; each one is counted in the metrics and has its access line. `close()`
+    writes the summaries still open (at shutdown).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = FAILURE_LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._interval_s = interval_s
+        self._clock = clock
+        self._windows: dict[tuple[str, str], _Window] = {}
+
+    def failed(self, origin: str, kind: str, message: str, *args: object) -> None:
+        """Log one failure of `kind` at `origin` (`message % args`, as a logger takes it)."""
+        key = (origin, kind)
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is not None and now - window.opened_at >= self._interval_s:
+            self._summarize(key)  # its timer is late (or there is no event loop)
+            window = None
+        if window is None:
+            self._windows[key] = _Window(now, self._call_later(key))
+            self._log.warning(message, *args)
+        else:
+            window.suppressed += 1
+            self._log.debug(message, *args)
+
+    def close(self) -> None:
+        """Write the summaries of the intervals still open and stop their timers."""
+        for key in list(self._windows):
+            self._summarize(key)
+
+    def _call_later(self, key: tuple[str, str]) -> asyncio.TimerHandle | None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: the next failure or close() summarizes
+            return None
+        return loop.call_later(self._interval_s, self._summarize, key)
+
+    def _summarize(self, key: tuple[str, str]) -> None:
+        window = self._windows.pop(key, None)
+        if window is None:
+            return
+        if window.timer is not None:
+            window.timer.cancel()
+        if window.suppressed:
+            self._log.warning(
+                "origin %s: %d more %s failures in the last %.0f s (each has its access line; "
+                "see shardcache_origin_errors_total and shardcache_requests_total)",
+                key[0],
+                window.suppressed,
+                key[1],
+                self._clock() - window.opened_at,
+            )

@@ -274,7 +274,7 @@ class Metrics:
         )
         self.origin_errors = Counter(
             "shardcache_origin_errors",
-            "Origin failures by kind",
+            "Origin failures by kind: failed requests, and objects that failed verification",
             ["origin", "kind"],
             registry=registry,
         )
@@ -423,6 +423,9 @@ class Metrics:
         self.origin_requests.labels(origin, status).inc()
         if status != "ok":
             self.origin_errors.labels(origin, status).inc()
+
+    def origin_failed(self, origin: str, kind: str) -> None:
+        self.origin_errors.labels(origin, kind).inc()
 
     def origin_retry(self, origin: str) -> None:
         self.origin_retries.labels(origin).inc()

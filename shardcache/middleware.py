@@ -27,16 +27,18 @@ from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     OriginBusy,
     OriginError,
+    OriginNotFound,
     OriginThrottled,
     QueueFull,
     RangeNotSatisfiable,
     RequestTimeout,
     ShardcacheError,
     ShuttingDown,
+    TierLoop,
     Unauthorized,
 )
 from shardcache.keys import ERROR_KIND_HEADER
-from shardcache.logs import redact
+from shardcache.logs import FailureLog, redact
 from shardcache.metrics import Metrics
 from shardcache.prefetch import PrefetchQueue
 
@@ -49,6 +51,7 @@ METRICS_KEY = web.AppKey("metrics", Metrics)
 STATE_KEY = web.AppKey("state", dict)
 ACCESS_KEY = web.AppKey("access", AccessPolicy)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
+FAILURES_KEY = web.AppKey("failures", FailureLog)
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -137,19 +140,21 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         # Passed on as what it is (503 and the hint), so a node daemon reading through this
         # one as a tier slows down instead of asking the next member (`origins.upstreams`).
         _count_error(request, exc)
-        log.info("%s %r: %s", request.method, request.path, exc)
+        _log_failure(request, exc)
         hint = _retry_after(exc.retry_after_s)
         hint[ERROR_KIND_HEADER] = exc.kind
         return json_error(503, _origin_error_message(request, exc), hint)
     except OriginError as exc:
         _count_error(request, exc)
-        log.info("%s %r: %s", request.method, request.path, exc)
+        _log_failure(request, exc)
         headers = {ERROR_KIND_HEADER: exc.kind}
         if isinstance(exc, OriginBusy):
             headers.update(_retry_after(exc.retry_after_s))
         return json_error(exc.status, _origin_error_message(request, exc), headers)
     except ShardcacheError as exc:
         _count_error(request, exc)
+        if exc.status >= 500 and not isinstance(exc, TierLoop):  # logged once, where raised
+            _log_failure(request, exc)
         return json_error(exc.status, str(exc), {ERROR_KIND_HEADER: exc.kind})
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
@@ -164,8 +169,34 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_error(500, "internal error; see the daemon's log")
 
 
-def _count_error(request: web.Request, exc: ShardcacheError) -> None:
+def _origin_of(request: web.Request) -> str | None:
+    """The configured origin a shard request is for; None for other requests."""
     origin = request.match_info.get("origin")
-    cache = request.app[CACHE_KEY]
-    if origin in cache.origins and request.match_info.get("key") is not None:
+    if origin in request.app[CACHE_KEY].origins and request.match_info.get("key") is not None:
+        return origin
+    return None
+
+
+def _count_error(request: web.Request, exc: ShardcacheError) -> None:
+    origin = _origin_of(request)
+    if origin is not None:
         request.app[METRICS_KEY].requests.labels(origin, "error").inc()
+
+
+def _log_failure(request: web.Request, exc: ShardcacheError) -> None:
+    """A failure the client sees: a WARNING, rate-limited per origin and kind (`FailureLog`).
+    A missing object is the origin's answer, not a failure: INFO, beside its access line."""
+    if isinstance(exc, OriginNotFound):
+        log.info("%s %s: %s", request.method, request.path, exc)
+        return
+    origin = _origin_of(request) or "-"
+    request.app[FAILURES_KEY].failed(
+        origin,
+        exc.kind,
+        "%s %s failed (%s, origin %s): %s",
+        request.method,
+        request.path,
+        exc.kind,
+        origin,
+        exc,
+    )

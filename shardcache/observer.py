@@ -20,6 +20,10 @@ class Observer(Protocol):
     def origin_request_limit(self, origin: str, limit: int) -> None:
         """The origin's limit on requests at once changed (0: unlimited)."""
 
+    def origin_failed(self, origin: str, kind: str) -> None:
+        """An object failed for a reason no one request was counted under (its checksum did
+        not match, its HEAD failed): one more origin error of `kind`."""
+
     def origin_bytes(self, origin: str, size_bytes: int) -> None: ...
 
     def fetch_finished(self, origin: str, duration_s: float) -> None: ...
@@ -46,6 +50,9 @@ class NullObserver:
     def origin_request_limit(self, origin: str, limit: int) -> None:
         return None
 
+    def origin_failed(self, origin: str, kind: str) -> None:
+        return None
+
     def origin_bytes(self, origin: str, size_bytes: int) -> None:
         return None
 
@@ -60,3 +67,51 @@ class NullObserver:
 
     def prefetch_wasted(self, origin: str) -> None:
         return None
+
+
+class FailureTally:
+    """An `Observer` for one object's requests that remembers the error kinds they were counted
+    under, so that the object's failure is counted once under its kind: by its requests when
+    one failed that way, else by `settle` (a checksum that did not match, a HEAD that failed:
+    every request was counted "ok", or not at all)."""
+
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._kinds: set[str] = set()
+
+    def settle(self, origin: str, kind: str) -> None:
+        """The object failed with an origin error of `kind`: count it unless a request was."""
+        if kind not in self._kinds:
+            self._kinds.add(kind)
+            self._observer.origin_failed(origin, kind)
+
+    def origin_request(self, origin: str, status: str) -> None:
+        self._kinds.add(status)
+        self._observer.origin_request(origin, status)
+
+    def origin_retry(self, origin: str) -> None:
+        self._observer.origin_retry(origin)
+
+    def origin_throttled(self, origin: str) -> None:
+        self._observer.origin_throttled(origin)
+
+    def origin_request_limit(self, origin: str, limit: int) -> None:
+        self._observer.origin_request_limit(origin, limit)
+
+    def origin_failed(self, origin: str, kind: str) -> None:
+        self.settle(origin, kind)
+
+    def origin_bytes(self, origin: str, size_bytes: int) -> None:
+        self._observer.origin_bytes(origin, size_bytes)
+
+    def fetch_finished(self, origin: str, duration_s: float) -> None:
+        self._observer.fetch_finished(origin, duration_s)
+
+    def evicted(self, size_bytes: int, was_pinned: bool) -> None:
+        self._observer.evicted(size_bytes, was_pinned)
+
+    def prefetch_late(self, origin: str) -> None:
+        self._observer.prefetch_late(origin)
+
+    def prefetch_wasted(self, origin: str) -> None:
+        self._observer.prefetch_wasted(origin)

@@ -50,17 +50,19 @@ from shardcache.cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
+    IntegrityError,
     NotCached,
     ShardcacheError,
     ShuttingDown,
     TierLoop,
 )
 from shardcache.keys import TIER_REQUEST_HEADER
-from shardcache.logs import CLIENT_GONE
+from shardcache.logs import CLIENT_GONE, FailureLog
 from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.middleware import (
     ACCESS_KEY,
     CACHE_KEY,
+    FAILURES_KEY,
     GUARD_KEY,
     METRICS_KEY,
     PREFETCH_KEY,
@@ -218,12 +220,16 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         if writer is None or request.transport is None:
             _client_left(request, lease.origin)  # before the headers went out
             return response
-        metrics.requests.labels(lease.origin, lease.result.value).inc()
+        # Counted by result once it is known (below): a read that fails after its headers is
+        # an "error", not the miss it started as (its first byte's time is a miss's, though).
         metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
         state = request.app[STATE_KEY]
         sender = FileSender(request.transport, response.write, state["client_send_timeout_s"])
+        is_counted = False  # under the result, once the body is out: the client may see it end
         try:
             await _send_body(lease, sender, start, end, request, metrics)
+            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            is_counted = True
             await sender.drained()  # so that write_eof has nothing left to wait for
             writer.output_size += sender.take_bypassed_bytes()  # before write_eof reads it
             await response.write_eof()
@@ -234,20 +240,15 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
                 request[CLIENT_GONE] = True
             else:
                 _client_left(request, lease.origin)
-            log.debug("client left during %r: %s", request.path, exc)
+            if not is_counted:  # the client's choice, not a failure
+                metrics.requests.labels(lease.origin, lease.result.value).inc()
+            log.debug("client left during %s: %s", request.path, exc)
             _abort(request, discard_unsent=stalled)
             return response
         except Exception as exc:  # any failure after the headers: never a clean short body
-            expected = isinstance(exc, ShardcacheError | OSError | EOFError)
-            log.log(
-                logging.ERROR,
-                "aborting %r after %d of %d bytes: %s",
-                request.path,
-                sender.sent_bytes,
-                end - start,
-                exc,
-                exc_info=not expected,
-            )
+            if not is_counted:
+                metrics.requests.labels(lease.origin, "error").inc()
+            _failed_after_headers(request, lease, exc, sender.sent_bytes, end - start)
             if lease.result is Result.HIT and isinstance(exc, EOFError):
                 # The entry's file is shorter than its index says: drop it (before the client
                 # hears of the failure and retries), so the next request refetches.
@@ -264,6 +265,40 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         await lease.aclose()
+
+
+def _failed_after_headers(
+    request: web.Request, lease: Lease, exc: Exception, sent_bytes: int, length: int
+) -> None:
+    """Log a read that failed after its headers (a WARNING, rate-limited per origin and kind;
+    a bug is an ERROR with its traceback), and count what only this read saw: a streamed-through
+    body that failed its checksum (a fill's failure is counted by the fill, once)."""
+    if not isinstance(exc, ShardcacheError | OSError | EOFError):
+        log.error(
+            "aborting %s after %d of %d bytes: %s",
+            request.path,
+            sent_bytes,
+            length,
+            exc,
+            exc_info=True,
+        )
+        return
+    # A local file shorter than its index says, or unreadable: the cache's failure.
+    kind = exc.kind if isinstance(exc, ShardcacheError) else "cache"
+    if lease.stream is not None and isinstance(exc, IntegrityError):
+        request.app[METRICS_KEY].origin_failed(lease.origin, kind)
+    request.app[FAILURES_KEY].failed(
+        lease.origin,
+        kind,
+        "%s %s aborted after %d of %d bytes (%s, origin %s): %s",
+        request.method,
+        request.path,
+        sent_bytes,
+        length,
+        kind,
+        lease.origin,
+        exc,
+    )
 
 
 def _client_left(request: web.Request, origin: str) -> None:
@@ -356,6 +391,10 @@ async def not_found(request: web.Request) -> web.Response:
 CATCH_ALL = "/_/{rest}"
 
 
+async def _close_failures(failures: FailureLog) -> None:
+    failures.close()  # the counts of failures not yet summarized, before the log ends
+
+
 def make_app(
     cache: ShardCache,
     prefetch: PrefetchQueue,
@@ -378,6 +417,8 @@ def make_app(
     app[PREFETCH_KEY] = prefetch
     app[METRICS_KEY] = metrics
     app[STATE_KEY] = state
+    failures = app[FAILURES_KEY] = FailureLog(log)
+    app.on_cleanup.append(lambda app: _close_failures(failures))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

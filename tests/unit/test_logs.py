@@ -1,0 +1,135 @@
+"""Log formatting: one record is one line whatever its message quotes (issue 23 item 9)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+
+import pytest
+
+from shardcache.logs import JsonFormatter, TextFormatter, escape_controls
+
+HOSTILE = "a\r\nFAKE\x1b[2J\x07\x7f\x85\u2028\u2029\u202e\udcff\x00\tz"
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202e\ud800-\udfff]")
+
+
+def _record(msg: str, *args: object, exc: BaseException | None = None) -> logging.LogRecord:
+    exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+    return logging.LogRecord("shardcache.test", logging.WARNING, __file__, 1, msg, args, exc_info)
+
+
+def _raised(message: str) -> BaseException:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise ValueError(message) from inner
+    except ValueError as exc:
+        return exc
+
+
+def test_escape_controls_writes_each_character_as_an_escape() -> None:
+    assert escape_controls(HOSTILE) == (
+        "a\\x0d\\x0aFAKE\\x1b[2J\\x07\\x7f\\x85\\u2028\\u2029\\u202e\\udcff\\x00\\x09z"
+    )
+    assert escape_controls("plain ünïcode / key-0001.tar") == "plain ünïcode / key-0001.tar"
+
+
+@pytest.mark.parametrize("where", ["msg", "args"])
+def test_a_text_record_is_one_line_with_its_controls_escaped(where: str) -> None:
+    record = (
+        _record(HOSTILE) if where == "msg" else _record("prefetch of %s failed: %r", HOSTILE, 3)
+    )
+    line = TextFormatter().format(record)
+    assert "\n" not in line and not RAW_CONTROL.search(line), repr(line)
+    assert "a\\x0d\\x0aFAKE\\x1b[2J" in line
+    line.encode("utf-8")  # a lone surrogate would make the stream's write fail
+
+
+def test_a_traceback_keeps_its_lines_and_escapes_what_its_exceptions_say() -> None:
+    exc = _raised(HOSTILE)
+    plain = logging.Formatter("%(message)s").format(_record("failed", exc=exc))
+    text = TextFormatter().format(_record("failed: %s", HOSTILE, exc=exc))
+    lines = text.split("\n")
+    # The same lines Python writes, less the two the message's own CR LF made.
+    assert len(lines) == len(plain.split("\n")) - 1
+    assert lines[0].endswith("failed: " + escape_controls(HOSTILE))
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1].startswith("ValueError: a\\x0d\\x0aFAKE")
+    assert "KeyError: 'inner'" in text and "direct cause" in text
+    assert not any(line.startswith("FAKE") for line in lines)
+    assert not RAW_CONTROL.search(text)
+
+
+def test_a_stack_keeps_its_lines() -> None:
+    record = _record("here")
+    record.stack_info = 'Stack (most recent call last):\n  File "x\x1b.py", line 1'
+    text = TextFormatter().format(record)
+    assert text.split("\n")[1:] == ["Stack (most recent call last):", '  File "x\\x1b.py", line 1']
+
+
+def test_a_json_record_is_one_line_and_a_document() -> None:
+    exc = _raised(HOSTILE)
+    line = JsonFormatter().format(_record("failed: %s", HOSTILE, exc=exc))
+    assert "\n" not in line and not RAW_CONTROL.search(line)
+    document = json.loads(line)
+    assert document["message"] == "failed: " + HOSTILE
+    assert "ValueError" in document["exception"]
+
+
+def test_a_secret_next_to_control_characters_is_still_masked() -> None:
+    line = TextFormatter().format(_record("GET %s", "https://u:hunter2@h/k\r\n?sig=abc\x1b"))
+    assert "hunter2" not in line and "abc" not in line and not RAW_CONTROL.search(line)
+
+
+def test_records_of_every_logger_are_escaped_once_configured(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from shardcache import logs
+
+    saved = logging.getLogger().handlers[:], logging.getLogger().level
+    try:
+        logs.configure("debug", "text")
+        handler = logging.getLogger().handlers[0]
+        assert isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr
+        for name in ("", "aiohttp.access", "aiohttp.server", "shardcache.fill", "botocore"):
+            logging.getLogger(name).warning("from %s: %s", name or "root", HOSTILE)
+        written = capsys.readouterr().err
+    finally:
+        logging.getLogger().handlers[:], _ = saved[0], logging.getLogger().setLevel(saved[1])
+    lines = written.split("\n")
+    assert lines[-1] == "" and len(lines) == 6, written
+    assert not RAW_CONTROL.search(written.replace("\n", ""))
+
+
+def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from shardcache.logs import FailureLog
+
+    now = [0.0]
+    failures = FailureLog(logging.getLogger("shardcache.test"), 60.0, lambda: now[0])
+    caplog.set_level(logging.DEBUG, "shardcache.test")
+    for second in range(100):  # one origin failing two ways, once a second; another once
+        now[0] = float(second)
+        failures.failed("web", "tls", "read %d failed", second)
+        failures.failed("web", "timeout", "read %d timed out", second)
+    failures.failed("s3", "tls", "read failed")
+    failures.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    summary = "origin web: {} more {} failures in the last {} s (each has its access line; "
+    assert [w.split("see shardcache_")[0] for w in warnings] == [
+        "read 0 failed",
+        "read 0 timed out",
+        summary.format(59, "tls", 60),  # the interval is over: summarized, then a new one
+        "read 60 failed",
+        summary.format(59, "timeout", 60),
+        "read 60 timed out",
+        "read failed",  # another origin
+        summary.format(39, "tls", 39),  # at close()
+        summary.format(39, "timeout", 39),
+    ]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len(debug) == 2 * 98  # every failure is still there at debug level
