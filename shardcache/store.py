@@ -550,7 +550,11 @@ class Store:
         return was_pinned
 
     def delete(self, key: str) -> bool:
-        """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
+        """Remove `key`'s entry (its file goes after the index commits); return if it existed.
+        Raises CacheError, the entry untouched, when the directory is not writable: SQLite's
+        files were opened before, so the row would go and the file would stay."""
+        if not os.access(self._index_dir, os.W_OK):
+            raise CacheError(f"cannot delete {key}: cache dir {self._index_dir} is not writable")
         self._pinned.discard(key)
         with map_store_errors(f"cannot delete {key}"):
             deleted = bool(self._index.delete(key))
