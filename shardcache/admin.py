@@ -1,24 +1,76 @@
 """The `/_/` endpoints: purge, prefetch (queue, show, drop), plans, origins and status.
 
 Every one of them needs the admin token when one is configured (`middleware.admit_request`).
-A prefetch body is read within the body timeout and at most MAX_BODY_BYTES, and parsed and
-expanded off the event loop.
+A prefetch or plan body is read within the body timeout and at most MAX_BODY_BYTES, and parsed,
+expanded and acted on off the event loop, one post at a time (`PostTurns`): a worker thread
+parsing 100,000 names shares the GIL with the event loop, and sixteen side by side held it for
+seconds. A post the prefetch queue or the plans cannot take is refused before its names are
+expanded, and before its body is read when the queue is full already.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
 from shardcache.errors import BadRequest, PlansOff, QueueFull, RequestTimeout
 from shardcache.middleware import CACHE_KEY, PREFETCH_KEY, STATE_KEY, redacted
-from shardcache.plans import Plan, PlanRefused
-from shardcache.prefetch import parse_targets
+from shardcache.plans import Plan, PlanBook, PlanRefused
+from shardcache.prefetch import PrefetchQueue, parse_targets
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
+MAX_WAITING_POSTS = 32  # posts waiting for their turn, bodies unread; more are a 429
+
+
+class PostTurns:
+    """Admin posts take turns: one at a time is read, parsed and acted on.
+
+    A turn is CPU on a worker thread for up to a second (100,000 names expanded, validated and
+    indexed), and every runnable thread competes with the event loop for the GIL: one at a time
+    keeps the loop's wait for it to one switch interval, and the memory to one body's worth.
+    Waiting posts have not read their bodies (aiohttp stops reading a connection whose body
+    is not consumed, so the bytes stay in the socket); past MAX_WAITING_POSTS, or after waiting
+    the body timeout, a post is refused with 429 before anything is read.
+    """
+
+    def __init__(self, max_waiting: int = MAX_WAITING_POSTS) -> None:
+        self._turn = asyncio.Lock()
+        self._waiting = 0
+        self._max_waiting = max_waiting
+
+    @contextlib.asynccontextmanager
+    async def turn(self, timeout_s: float) -> AsyncIterator[None]:
+        """Hold the turn for the block; raises QueueFull when the line is full or the wait
+        passes `timeout_s`."""
+        if self._turn.locked() and self._waiting >= self._max_waiting:
+            raise QueueFull(
+                f"{self._waiting} admin posts are waiting their turn: this one was not read; "
+                "post again shortly"
+            )
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._turn.acquire()
+        except TimeoutError:
+            raise QueueFull(
+                f"admin posts ahead of this one took more than {timeout_s:g} s: it was not "
+                "read; post again shortly"
+            ) from None
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._turn.release()
+
+
+TURNS_KEY = web.AppKey("admin_turns", PostTurns)
 
 
 async def delete_object(request: web.Request) -> web.Response:
@@ -30,11 +82,15 @@ async def delete_object(request: web.Request) -> web.Response:
 
 async def post_prefetch(request: web.Request) -> web.Response:
     queue = request.app[PREFETCH_KEY]
-    raw = await _read_body(request)
-    origins = set(request.app[CACHE_KEY].origins)
-    # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
-    targets, warm = await asyncio.to_thread(_parse_prefetch_body, raw, origins)
-    submitted = await queue.submit(targets, warm=warm)
+    _refuse_when_full(queue, None)  # before waiting for a turn
+    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    async with request.app[TURNS_KEY].turn(timeout_s):
+        _refuse_when_full(queue, None)  # the posts ahead of it may have filled the queue
+        raw = await _read_body(request)
+        origins = set(request.app[CACHE_KEY].origins)
+        # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
+        targets, warm = await asyncio.to_thread(_parse_prefetch_body, raw, origins, queue)
+        submitted = await queue.submit(targets, warm=warm)
     return web.json_response(
         {
             "queued": submitted.queued,
@@ -44,6 +100,20 @@ async def post_prefetch(request: web.Request) -> web.Response:
         },
         status=202,
     )
+
+
+def _refuse_when_full(queue: PrefetchQueue, listed: int | None) -> None:
+    """Refuse a post the prefetch queue cannot take, before its body is read (`listed`
+    None: the queue is full) or before its `listed` names are expanded (each is one key or
+    more); `PrefetchQueue.submit` checks the exact count."""
+    room = queue.room
+    if listed is None and room <= 0:
+        raise QueueFull(f"the prefetch queue is full ({queue.depth} items): body not parsed")
+    if listed is not None and listed > room:
+        raise QueueFull(
+            f"the prefetch queue has room for {max(room, 0)} items, and the body lists "
+            f"{listed} names: not parsed further"
+        )
 
 
 async def _read_body(request: web.Request) -> bytes:
@@ -60,12 +130,27 @@ async def _read_body(request: web.Request) -> bytes:
         raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
 
 
-def _parse_prefetch_body(raw: bytes, origins: set[str]) -> tuple[list[tuple[str, str]], bool]:
-    """The (origin, key) targets of a POST /_/prefetch body, and whether it asks to warm."""
+def _json_body(raw: bytes) -> Any:
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         raise BadRequest("the body is not JSON (or is nested too deep)") from None
+
+
+def _listed(body: dict[str, Any]) -> int:
+    """How many names a body lists (before expanding: each is at least one key)."""
+    return sum(len(v) for v in (body.get("urls"), body.get("keys")) if isinstance(v, list))
+
+
+def _parse_prefetch_body(
+    raw: bytes, origins: set[str], queue: PrefetchQueue
+) -> tuple[list[tuple[str, str]], bool]:
+    """The (origin, key) targets of a POST /_/prefetch body, and whether it asks to warm.
+    (On a worker thread; raises QueueFull, before expanding, for more names than the queue
+    has room for.)"""
+    body = _json_body(raw)
+    if isinstance(body, dict):
+        _refuse_when_full(queue, _listed(body))
     targets = parse_targets(body, origins)
     warm = body.get("warm", False)  # a dict: parse_targets said so
     if not isinstance(warm, bool):
@@ -80,28 +165,31 @@ async def post_plan(request: web.Request) -> web.Response:
     plans = cache.store.plans
     if plans is None:
         raise PlansOff("plans are off (--eviction lru): nothing would use this plan")
-    raw = await _read_body(request)
+    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    async with request.app[TURNS_KEY].turn(timeout_s):
+        raw = await _read_body(request)
 
-    def post() -> Plan:  # up to MAX_EXPANSION keys: parsed and indexed off the event loop
-        job, epoch, targets = _parse_plan_body(raw, set(cache.origins))
-        keys = [cache.cache_key(origin, key)[1] for origin, key in targets]
-        try:
-            return plans.post(job, epoch, keys)
-        except PlanRefused as exc:
-            raise QueueFull(str(exc)) from None
+        def post() -> Plan:  # up to MAX_EXPANSION keys: parsed and indexed off the event loop
+            try:
+                job, epoch, targets = _parse_plan_body(raw, set(cache.origins), plans)
+                keys = [cache.cache_key(origin, key)[1] for origin, key in targets]
+                return plans.post(job, epoch, keys)
+            except PlanRefused as exc:
+                raise QueueFull(str(exc)) from None
 
-    plan = await asyncio.to_thread(post)
+        plan = await asyncio.to_thread(post)
     return web.json_response({"job": plan.job, "epoch": plan.epoch, "keys": len(plan.keys)})
 
 
 MAX_JOB_CHARS = 200
 
 
-def _parse_plan_body(raw: bytes, origins: set[str]) -> tuple[str, int, list[tuple[str, str]]]:
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise BadRequest("the body is not JSON (or is nested too deep)") from None
+def _parse_plan_body(
+    raw: bytes, origins: set[str], plans: PlanBook
+) -> tuple[str, int, list[tuple[str, str]]]:
+    """The job, epoch and targets of a POST /_/plan body. Raises PlanRefused, before
+    expanding, when the plans have no room for as many keys as the body lists."""
+    body = _json_body(raw)
     if not isinstance(body, dict) or not ({"urls", "keys"} & body.keys()):
         raise BadRequest('expected {"job": ID, "epoch": N, "urls": ["/NAME/KEY", …]}')
     job, epoch = body.pop("job", None), body.pop("epoch", 0)
@@ -113,6 +201,7 @@ def _parse_plan_body(raw: bytes, origins: set[str]) -> tuple[str, int, list[tupl
         raise BadRequest("unknown field(s): warm")
     if body.get("urls") == [] and "keys" not in body:
         return job, epoch, []  # nothing more to read: the job's plan ends
+    plans.check_room(job, _listed(body))
     return job, epoch, parse_targets(body, origins)
 
 

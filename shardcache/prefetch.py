@@ -77,11 +77,14 @@ def parse_targets(body: object, origins: set[str]) -> list[tuple[str, str]]:
         raise BadRequest(f"more than {MAX_EXPANSION} keys in one request")
 
     expanded_chars = 0
+    # Each target holds the origin's one name string, not a copy cut from its URL.
+    names = {name: name for name in origins}
 
-    def add(origin: str, pattern: str, where: str) -> None:
+    def add(name: str, pattern: str, where: str) -> None:
         nonlocal expanded_chars
-        if origin not in origins:
-            raise BadRequest(f"{where}: no origin named {origin!r}")
+        origin = names.get(name)
+        if origin is None:
+            raise BadRequest(f"{where}: no origin named {name!r}")
         try:
             expanded_chars += count(pattern) * len(pattern)  # an upper bound per name
             if expanded_chars > MAX_EXPANDED_CHARS:
@@ -379,6 +382,12 @@ class PrefetchQueue:
         return self._pending_count + sum(
             not start.is_dropped for lane in self._lanes for start in lane.starting
         )
+
+    @property
+    def room(self) -> int:
+        """Items the queue can take now (negative past its bound): an admin post asks before
+        parsing a body."""
+        return MAX_PENDING - self._pending_count - self._reserved_pending
 
     @property
     def in_flight(self) -> int:

@@ -30,6 +30,8 @@ from aiohttp import web
 from shardcache.access import AccessPolicy
 from shardcache.admin import (
     MAX_BODY_BYTES,
+    TURNS_KEY,
+    PostTurns,
     delete_object,
     delete_prefetch,
     get_origins,
@@ -419,6 +421,7 @@ def make_app(
     app[STATE_KEY] = state
     failures = app[FAILURES_KEY] = FailureLog(log)
     app.on_cleanup.append(lambda app: _close_failures(failures))
+    app[TURNS_KEY] = PostTurns()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

@@ -53,10 +53,10 @@ from typing import Any
 import diskcache
 from diskcache.core import MODE_BINARY, UNKNOWN
 
+from shardcache import space
 from shardcache.admission import ScanResistantAdmission
 from shardcache.errors import CacheError
 from shardcache.plans import PlanBook, PlanStatus, choose_victim
-from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.store")
 LAYOUT_VERSION = "v1"
@@ -297,30 +297,18 @@ class Store:
                 self._index.delete(key)
 
     def _warn_if_larger_than_filesystem(self) -> None:
-        """Say so at start when the bound cannot be what limits the cache: more than the
-        filesystem has room for (free space plus what the cache holds), or no more than the
-        index takes by itself (then nothing can ever be cached)."""
         with contextlib.suppress(OSError, CacheError):
-            fs = os.statvfs(self._root)
-            used = self._used_bytes()
-            room = fs.f_bavail * fs.f_frsize + used
-            if room < self.capacity_bytes:
-                log.warning(
-                    "--cache-size %s is more than the %s the filesystem under %s has room for "
-                    "(%s free, %s already cached): the free space will bound the cache instead",
-                    format_size(self.capacity_bytes),
-                    format_size(room),
-                    self._directory,
-                    format_size(fs.f_bavail * fs.f_frsize),
-                    format_size(used),
-                )
-            if self.capacity_bytes <= used + FILESYSTEM_HEADROOM_BYTES:
-                log.warning(
-                    "--cache-size %s is no more than the cache's index takes by itself (%s): "
-                    "nothing can be cached; give it at least a few shards' worth",
-                    format_size(self.capacity_bytes),
-                    format_size(used + FILESYSTEM_HEADROOM_BYTES),
-                )
+            for warning in space.startup_warnings(self._room(), self._directory):
+                log.warning("%s", warning)
+
+    def _room(self) -> space.Room:
+        entries = int(self._index.reset("size", update=False))
+        entry_bytes = entries + ENTRY_OVERHEAD_BYTES * len(self._index)
+        index_bytes = self._used_bytes() - entry_bytes
+        free = _free_bytes(self._root)
+        return space.Room(
+            self.capacity_bytes, free, entry_bytes, index_bytes, FILESYSTEM_HEADROOM_BYTES
+        )
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -426,6 +414,8 @@ class Store:
         """
         transient = key is not None and self._is_transient(key)
         with self._lock, map_store_errors("cannot make room"):
+            if problem := space.cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+                raise CacheFull(problem)  # before anything is evicted for it
             self._settle_read_transients()
             if transient:
                 self._evict_until_free(size_bytes, protect=False, for_key=key)
@@ -560,7 +550,11 @@ class Store:
         return was_pinned
 
     def delete(self, key: str) -> bool:
-        """Remove `key`'s entry (its file goes after the index commits); return if it existed."""
+        """Remove `key`'s entry (its file goes after the index commits); return if it existed.
+        Raises CacheError, the entry untouched, when the directory is not writable: SQLite's
+        files were opened before, so the row would go and the file would stay."""
+        if not os.access(self._index_dir, os.W_OK):
+            raise CacheError(f"cannot delete {key}: cache dir {self._index_dir} is not writable")
         self._pinned.discard(key)
         with map_store_errors(f"cannot delete {key}"):
             deleted = bool(self._index.delete(key))
@@ -618,11 +612,11 @@ class Store:
         dry run catches the cache whose room fills under way hold, or whose every entry is
         pinned; not one where evicting all that is unpinned would still fall short."""
         unplanned = self.plans is None or self.plans.next_use_s(key) is None
-        if look_ahead and self.admission is not None and unplanned:
-            return True  # a transient fill: it may evict within its area
         with self._lock, map_store_errors(f"cannot size up {key}"):
-            if size_bytes + self._reserved_bytes > self.capacity_bytes:
-                return False  # as `_evict_until_free` would find: reservations hold the rest
+            if space.cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+                return False  # as `reserve` would find, whatever it evicted
+            if look_ahead and self.admission is not None and unplanned:
+                return True  # a transient fill: it may evict within its area
             self._flush_touches()
             room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
             if room - self._area_free() >= size_bytes:

@@ -217,3 +217,29 @@ def test_a_large_plan_adds_few_objects_for_the_garbage_collector() -> None:
     book.post("j", 0, keys + keys[:10])
     gc.collect()
     assert len(gc.get_objects()) - before < 50
+
+
+def test_check_room_refuses_before_the_keys_are_expanded() -> None:
+    """A post the book would refuse is refused on the count its body lists (issue 23, item
+    7); the job's own plan, which a post replaces, and finished plans give way."""
+    from shardcache import plans as plans_module
+
+    book = PlanBook()
+    room = plans_module.MAX_PLANNED_KEYS // 2
+    book.post("a", 0, [f"a{i}" for i in range(room)])
+    book.post("b", 0, [f"b{i}" for i in range(room)])
+    with pytest.raises(PlanRefused):
+        book.check_room("c", 1)
+    book.check_room("a", room)  # replaces its own plan
+    book.post("b", 0, [])  # finished: gives way
+    book.check_room("c", room)
+
+
+def test_plans_of_one_dataset_share_their_key_strings() -> None:
+    book = PlanBook()
+    first = book.post("a", 0, [f"http://o/{i:07d}.tar" for i in range(1000)])
+    second = book.post("b", 0, [f"http://o/{i:07d}.tar" for i in range(1000)])
+    assert all(x is y for x, y in zip(first.keys, second.keys, strict=True))
+    repeated = book.post("c", 0, ["x", "y", "x", "z", "x"])
+    assert repeated.first == {"x": 0, "y": 1, "z": 3}
+    assert repeated.repeats == {"x": [0, 2, 4]}
