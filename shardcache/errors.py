@@ -23,6 +23,7 @@
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
         │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
+        │   │   └── LocalBusy           503     busy         our own share for it (threads) full
         │   ├── OriginUntrusted         502     tls          its TLS certificate did not verify
         │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
@@ -204,6 +205,12 @@ class OriginBusy(OriginUnavailable):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class LocalBusy(OriginBusy):
+    """This daemon's own share for one origin (its connections, the origin threads) stayed
+    taken for longer than a request may wait. A local shortage, not the upstream's failure:
+    no breaker hears of it and no read timeout ran (it starts when the request is sent)."""
 
 
 class OriginUntrusted(OriginUnavailable):
