@@ -12,6 +12,7 @@
     ├── RangeNotSatisfiable             416     range
     ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
+    ├── FillAbandoned                   499     abandoned    every reader of a fill left (fill.py)
     ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
@@ -107,6 +108,14 @@ class QueueFull(ShardcacheError):
 class ShuttingDown(ShardcacheError):
     status = 503
     kind = "shutdown"
+
+
+class FillAbandoned(ShardcacheError):
+    """A fill stopped because every reader left and nothing wants it cached for later
+    (`Fill.let_go`): no one is left to be told, 499 as nginx logs a client gone."""
+
+    status = 499
+    kind = "abandoned"
 
 
 class TierLoop(ShardcacheError):
