@@ -1,6 +1,8 @@
 """`ShardCache`: lookup → hit, join a fill in flight, or start one. Composes store, flights,
 origins and an observer; knows nothing of HTTP. Every fill runs as a task this object owns, so a
-client that disconnects never cancels a download other clients (or the cache) still want.
+client that disconnects never cancels a download other clients (or the cache) still want; one
+that nobody wants any more (every reader left, no prefetch asked for it) is stopped
+(`fill` explains the rule, `_drop_unwanted` the race with a reader joining).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardcache.checksums import Checksum, from_headers
-from shardcache.errors import CacheError, NotCached, UnknownOrigin
+from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
 from shardcache.keys import validate_key
@@ -91,8 +93,9 @@ class Lease:
             self.entry.close()
             self.entry = None
         if self.fill is not None:
-            self.fill.release_reader()
-            self.fill = None
+            fill, self.fill = self.fill, None
+            fill.release_reader()
+            fill.let_go()  # held since `ShardCache.open` joined or started it
         if self.stream is not None:
             await self.stream.aclose()
             self.stream = None
@@ -165,8 +168,18 @@ class ShardCache:
             in_flight = self.flights.get(url)
         self.store.note_request(url, found=False)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
+        fill.hold()  # in the same step as joining: see `_drop_unwanted`
         if not joined:
             self._spawn(fill)
+        try:
+            return await self._lease_of(origin, url, fill, joined)
+        except BaseException:
+            fill.let_go()  # a failed fill, or a caller gone while it waited
+            raise
+
+    async def _lease_of(self, origin: Origin, url: str, fill: Fill, joined: bool) -> Lease:
+        """The lease of a reader that holds `fill`: for a fill's body, the lease lets go of it
+        when closed; for an object streamed through, it lets go once the stream is taken."""
         self._read_prefetched(origin, url, fill)
         state = await fill.wait_started()
         result = Result.COALESCED if joined else Result.MISS
@@ -176,6 +189,7 @@ class ShardCache:
             result = Result.HIT
         if state is FillState.PASSTHROUGH:
             stream = await fill.join_passthrough() if joined else fill.take_passthrough()
+            fill.let_go()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
         if result is Result.HIT:  # verified, not yet indexed: answer as a hit would
@@ -208,9 +222,12 @@ class ShardCache:
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
             info = fill.info  # a tier below HEADs us for checksums: wait until they are known
-            return Result.COALESCED, dataclasses.replace(
-                info, checksums=await fill.wait_checksums()
-            )
+            fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
+            try:
+                checksums = await fill.wait_checksums()
+            finally:
+                fill.let_go()
+            return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
         meta = await self._peek(url)
         if meta is not None:
             return Result.HIT, _info_of(meta)
@@ -279,6 +296,7 @@ class ShardCache:
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None:
+            fill.keep_unread()
             return PrefetchOutcome.JOINED, fill
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
@@ -296,6 +314,7 @@ class ShardCache:
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
             return PrefetchOutcome.NOT_ADMITTED, None
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
+        fill.keep_unread()
         if joined:
             return PrefetchOutcome.JOINED, fill
         fill.is_prefetch = True
@@ -340,7 +359,27 @@ class ShardCache:
             self._clock,
             self._segment_slots,
             self.limiters.get(origin.name),
+            self._drop_unwanted,
         )
+
+    def _drop_unwanted(self, fill: Fill) -> None:
+        """Stop a fill whose last reader let go and that nothing wants cached (`fill`'s
+        rule), or close the stream of an object streamed through that nobody took.
+
+        No reader is stranded on a stopped fill. The race, in steps on the event loop:
+        (1) reader A starts the fill and holds it (`open`: join and `hold` in one step);
+        (2) reader B joins it and holds it, in one step too; (3) A lets go: B holds it, it
+        goes on; (4) B lets go: nothing holds it, and this runs in that same step, taking it
+        out of the flights before it is cancelled; (5) reader C comes: it finds no fill in
+        flight and starts its own. A joiner is either counted before (4), and the fill goes
+        on, or comes after (4), and cannot find it."""
+        if fill.is_fetching:
+            self.flights.finish(fill)
+            fill.stop(FillAbandoned(f"{fill.cache_key}: every reader left"))
+            return
+        task = asyncio.create_task(fill.discard_passthrough(), name=f"drop {fill.cache_key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _spawn(self, fill: Fill) -> None:
         task = asyncio.create_task(self._run(fill), name=f"fill {fill.cache_key}")

@@ -12,6 +12,7 @@
     ├── RangeNotSatisfiable             416     range
     ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
+    ├── FillAbandoned                   499     abandoned    every reader of a fill left (fill.py)
     ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
@@ -23,6 +24,7 @@
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
         │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
+        │   │   └── LocalBusy           503     busy         our own share for it (threads) full
         │   ├── OriginUntrusted         502     tls          its TLS certificate did not verify
         │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
@@ -106,6 +108,14 @@ class QueueFull(ShardcacheError):
 class ShuttingDown(ShardcacheError):
     status = 503
     kind = "shutdown"
+
+
+class FillAbandoned(ShardcacheError):
+    """A fill stopped because every reader left and nothing wants it cached for later
+    (`Fill.let_go`): no one is left to be told, 499 as nginx logs a client gone."""
+
+    status = 499
+    kind = "abandoned"
 
 
 class TierLoop(ShardcacheError):
@@ -204,6 +214,12 @@ class OriginBusy(OriginUnavailable):
     def __init__(self, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class LocalBusy(OriginBusy):
+    """This daemon's own share for one origin (its connections, the origin threads) stayed
+    taken for longer than a request may wait. A local shortage, not the upstream's failure:
+    no breaker hears of it and no read timeout ran (it starts when the request is sent)."""
 
 
 class OriginUntrusted(OriginUnavailable):

@@ -1,16 +1,17 @@
 """`Fill`: one download of one object into a partial file, that any number of readers tail.
 
-Lifecycle (an illegal transition raises; FAILED, PASSTHROUGH, COMMITTED, DISCARDED are final):
+Lifecycle: `fill_state` (the diagram and the transition table).
 
-    STARTING ──► FILLING ──► VERIFIED ──► COMMITTED     indexed: later requests are hits
-        │           │            ├──────► DISCARDED     verified but could not be indexed
-        │           │            └──────► FAILED        a bug while committing
-        │           └──────────────────► FAILED        origin/verification/disk failure
-        ├──────────────────────────────► FAILED        failed before the first byte
-        └──────────────────────────────► PASSTHROUGH   not cacheable: the starter streams it
-
-FAILED is reachable from every non-final state, so no failure can strand a fill (or its file
-descriptor) half way.
+Who wants it: a fill fetches for the readers that hold it (`hold`, from the moment each joins
+or starts it, to the end of its response) and, when the prefetch queue started or joined it
+(`keep_unread`), for the cache. When the last holder lets go while the body is still being
+fetched (STARTING or FILLING) and no prefetch wants it, it is not worth finishing: it stops
+(FAILED, `FillAbandoned`; its partial file and reservation go) and frees its origin
+connections. Admission letting a client's miss into the store does not keep it: that said
+the object may be cached if fetched for a reader, not that it is worth fetching for nobody;
+an object admission refuses streams through (PASSTHROUGH) and stops with its one reader.
+A body already complete (VERIFIED) is committed whoever is left. The cache (`ShardCache`)
+takes it out of the flights at the moment it is given up, so no reader can join it after.
 
 Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
 response*, which waits for VERIFIED: full length, every response the same object as the first
@@ -30,11 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from shardcache.checksums import (
     LOCAL_DIGEST,
@@ -46,15 +46,23 @@ from shardcache.checksums import (
 )
 from shardcache.errors import (
     CacheError,
+    FillAbandoned,
     OriginChanged,
     OriginError,
     OriginHeadUnsupported,
     ShardcacheError,
     ShuttingDown,
 )
+from shardcache.fill_state import (
+    BODY_COMPLETE,
+    TRANSITIONS,
+    FillState,
+    IllegalTransition,
+)
 from shardcache.limiter import RequestLimiter
 from shardcache.observer import FailureTally, Observer
-from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot, land_chunks
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.passthrough import ContinuedStream, RelayedStream
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
@@ -62,32 +70,6 @@ __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 
 log = logging.getLogger("shardcache.fill")
 HASH_BATCH_BYTES = 8 << 20  # hash the verified prefix in steps this large (fewer thread hops)
-
-
-class FillState(enum.Enum):
-    STARTING = "starting"
-    FILLING = "filling"
-    VERIFIED = "verified"
-    COMMITTED = "committed"
-    DISCARDED = "discarded"
-    PASSTHROUGH = "passthrough"
-    FAILED = "failed"
-
-
-_TRANSITIONS: dict[FillState, frozenset[FillState]] = {
-    FillState.STARTING: frozenset({FillState.FILLING, FillState.PASSTHROUGH, FillState.FAILED}),
-    FillState.FILLING: frozenset({FillState.VERIFIED, FillState.FAILED}),
-    FillState.VERIFIED: frozenset({FillState.COMMITTED, FillState.DISCARDED, FillState.FAILED}),
-    FillState.COMMITTED: frozenset(),
-    FillState.DISCARDED: frozenset(),
-    FillState.PASSTHROUGH: frozenset(),
-    FillState.FAILED: frozenset(),
-}
-_BODY_COMPLETE = frozenset({FillState.VERIFIED, FillState.COMMITTED, FillState.DISCARDED})
-
-
-class IllegalTransition(RuntimeError):
-    pass
 
 
 class Fill:
@@ -102,7 +84,11 @@ class Fill:
         clock: Callable[[], float] = time.monotonic,
         extra_slots: asyncio.Semaphore | None = None,
         limiter: RequestLimiter | None = None,
+        on_unwanted: Callable[[Fill], None] | None = None,
     ) -> None:
+        """`on_unwanted(fill)` is called, on the event loop, when the last holder lets go of
+        a fill nothing else wants (see the module docstring); the owner then stops it or,
+        for an object streamed through, closes the stream nobody took."""
         self.cache_key = cache_key
         self.origin = origin
         self.origin_key = origin_key
@@ -119,7 +105,11 @@ class Fill:
         self._extra_slots = extra_slots
         self._reservation: Reservation | None = None
         self._passthrough: OriginStream | None = None
-        self._readers = 0
+        self._readers = 0  # open file descriptors handed out (`acquire_reader`)
+        self._holders = 0  # readers that want the bytes (`hold`), from before they wait
+        self._kept_unread = False  # the prefetch queue wants it cached (`keep_unread`)
+        self._on_unwanted = on_unwanted
+        self._stop_reason: ShardcacheError | None = None
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
         self.is_prefetch = False  # started by the prefetch queue rather than a client
         # What a HEAD said just before the fill (a prefetch sizes the object): its checksums
@@ -135,7 +125,7 @@ class Fill:
     # -- state ---------------------------------------------------------------------------
 
     def _move(self, new: FillState) -> None:
-        if new not in _TRANSITIONS[self.state]:
+        if new not in TRANSITIONS[self.state]:
             raise IllegalTransition(f"{self.state.name} -> {new.name} for {self.cache_key}")
         self.state = new
         if new is not FillState.STARTING:
@@ -163,16 +153,52 @@ class Fill:
 
     @property
     def is_finished(self) -> bool:
-        return not _TRANSITIONS[self.state]
+        return not TRANSITIONS[self.state]
 
     @property
     def is_body_complete(self) -> bool:
-        return self.state in _BODY_COMPLETE
+        return self.state in BODY_COMPLETE
 
     def cancel(self) -> None:
         """Stop the download (shutdown); readers get ShuttingDown and abort."""
         if self.task is not None:
             self.task.cancel()
+
+    def stop(self, reason: ShardcacheError) -> None:
+        """Stop the download for `reason` (the fill fails with it); nobody is left to read."""
+        self._stop_reason = reason
+        self.cancel()
+
+    # -- who wants it ----------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """A reader wants this fill's bytes: call it in the same step as joining or starting
+        the fill (no await between), and `let_go()` once, when its response ends."""
+        self._holders += 1
+
+    def let_go(self) -> None:
+        """A reader is done (served, gone, or failed); the last one out tells the owner when
+        nothing else wants the fill (see the module docstring)."""
+        self._holders -= 1
+        if self._holders == 0 and not self._kept_unread and self._on_unwanted is not None:
+            if self.is_fetching or self._passthrough is not None:
+                self._on_unwanted(self)
+
+    def keep_unread(self) -> None:
+        """The prefetch queue started or joined this fill: finish it with no reader left."""
+        self._kept_unread = True
+
+    @property
+    def is_fetching(self) -> bool:
+        """Whether the body is still to come from the origin (STARTING or FILLING)."""
+        return self.state in (FillState.STARTING, FillState.FILLING)
+
+    async def discard_passthrough(self) -> None:
+        """Close the stream of an object streamed through that nobody took (its starter
+        left while it waited for the origin's answer)."""
+        stream, self._passthrough = self._passthrough, None
+        if stream is not None:
+            await stream.aclose()
 
     # -- readers -------------------------------------------------------------------------
 
@@ -218,7 +244,7 @@ class Fill:
         if change is not None:
             await stream.aclose()
             raise OriginChanged(f"{self.origin_key} changed while streamed: {change}")
-        return _RelayedStream(stream, self._requests, self.checksums)
+        return RelayedStream(stream, self._requests, self.checksums)
 
     def acquire_reader(self) -> int:
         """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
@@ -246,7 +272,7 @@ class Fill:
         Raises the fill's error if it failed.
         """
         while True:
-            if self.state in _BODY_COMPLETE:
+            if self.state in BODY_COMPLETE:
                 return end
             if self.state is FillState.FAILED:
                 assert self.error is not None
@@ -278,7 +304,7 @@ class Fill:
             if not await self._reserve(info.size_bytes):
                 checksums = await self._learn_checksums(info)
                 self._know_checksums(checksums)
-                self._passthrough = _ContinuedStream(first, self._requests, checksums)
+                self._passthrough = ContinuedStream(first, self._requests, checksums)
                 first = None  # the passthrough stream owns it now
                 self._move(FillState.PASSTHROUGH)
                 return
@@ -294,7 +320,7 @@ class Fill:
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
             await self._commit(info)
         except asyncio.CancelledError:
-            self._fail(ShuttingDown("the daemon is shutting down"))
+            self._fail(self._stop_reason or ShuttingDown("the daemon is shutting down"))
             raise
         except ShardcacheError as exc:
             self._fail(exc)
@@ -448,8 +474,11 @@ class Fill:
 
     def _fail(self, exc: ShardcacheError) -> None:
         self.error = exc
-        if FillState.FAILED in _TRANSITIONS[self.state]:
+        if FillState.FAILED in TRANSITIONS[self.state]:
             self._move(FillState.FAILED)
+        if isinstance(exc, FillAbandoned):
+            log.debug("stopped %s after %d bytes: %s", self.cache_key, self.received_bytes, exc)
+            return
         if isinstance(exc, OriginError):
             self._tally.settle(self.origin.name, exc.kind)
         if self.written_bytes:  # its readers' failures are WARNINGs, rate-limited (server)
@@ -462,85 +491,6 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
-
-
-class _ContinuedStream:
-    """An uncacheable object streamed through: the first segment's open stream, then the rest
-    of the object from one more request (If-Match on the first response's ETag, and refused
-    if it is another version). Its `info` carries the object's published checksums, which
-    `body.send_stream` verifies before the last byte leaves."""
-
-    def __init__(
-        self, first: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
-    ) -> None:
-        # `first` yields exactly what its response announced (a 206's range, or a 200's whole
-        # object): the origin adapters refuse a body longer or shorter than that.
-        self.info = dataclasses.replace(first.info, checksums=checksums)
-        self._first = first
-        self._rest: OriginStream | None = None
-        self._requests = requests
-        requests.count("ok")  # counted when opened: its body's fate is the client's to see
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        position = 0
-        async for chunk in self._first:
-            self._requests.received(len(chunk))  # shardcache_origin_bytes_total, as a fill's
-            yield chunk
-            position += len(chunk)
-        if position < self.info.size_bytes:
-            self._rest = await self._requests.open(position, None, self.info.etag)
-            self._requests.count("ok")
-            doubt = self.info.proves_same_version(self._rest.info)
-            if doubt is not None:
-                raise OriginChanged(f"{self._requests.key}: not resumed, {doubt}")
-            async for chunk in self._rest:
-                self._requests.received(len(chunk))
-                yield chunk
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
-
-    async def aclose(self) -> None:
-        await self._first.aclose()
-        if self._rest is not None:
-            await self._rest.aclose()
-
-
-class _RelayedStream:
-    """One more reader's whole-object stream of an uncacheable object, with the checksums its
-    version is verified against, its bytes counted as a fill's are."""
-
-    def __init__(
-        self, stream: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
-    ) -> None:
-        self.info = dataclasses.replace(stream.info, checksums=checksums)
-        self._stream = stream
-        self._requests = requests
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            self._requests.received(len(chunk))
-            yield chunk
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
 
 
 def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:

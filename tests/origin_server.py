@@ -42,6 +42,7 @@ class Behaviour:
     last_modified: str | None = None  # a Last-Modified header to send
     status: int | None = None  # answer every GET with this status (an error)
     redirect_to: str | None = None  # answer every request 302 with this Location
+    hang_up: bool = False  # close the connection on every GET without answering
 
 
 @dataclass
@@ -60,6 +61,7 @@ class OriginServer:
     refused_at: list[float] = field(default_factory=list)
     _last_second: collections.deque[float] = field(default_factory=collections.deque)
     ssl_context: ssl.SSLContext | None = None  # serve HTTPS (see tests/tls.py)
+    sending: int = 0  # GET bodies being sent now (a fill's connection still open)
 
     def _slow_down(self) -> web.Response | None:
         """503 SlowDown when the last second's requests reached the limit, else None."""
@@ -101,6 +103,10 @@ class OriginServer:
         (self.heads if request.method == "HEAD" else self.gets)[key] += 1
         if how.redirect_to is not None:
             return web.Response(status=302, headers={"Location": how.redirect_to})
+        if how.hang_up and request.method == "GET":
+            assert request.transport is not None
+            request.transport.close()  # no answer at all
+            return web.Response()
         if how.delay_s:
             await asyncio.sleep(how.delay_s)
         if request.method == "GET" and how.status is not None:
@@ -144,6 +150,22 @@ class OriginServer:
             return response
         if how.hold is not None:
             await asyncio.to_thread(how.hold.wait)
+        self.sending += 1
+        try:
+            return await self._send_body(request, response, key, how, data, start, stop)
+        finally:
+            self.sending -= 1
+
+    async def _send_body(
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        key: str,
+        how: Behaviour,
+        data: bytes,
+        start: int,
+        stop: int,
+    ) -> web.StreamResponse:
         position = start
         cut = how.cut_after if how.cuts > 0 else None
         while position < stop:

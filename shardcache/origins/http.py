@@ -14,237 +14,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import functools
-import http.client
-import re
-import select
-import socket
-import ssl
 import threading
-import time
-from collections.abc import AsyncIterator, Iterator, Mapping
-from urllib.parse import quote, urljoin, urlsplit
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import quote, urlsplit
 
-from multidict import CIMultiDict, CIMultiDictProxy
-
-from shardcache import __version__, checksums
+from shardcache import __version__
 from shardcache.config import OriginSpec
 from shardcache.errors import (
+    LocalBusy,
     OriginChanged,
-    OriginDenied,
-    OriginError,
     OriginHeadUnsupported,
-    OriginNotFound,
     OriginRedirected,
-    OriginRefused,
-    OriginThrottled,
     OriginTimeout,
     OriginTooSlow,
     OriginUnavailable,
-    OriginUntrusted,
 )
-from shardcache.keys import ERROR_KIND_HEADER, join_url
+from shardcache.keys import join_url
 from shardcache.origins import Timeouts
 from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, SpeedFloor, Spot, write_at
-from shardcache.origins.threads import MAX_THREADS, Abort, Aborted, run_blocking
+from shardcache.origins.pool import Connections, Exchange, TlsConnection, tls_context
+from shardcache.origins.responses import (  # retry_after_s: for s3
+    check_range,
+    info_from,
+    map_http_errors,
+    raise_for_status,
+    redirect_target,
+    retry_after_s,
+    site_of,
+)
 
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")
-_TRANSIENT_4XX = {408, 425, 429}  # timeout, too early, too many requests: worth a retry
+__all__ = ["HttpOrigin", "HttpStream", "HttpTransport", "retry_after_s", "tls_context"]
+from shardcache.origins.threads import MAX_THREADS, Abort, Share, run_blocking
+
 _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
-_REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 10
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-Site = tuple[str, str, int | None]  # scheme, host, port
 LAND_BYTES = 1 << 20  # a landing thread's buffer: the most one write takes
 FLUSH_BYTES = 256 << 10  # written as soon as this much came (or nothing more is there yet)
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
-IDLE_S = 10.0  # an idle connection older than this is not reused (servers close them)
-MAX_IDLE_PER_SITE = 64
-MAX_ASKING = MAX_THREADS // 8  # requests of one transport waiting for their answers at once
-
-
-@contextlib.contextmanager
-def map_http_errors(url: str) -> Iterator[None]:
-    """Translate what a blocking HTTP exchange with `url` raises into OriginError subclasses."""
-    try:
-        yield
-    except (OriginError, Aborted):
-        raise
-    except TimeoutError as exc:  # socket.timeout: no byte for the read (or connect) timeout
-        raise OriginTimeout(f"{url}: timed out") from exc
-    except ssl.SSLCertVerificationError as exc:
-        raise OriginUntrusted(
-            f"{url}: TLS certificate not trusted (certificate verify failed: "
-            f"{exc.verify_message}); trust its CA with the origin's ca_file or SSL_CERT_FILE"
-        ) from exc
-    except ssl.SSLError as exc:
-        raise OriginUnavailable(f"{url}: TLS failed ({exc.reason or exc})") from exc
-    except http.client.RemoteDisconnected as exc:
-        raise OriginUnavailable(f"{url}: connection closed before an answer") from exc
-    except ConnectionRefusedError as exc:
-        raise OriginUnavailable(f"{url}: cannot connect ({exc.strerror})") from exc
-    except socket.gaierror as exc:
-        raise OriginUnavailable(f"{url}: cannot connect ({exc.strerror})") from exc
-    except http.client.HTTPException as exc:  # a malformed status line or headers
-        raise OriginUnavailable(f"{url}: {exc.__class__.__name__}: {exc}"[:300]) from exc
-    except OSError as exc:
-        raise OriginUnavailable(f"{url}: {exc.strerror or exc}") from exc
-
-
-def retry_after_s(value: str | None) -> float | None:
-    """A `Retry-After` header in seconds (delta-seconds or an HTTP date), None when absent or
-    unreadable."""
-    if not value:
-        return None
-    text = value.strip()
-    if re.fullmatch(r"[0-9]{1,9}", text):  # ASCII digits only ("²" is a digit to isdigit),
-        return float(text)  # and few enough that the number stays finite
-    try:
-        return max(0.0, email.utils.parsedate_to_datetime(text).timestamp() - time.time())
-    except (TypeError, ValueError, OverflowError, IndexError):
-        return None
-
-
-def _raise_for_status(status: int, url: str, headers: Mapping[str, str] | None = None) -> None:
-    kind = (headers or {}).get(ERROR_KIND_HEADER)
-    if kind is not None and status >= 400:
-        _raise_for_shardcache_error(status, url, kind, headers or {})
-    if status in (429, 503):  # too many requests; S3's SlowDown is a 503
-        hint = retry_after_s((headers or {}).get("Retry-After"))
-        raise OriginThrottled(f"{url}: origin answered {status} (slow down)", hint)
-    if status in (404, 410):
-        raise OriginNotFound(f"{url}: origin answered {status}")
-    if status == 412:
-        raise OriginChanged(f"{url}: ETag changed (412)")
-    if status in (401, 403):
-        raise OriginDenied(f"{url}: origin answered {status}")
-    if 400 <= status < 500 and status not in _TRANSIENT_4XX:
-        raise OriginRefused(f"{url}: origin answered {status}")
-    if status not in (200, 206):
-        raise OriginUnavailable(f"{url}: origin answered {status}")
-
-
-def _raise_for_shardcache_error(
-    status: int, url: str, kind: str, headers: Mapping[str, str]
-) -> None:
-    """An error from another shardcache daemon (a tier member, a mirror), which names its kind:
-    the object store's throttling, a missing or changed object are answers about the object;
-    anything else (shutting down, no such origin, no token, its own origin failing) is that
-    daemon's trouble, so the next upstream is asked (`origins.upstreams`)."""
-    if kind == "throttled":
-        raise OriginThrottled(
-            f"{url}: answered {status} (the object store is throttling)",
-            retry_after_s(headers.get("Retry-After")),
-        )
-    if kind == "not_found":
-        raise OriginNotFound(f"{url}: answered {status} (not at the origin)")
-    if kind == "changed":
-        raise OriginChanged(f"{url}: answered {status} (the object changed)")
-    raise OriginUnavailable(f"{url}: shardcache upstream answered {status} ({kind})")
-
-
-def _site(url: str) -> Site:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    return scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(scheme)
-
-
-def _host(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-
-
-def redirect_target(
-    url: str, status: int, location: str | None, label: str, follow_within: str | None
-) -> str:
-    """Return the absolute URL a 3xx answer to `url` redirects to, if it may be followed.
-
-    It may when `follow_within` (the origin's URL) is given and the target has its scheme, host
-    and port. Raises OriginRedirected otherwise, naming the target's host (never its path or
-    query, which may carry a signature); `label` names the object.
-    """
-    if status not in _REDIRECTS or not location:
-        raise OriginRedirected(f"{label}: origin answered {status} without a redirect to follow")
-    target = urljoin(url, location)  # RFC 9110 §10.2.2: a relative Location is relative to url
-    try:
-        _site(target)
-    except ValueError:  # a port out of range, a malformed IPv6 literal
-        raise OriginRedirected(f"{label}: origin redirects ({status}) to an unusable URL") from None
-    if follow_within is None:
-        raise OriginRedirected(
-            f"{label}: origin redirects ({status}) to {_host(target)}; redirects are not "
-            "followed (see follow_redirects)"
-        )
-    if _site(target) != _site(follow_within):
-        raise OriginRedirected(
-            f"{label}: origin redirects ({status}) to another host, {_host(target)}; only "
-            f"redirects within {_site(follow_within)[0]}://{_host(follow_within)} are followed"
-        )
-    return target
-
-
-def _last_modified(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, OverflowError):  # a hostile offset overflows
-        return None  # unparsable: not a validator we can compare
-
-
-def _info(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectInfo:
-    if status == 206:
-        match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
-        if match is None:
-            raise OriginUnavailable(f"{url}: 206 without a usable Content-Range")
-        size = int(match.group(3))
-        found: list[checksums.Checksum] = []  # a part's checksums are not the object's
-    else:
-        length = headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            raise OriginUnavailable(f"{url}: origin sent no Content-Length")
-        size = int(length)
-        found = checksums.from_headers(headers)
-    etag = headers.get("ETag")
-    if "x-amz-request-id" in headers and status == 200:
-        sse = headers.get("x-amz-server-side-encryption")
-        if (md5 := checksums.from_s3_etag(etag, sse)) is not None:
-            found.append(md5)
-    accepts_ranges = status == 206 or headers.get("Accept-Ranges", "").lower() == "bytes"
-    return ObjectInfo(
-        size,
-        etag,
-        tuple(found),
-        headers.get("Content-Type"),
-        accepts_ranges,
-        _last_modified(headers.get("Last-Modified")),
-    )
-
-
-def check_range(
-    headers: CIMultiDictProxy[str], size_bytes: int, start: int, end: int | None, url: str
-) -> None:
-    """Raise OriginUnavailable unless a 206 carries exactly the bytes asked for.
-
-    RFC 9110 §14.4 lets the Content-Range name what was sent; an origin (or a cache in front
-    of it) that answers another range, or a Content-Length that disagrees with it, would
-    otherwise put those bytes at the wrong offset of the shard.
-    """
-    match = _CONTENT_RANGE.match(headers.get("Content-Range", ""))
-    assert match is not None  # _info() refused a 206 without one
-    first, last = int(match.group(1)), int(match.group(2))
-    want_last = min(size_bytes if end is None else end, size_bytes) - 1
-    if (first, last) != (start, want_last):
-        raise OriginUnavailable(
-            f"{url}: asked for bytes {start}-{want_last}, origin answered "
-            f"{headers.get('Content-Range')}"
-        )
-    length = headers.get("Content-Length")
-    if length is not None and length.isdigit() and int(length) != last - first + 1:
-        raise OriginUnavailable(
-            f"{url}: Content-Range {headers.get('Content-Range')} with Content-Length {length}"
-        )
+# Requests of one transport (one origin, mirror or tier member) at once, from their sending
+# to their body's end: the origin threads it may hold, asking or receiving (`Share`).
+MAX_IN_USE = MAX_THREADS // 8
 
 
 class HttpStream:
@@ -256,7 +65,7 @@ class HttpStream:
     them there; iterating hops to a thread per chunk. A body read to its end gives its
     connection back for the next request."""
 
-    def __init__(self, info: ObjectInfo, exchange: _Exchange, skip: int, body_bytes: int) -> None:
+    def __init__(self, info: ObjectInfo, exchange: Exchange, skip: int, body_bytes: int) -> None:
         self.info = info
         self._exchange = exchange
         self._skip = skip  # bytes to drop when a server answered a Range request with 200
@@ -410,156 +219,6 @@ class HttpStream:
         return count
 
 
-class _Exchange:
-    """One request's connection and response, until the body is read (the connection then
-    goes back to the pool) or the stream is closed (it is closed with it)."""
-
-    def __init__(
-        self,
-        pool: _Connections,
-        site: Site,
-        connection: http.client.HTTPConnection,
-        response: http.client.HTTPResponse,
-        sock: socket.socket,
-        abort: Abort,
-        label: str,
-    ) -> None:
-        self.pool = pool
-        self.site = site
-        self.connection: http.client.HTTPConnection | None = connection
-        self.response = response
-        self.sock = sock
-        self.abort = abort
-        self.label = label
-        self.headers = CIMultiDictProxy(CIMultiDict(response.getheaders()))
-
-    def finish(self, complete: bool) -> None:
-        """Give the connection back when the body was read in full and the server keeps it
-        open; close it otherwise. Once; safe on any thread (one at a time)."""
-        connection, self.connection = self.connection, None
-        if connection is None:
-            return
-        self.abort.watch_nothing()  # from now on it may carry another request
-        response = self.response
-        if complete and not response.chunked:
-            complete = not self._bytes_left_over()
-            response.close()  # its bytes are all read: http.client may send the next request
-        if complete and response.isclosed() and not response.will_close:
-            self.pool.give(self.site, connection)  # unless more bytes came: see `give`
-        else:
-            connection.close()
-
-    def close(self) -> None:
-        self.finish(complete=False)
-
-    def _bytes_left_over(self) -> bool:
-        """Whether bytes past the body's end were read with it (into http.client's buffer)
-        or wait on the socket: the connection is then not fit for another request."""
-        assert self.response.fp is not None
-        timeout = self.sock.gettimeout()
-        self.sock.settimeout(0)  # look, do not wait
-        try:
-            return bool(self.response.fp.peek(1))
-        except (BlockingIOError, ssl.SSLWantReadError):
-            return False
-        except (OSError, ValueError):
-            return True
-        finally:
-            self.sock.settimeout(timeout)
-
-
-def _has_bytes_waiting(connection: http.client.HTTPConnection) -> bool:
-    """Whether an idle connection can be read without blocking: bytes nobody asked for, or
-    the server's close."""
-    sock = connection.sock
-    if sock is None:
-        return True
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return True
-    poller = select.poll()
-    try:
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError):  # closed under it
-        return True
-
-
-class _TlsConnection(http.client.HTTPConnection):
-    """HTTPS whose TLS handshake an `Abort` can stop: the TCP socket is followed before the
-    handshake (http.client's HTTPSConnection does both in one call), so a server dripping
-    its handshake a byte at a time cannot hold an origin thread past the request's time."""
-
-    default_port = 443
-
-    def __init__(self, host: str, port: int | None, timeout: float, tls: ssl.SSLContext) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self._tls = tls
-        self.abort: Abort | None = None
-
-    def connect(self) -> None:
-        super().connect()  # TCP, within the connect timeout
-        assert self.sock is not None
-        # Wrapping takes the descriptor over from the TCP socket: follow the TLS one.
-        self.sock = self._tls.wrap_socket(
-            self.sock, server_hostname=self.host, do_handshake_on_connect=False
-        )
-        if self.abort is not None:
-            self.abort.watch(self.sock)
-        self.sock.do_handshake()
-
-
-class _Connections:
-    """Idle keep-alive connections by site (scheme, host, port), taken by one request at a
-    time. A server closes idle connections on its own schedule; one idle longer than
-    IDLE_S is not reused, and one that fails before its answer began is retried once on a
-    new connection (`HttpTransport._exchange`)."""
-
-    def __init__(self, tls: ssl.SSLContext, connect_s: float) -> None:
-        self._tls = tls
-        self._connect_s = connect_s
-        self._lock = threading.Lock()
-        self._idle: dict[Site, list[tuple[http.client.HTTPConnection, float]]] = {}
-        self._closed = False
-
-    def take(self, site: Site, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
-        """A connection to `site` (a new one if `fresh`: the retry after a stale one must not
-        meet another), and whether it carried a request before."""
-        now = time.monotonic()
-        with self._lock:
-            idle = [] if fresh else self._idle.get(site, [])
-            while idle:
-                connection, since = idle.pop()
-                if now - since < IDLE_S and not _has_bytes_waiting(connection):
-                    return connection, True
-                connection.close()
-        scheme, host, port = site
-        if scheme == "https":
-            return _TlsConnection(host, port, self._connect_s, self._tls), False
-        return http.client.HTTPConnection(host, port, timeout=self._connect_s), False
-
-    def give(self, site: Site, connection: http.client.HTTPConnection) -> None:
-        """Keep `connection` for the next request, unless bytes already wait on it: past a
-        body's announced end, they would be read as the next request's answer (another key's
-        bytes); a server's close (EOF) reads the same way."""
-        if _has_bytes_waiting(connection):
-            connection.close()
-            return
-        with self._lock:
-            idle = self._idle.setdefault(site, [])
-            if self._closed or len(idle) >= MAX_IDLE_PER_SITE:
-                connection.close()
-                return
-            idle.append((connection, time.monotonic()))
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, {}
-        for connections in idle.values():
-            for connection, _ in connections:
-                connection.close()
-
-
 class HttpTransport:
     """HEAD and ranged GET of full URLs over pooled keep-alive connections, raw bytes, errors
     mapped at the edge. Used by the HTTP origin, and by the S3 origin for presigned URLs.
@@ -585,7 +244,7 @@ class HttpTransport:
             "Accept-Encoding": "identity",
             **(headers or {}),
         }
-        self._pool = _Connections(tls_context(ca_file), timeouts.connect_s)
+        self._pool = Connections(tls_context(ca_file), timeouts.connect_s)
         self._follow_within = follow_within
         # Each blocking read waits at most the read timeout (no byte for that long is a
         # stall); the wait for an answer's headers as a whole too, and it bounds the connect
@@ -593,34 +252,74 @@ class HttpTransport:
         self._read_s = timeouts.read_s
         self._in_flight: set[Abort] = set()
         self._in_flight_lock = threading.Lock()
-        # Requests waiting for their answer hold an origin thread each: one origin that
-        # never answers may hold only this many, and every other origin keeps the rest.
-        self._asking = asyncio.Semaphore(MAX_ASKING)
+        # Each request holds an origin thread while it waits for its answer and while its
+        # body lands: one origin that never answers, or drips, may hold only this many, and
+        # every other origin keeps the rest.
+        self.share = Share(MAX_IN_USE)
 
     async def _send(
         self, method: str, url: str, label: str, headers: dict[str, str] | None = None
-    ) -> _Exchange:
+    ) -> Exchange:
         """Send one request and wait for its answer's headers, on an origin thread; the
-        caller must close the returned exchange."""
+        caller must close the returned exchange (which gives its turn in the share back).
+
+        Raises LocalBusy when no turn in this transport's share, or no origin thread, came
+        within the read timeout: a local wait, which is never the upstream's time. The read
+        timeout for the answer starts when the request is on its thread, about to be sent
+        (item 4 of issue 23: a healthy home was marked down for a wait on a thread)."""
         abort = Abort()
+        loop = asyncio.get_running_loop()
+        sent = False
         with self._in_flight_lock:
             self._in_flight.add(abort)
         try:
-            async with asyncio.timeout(self._read_s), self._asking:
-                return await run_blocking(
-                    lambda abort: self._answer(abort, method, url, label, headers or {}),
-                    abort,
-                    orphaned=_Exchange.close,
-                )
+            async with asyncio.timeout(self._read_s) as deadline:  # first, for local waits
+
+                def sending() -> None:  # on the loop, once the thread has started
+                    nonlocal sent
+                    if deadline.expired():
+                        return  # too late: the local wait ran out first
+                    with contextlib.suppress(RuntimeError):  # its task has given up already
+                        deadline.reschedule(loop.time() + self._read_s)  # the upstream's time
+                        sent = True
+
+                def ask(abort: Abort) -> Exchange:
+                    with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits
+                        loop.call_soon_threadsafe(sending)
+                    return self._ask(abort, method, url, label, headers or {})
+
+                await self.share.take()
+                return await run_blocking(ask, abort, orphaned=Exchange.close)
         except TimeoutError:
+            if not sent:
+                raise LocalBusy(
+                    f"{label}: no origin thread free for {self._read_s:g}s "
+                    f"({self.share.in_use} of {self.share.size} in use for this origin)",
+                    1.0,
+                ) from None
             raise OriginTimeout(f"{label}: timed out, no answer in {self._read_s:g}s") from None
         finally:
             with self._in_flight_lock:
                 self._in_flight.discard(abort)
 
+    def _ask(
+        self, abort: Abort, method: str, url: str, label: str, headers: dict[str, str]
+    ) -> Exchange:
+        """`_answer`, holding the turn taken in the share: the exchange returned gives it
+        back when it ends; a failure gives it back at once. Runs even when its task was
+        cancelled before the thread started (the abort then stops it at once), so every turn
+        taken is given back."""
+        try:
+            exchange = self._answer(abort, method, url, label, headers)
+        except BaseException:
+            self.share.give_back()
+            raise
+        exchange.share = self.share
+        return exchange
+
     def _answer(
         self, abort: Abort, method: str, url: str, label: str, headers: dict[str, str]
-    ) -> _Exchange:
+    ) -> Exchange:
         """Send, following only the redirects `redirect_target` allows, and return an answer
         that is not a 3xx. Raises OriginRedirected."""
         with map_http_errors(label):
@@ -636,34 +335,32 @@ class HttpTransport:
 
     def _exchange(
         self, abort: Abort, method: str, url: str, label: str, headers: dict[str, str]
-    ) -> _Exchange:
-        site = _site(url)
+    ) -> Exchange:
+        """One request on one connection. A pooled connection that fails before its answer
+        (the server closed it as it was taken) is not asked again here: with
+        `--origin-retries 2`, an origin closing every connection unanswered got 5 GETs a
+        segment while the metric said 2 retries. The fill's one retry loop decides, and
+        counts it (`segments.OriginRequests`)."""
+        site = site_of(url)
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        for attempt in range(2):
-            connection, reused = self._pool.take(site, fresh=attempt > 0)
-            try:
-                if connection.sock is None:
-                    abort.check()
-                    if isinstance(connection, _TlsConnection):
-                        connection.abort = abort
-                    connection.connect()  # bounded by the connect timeout, and by `abort`
-                sock = connection.sock
-                assert sock is not None
-                abort.watch(sock)
-                sock.settimeout(self._read_s)
-                connection.request(method, target, headers={**self._headers, **headers})
-                response = connection.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-                connection.close()
-                if reused and attempt == 0:
-                    continue  # the server had closed it while it was idle: a new one
-                raise
-            except BaseException:
-                connection.close()
-                raise
-            return _Exchange(self._pool, site, connection, response, sock, abort, label)
-        raise AssertionError("unreachable")
+        connection, _ = self._pool.take(site)
+        try:
+            if connection.sock is None:
+                abort.check()
+                if isinstance(connection, TlsConnection):
+                    connection.abort = abort
+                connection.connect()  # bounded by the connect timeout, and by `abort`
+            sock = connection.sock
+            assert sock is not None
+            abort.watch(sock)
+            sock.settimeout(self._read_s)
+            connection.request(method, target, headers={**self._headers, **headers})
+            response = connection.getresponse()
+        except BaseException:
+            connection.close()
+            raise
+        return Exchange(self._pool, site, connection, response, sock, abort, label)
 
     async def head(self, url: str, label: str) -> ObjectInfo:
         """HEAD `url`; `label` names the object in errors (never a signed URL)."""
@@ -672,8 +369,8 @@ class HttpTransport:
             status = exchange.response.status
             if status in (405, 501):
                 raise OriginHeadUnsupported(f"{label}: origin answered {status} to HEAD")
-            _raise_for_status(status, label, exchange.headers)
-            info = _info(exchange.headers, status, label)
+            raise_for_status(status, label, exchange.headers)
+            info = info_from(exchange.headers, status, label)
         except BaseException:
             exchange.close()
             raise
@@ -699,8 +396,8 @@ class HttpTransport:
             exchange = await self._send("GET", url, label, headers)
         status = exchange.response.status
         try:
-            _raise_for_status(status, label, exchange.headers)
-            info = _info(exchange.headers, status, label)
+            raise_for_status(status, label, exchange.headers)
+            info = info_from(exchange.headers, status, label)
             if status == 206:
                 check_range(exchange.headers, info.size_bytes, start, end, label)
             if if_match is not None and info.etag != if_match:  # If-Match ignored
@@ -724,21 +421,6 @@ class HttpTransport:
             in_flight = list(self._in_flight)
         for abort in in_flight:
             abort.fire()
-
-
-@functools.lru_cache(maxsize=32)
-def tls_context(ca_file: str | None) -> ssl.SSLContext:
-    """How https:// origins are verified: the system's CAs (and `SSL_CERT_FILE`'s, as OpenSSL
-    reads it), plus `ca_file`'s; hostnames checked. Never unverified: an origin whose
-    certificate does not verify fails (`OriginUntrusted`), it is never read in plain text.
-
-    One context per `ca_file` (and one without), built once: loading CA bundles takes
-    milliseconds, and transports are built on the event loop (a reload, a tier member found by
-    DNS)."""
-    context = ssl.create_default_context()
-    if ca_file is not None:
-        context.load_verify_locations(cafile=ca_file)
-    return context
 
 
 class HttpOrigin:

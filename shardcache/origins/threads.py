@@ -7,6 +7,10 @@ own core (see `origins.http`).
 
 A thread cannot be cancelled, but its socket can be shut down: `Abort` holds the socket of
 the request in flight, and `run_blocking` fires it when the awaiting task is cancelled.
+
+The threads are shared by every origin; a `Share` bounds what one origin may hold of them
+(every request from its sending to its body's end), so that an origin whose answers hang or
+drip cannot take the threads another origin needs (issue 23, item 4).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ T = TypeVar("T")
 
 # Threads for origin requests, shared by every origin. Each holds one request at a time, so
 # this bounds the origin requests in flight; the fill's own limits (segment connections, the
-# shared extra connections, caps) keep far fewer busy. Idle threads cost no CPU, and their
-# stacks are address space, not memory, until used.
+# shared extra connections, caps) and each origin's `Share` keep far fewer busy. Idle threads
+# cost no CPU, and their stacks are address space, not memory, until used.
 MAX_THREADS = 512
 
 _executor: ThreadPoolExecutor | None = None
@@ -36,6 +40,38 @@ def executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="shardcache-origin")
         return _executor
+
+
+class Share:
+    """At most `size` requests of one origin at once, each from before it is sent until its
+    body was read or abandoned: the origin threads (and connections) it may hold.
+
+    `take` waits on the event loop; `give_back` may be called from any thread (a body's end
+    is seen by the thread that landed it), exactly once per `take`.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0  # taken and not given back: what this origin holds now
+        self._semaphore = asyncio.Semaphore(size)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def take(self) -> None:
+        await self._semaphore.acquire()
+        self._loop = asyncio.get_running_loop()
+        self.in_use += 1
+
+    def give_back(self) -> None:
+        loop = self._loop
+        assert loop is not None, "given back before taken"
+        try:
+            loop.call_soon_threadsafe(self._given_back)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for a turn any more
+
+    def _given_back(self) -> None:
+        self.in_use -= 1
+        self._semaphore.release()
 
 
 class Aborted(Exception):
@@ -131,4 +167,4 @@ def _hand_over(done: asyncio.Future[T], orphaned: Callable[[T], None]) -> None:
     orphaned(done.result())
 
 
-__all__ = ["Abort", "Aborted", "executor", "run_blocking"]
+__all__ = ["Abort", "Aborted", "Share", "executor", "run_blocking"]

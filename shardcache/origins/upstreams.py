@@ -6,7 +6,9 @@ hashing of the key (the owner first, see `rendezvous`), then the configured URLs
 given; the last URL is the object's home and names it in the cache (`url_for`), so a node's
 cache survives adding or removing a tier or a mirror. An upstream that cannot be reached,
 answers 5xx or stalls is marked down (`breaker`) and asked only after every upstream that is not;
-a definite answer (the object, 404, 412) ends the search. A fill that fails mid-object resumes
+a definite answer (the object, 404, 412) ends the search. A request that waited too long for
+this daemon's own threads (`LocalBusy`) says nothing of its upstream: no breaker hears of it,
+and the next upstream (its own share of threads) is asked. A fill that fails mid-object resumes
 with Range and If-Match on the object's ETag from the next upstream, so two upstreams whose
 versions differ fail the fill (`OriginChanged`) instead of splicing two objects.
 
@@ -34,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.errors import (
+    LocalBusy,
     OriginChanged,
     OriginError,
     OriginThrottled,
@@ -254,6 +257,8 @@ class FailoverOrigin:
             upstream.breaker.sending()
             try:
                 other = await upstream.origin.head(key)
+            except LocalBusy:
+                continue  # our own threads were busy: nothing said about this upstream
             except OriginError as exc:
                 if _is_upstream_failure(exc):
                     self.note_failure(upstream, exc, sent_at)
@@ -306,6 +311,9 @@ class FailoverOrigin:
             upstream.breaker.sending()
             try:
                 answer = await ask(upstream.origin)
+            except LocalBusy as exc:
+                last = exc  # our own threads were busy: nothing said about this upstream
+                continue
             except OriginError as exc:
                 if isinstance(exc, OriginThrottled) and upstream.role == "tier":
                     raise  # members share one store: see the module docstring

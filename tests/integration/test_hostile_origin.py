@@ -74,7 +74,8 @@ def test_an_empty_object_is_served_and_cached(origin: OriginServer, start_daemon
 
 
 def test_a_client_that_leaves_during_a_miss_is_no_error(origin: OriginServer, start_daemon) -> None:
-    """`curl … | tar t | head`: the reader goes away mid-body; the fill goes on, no traceback."""
+    """`curl … | tar t | head`: the reader goes away mid-body; the fill stops (nobody wants
+    it, issue 23 item 4), the next read fetches it again; no traceback."""
     data = os.urandom(4 * MiB)
     origin.put("s.tar", data, chunk_delay_s=0.05, chunk_bytes=64 * 1024)
     daemon = start_daemon({"web": origin.url})

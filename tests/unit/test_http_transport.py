@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
-from shardcache.origins import Timeouts, http, threads
+from shardcache.origins import Timeouts, http, pool, threads
 from shardcache.origins.http import HttpTransport
 from shardcache.segments import Segment
 
@@ -120,6 +120,7 @@ async def test_a_landed_body_is_written_whole_with_its_crc_and_its_connection_re
                 segment = await _land_all(transport, origin.url(), tmp_path / "a")
                 assert (tmp_path / "a").read_bytes() == BODY
                 assert segment.crc32c == crc32c(BODY)
+                await asyncio.sleep(pool.QUIET_S)  # reused once quiet that long (`pool`)
         finally:
             await transport.aclose()
     assert len(origin.ports) == 2 and origin.ports[0] == origin.ports[1]  # kept alive
@@ -306,9 +307,9 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
     answers, then one to a healthy origin: it is answered at once, not after a hung request's
     read timeout frees a thread. The pool and the cap are scaled down here (16 threads, 4
     waiting per transport, against 512 and 64), their ratio kept."""
-    pool = ThreadPoolExecutor(16)
-    monkeypatch.setattr(threads, "_executor", pool)
-    monkeypatch.setattr(http, "MAX_ASKING", 4)
+    executor = ThreadPoolExecutor(16)
+    monkeypatch.setattr(threads, "_executor", executor)
+    monkeypatch.setattr(http, "MAX_IN_USE", 4)
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # until the client gives up
@@ -337,4 +338,4 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
             await healthy.aclose()
             hung_server.close()
             await asyncio.sleep(0.2)  # the handlers see their clients go
-            pool.shutdown(wait=False)
+            executor.shutdown(wait=False)

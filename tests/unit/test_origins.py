@@ -187,6 +187,6 @@ def test_redirect_target_default_ports_and_missing_location() -> None:
     ],
 )
 def test_an_unreadable_last_modified_is_no_validator(value: str) -> None:
-    from shardcache.origins.http import _last_modified
+    from shardcache.origins.responses import last_modified as _last_modified
 
     assert _last_modified(value) is None

@@ -1,0 +1,47 @@
+"""The lifecycle of a `Fill` (`fill`): its states and the transitions between them.
+
+Lifecycle (an illegal transition raises; FAILED, PASSTHROUGH, COMMITTED, DISCARDED are final):
+
+    STARTING ──► FILLING ──► VERIFIED ──► COMMITTED     indexed: later requests are hits
+        │           │            ├──────► DISCARDED     verified but could not be indexed
+        │           │            └──────► FAILED        a bug while committing
+        │           └──────────────────► FAILED        origin/verification/disk failure
+        ├──────────────────────────────► FAILED        failed before the first byte
+        └──────────────────────────────► PASSTHROUGH   not cacheable: the starter streams it
+
+FAILED is reachable from every non-final state, so no failure can strand a fill (or its file
+descriptor) half way.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class FillState(enum.Enum):
+    STARTING = "starting"
+    FILLING = "filling"
+    VERIFIED = "verified"
+    COMMITTED = "committed"
+    DISCARDED = "discarded"
+    PASSTHROUGH = "passthrough"
+    FAILED = "failed"
+
+
+TRANSITIONS: dict[FillState, frozenset[FillState]] = {
+    FillState.STARTING: frozenset({FillState.FILLING, FillState.PASSTHROUGH, FillState.FAILED}),
+    FillState.FILLING: frozenset({FillState.VERIFIED, FillState.FAILED}),
+    FillState.VERIFIED: frozenset({FillState.COMMITTED, FillState.DISCARDED, FillState.FAILED}),
+    FillState.COMMITTED: frozenset(),
+    FillState.DISCARDED: frozenset(),
+    FillState.PASSTHROUGH: frozenset(),
+    FillState.FAILED: frozenset(),
+}
+BODY_COMPLETE = frozenset({FillState.VERIFIED, FillState.COMMITTED, FillState.DISCARDED})
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+__all__ = ["BODY_COMPLETE", "TRANSITIONS", "FillState", "IllegalTransition"]

@@ -1,0 +1,97 @@
+"""The streams of an object streamed through uncached (a fill in PASSTHROUGH, see `fill`):
+the starter's, which continues the fill's first request, and each other reader's own. Their
+`info` carries the checksums `body.send_stream` verifies before the last byte leaves, and
+their bytes are counted as a fill's are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+
+from shardcache.checksums import Checksum
+from shardcache.errors import OriginChanged
+from shardcache.origins.base import Landed, OriginStream, Spot, land_chunks
+from shardcache.segments import OriginRequests
+
+
+class ContinuedStream:
+    """An uncacheable object streamed through: the first segment's open stream, then the rest
+    of the object from one more request (If-Match on the first response's ETag, and refused
+    if it is another version). Its `info` carries the object's published checksums, which
+    `body.send_stream` verifies before the last byte leaves."""
+
+    def __init__(
+        self, first: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
+    ) -> None:
+        # `first` yields exactly what its response announced (a 206's range, or a 200's whole
+        # object): the origin adapters refuse a body longer or shorter than that.
+        self.info = dataclasses.replace(first.info, checksums=checksums)
+        self._first = first
+        self._rest: OriginStream | None = None
+        self._requests = requests
+        requests.count("ok")  # counted when opened: its body's fate is the client's to see
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        position = 0
+        async for chunk in self._first:
+            self._requests.received(len(chunk))  # shardcache_origin_bytes_total, as a fill's
+            yield chunk
+            position += len(chunk)
+        if position < self.info.size_bytes:
+            self._rest = await self._requests.open(position, None, self.info.etag)
+            self._requests.count("ok")
+            doubt = self.info.proves_same_version(self._rest.info)
+            if doubt is not None:
+                raise OriginChanged(f"{self._requests.key}: not resumed, {doubt}")
+            async for chunk in self._rest:
+                self._requests.received(len(chunk))
+                yield chunk
+
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
+
+    async def aclose(self) -> None:
+        await self._first.aclose()
+        if self._rest is not None:
+            await self._rest.aclose()
+
+
+class RelayedStream:
+    """One more reader's whole-object stream of an uncacheable object, with the checksums its
+    version is verified against, its bytes counted as a fill's are."""
+
+    def __init__(
+        self, stream: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
+    ) -> None:
+        self.info = dataclasses.replace(stream.info, checksums=checksums)
+        self._stream = stream
+        self._requests = requests
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._requests.received(len(chunk))
+            yield chunk
+
+    async def land(
+        self,
+        fd: int,
+        spot: Spot,
+        landed: Landed,
+        read_timeout_s: float,
+        min_bytes_per_s: float = 0.0,
+    ) -> None:
+        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+__all__ = ["ContinuedStream", "RelayedStream"]
