@@ -49,7 +49,7 @@ ALLOWED: dict[str, set[str]] = {
     "origins.s3": {"config", "errors", "origins", "origins.base", "origins.http", "checksums"},
     "store": {"admission", "errors", "plans", "units"},
     "segments": {"origins.base", "errors", "limiter", "observer", "checksums"},
-    "limiter": set(),
+    "limiter": {"errors"},
     "fill": {"store", "origins.base", "checksums", "errors", "limiter", "observer", "segments"},
     "flights": {"fill"},
     "cache": {
