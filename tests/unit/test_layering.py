@@ -50,6 +50,7 @@ ALLOWED: dict[str, set[str]] = {
     "store": {"admission", "errors", "plans", "units"},
     "segments": {"origins.base", "errors", "limiter", "observer", "checksums"},
     "limiter": {"errors"},
+    "origin_table": {"limiter", "observer", "origins.base"},
     "fill": {"store", "origins.base", "checksums", "errors", "limiter", "observer", "segments"},
     "flights": {"fill"},
     "cache": {
@@ -59,8 +60,8 @@ ALLOWED: dict[str, set[str]] = {
         "origins.base",
         "errors",
         "keys",
-        "limiter",
         "observer",
+        "origin_table",
         "segments",
         "checksums",
     },
