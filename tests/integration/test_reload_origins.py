@@ -4,6 +4,7 @@ origins a reload replaced are closed, their pooled connections with them."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import signal
@@ -26,7 +27,7 @@ def _get(url: str) -> int:
             return answer.status
     except urllib.error.HTTPError as exc:
         return exc.code
-    except OSError:  # no answer at all (reset, timed out)
+    except (OSError, http.client.HTTPException):  # no answer, or a cut one
         return 0
 
 
@@ -66,7 +67,7 @@ def test_an_origin_added_by_reload_is_limited(
 ) -> None:
     """Found: a reloaded-in origin had no limiter, 57% of its requests were refused and its
     limit gauge stayed 0."""
-    keys = [f"r-{n:03d}.tar" for n in range(160)]
+    keys = [f"r-{n:03d}.tar" for n in range(96)]
     for key in keys:
         origin.put(key, os.urandom(4 * KiB), delay_s=0.02)
     origin.slow_down_above_rps = 40
@@ -112,7 +113,7 @@ def test_reload_closes_the_clients_of_replaced_origins(
         origin.put(f"c-{n:02d}.tar", os.urandom(KiB))
     config = tmp_path / "shardcache.toml"
     config.write_text(f'[origins.a]\nurl = "{origin.url}"\n')
-    daemon = start_daemon({}, "--config", str(config))
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
 
     def read_two(round_: int) -> None:  # two at once: two pooled connections
         threads = [
@@ -129,9 +130,10 @@ def test_reload_closes_the_clients_of_replaced_origins(
         text = f'[origins.a]\nurl = "{origin.url}"\nmax_requests = {100 + round_}\n'
         _reload(daemon, config, text)
         read_two(round_)
-    assert origin.gets.total() == 22
-    # The replaced clients close once their requests are done: only the current one's stay.
+    assert len(origin.gets) == 22  # every round reached the origin, on the client of its day
+    # The replaced clients close once their requests are done: only the current one's stay,
+    # at most 4 (two reads at once, each a GET and the HEAD for the object's checksum).
     deadline = time.monotonic() + 10
-    while (held := _sockets_to(daemon.process.pid, origin.port)) > 2:
+    while (held := _sockets_to(daemon.process.pid, origin.port)) > 4:
         assert time.monotonic() < deadline, f"{held} sockets to the origin after 10 reloads"
         time.sleep(0.05)
