@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import enum
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -23,8 +23,8 @@ from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigi
 from shardcache.fill import Fill, FillState
 from shardcache.flights import Flights
 from shardcache.keys import validate_key
-from shardcache.limiter import RequestLimiter
 from shardcache.observer import Observer
+from shardcache.origin_table import OriginTable
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy
 from shardcache.store import Entry, EntryMeta, Store
@@ -111,17 +111,14 @@ class ShardCache:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.origins = dict(origins)
+        # Each origin with its limiter, built and closed as one (`replace_origins`).
+        self._origins = OriginTable(origins, observer)
         self.flights = Flights()
         self._policy = policy
         self._observer = observer
         self._clock = clock
         self._tasks: set[asyncio.Task[None]] = set()
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
-        self.limiters = {
-            name: RequestLimiter(name, functools.partial(observer.origin_request_limit, name))
-            for name in self.origins
-        }
         # How many fills have finished per cache key (recent keys only): lets a caller that
         # awaited something notice that a fill came and went meanwhile.
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -130,11 +127,27 @@ class ShardCache:
         self._unread: dict[str, int] = {}
         self.unread_changed = asyncio.Event()
 
+    @property
+    def origins(self) -> dict[str, Origin]:
+        """The current origins by name (a copy)."""
+        return self._origins.origins
+
+    def replace_origins(self, origins: Mapping[str, Origin]) -> None:
+        """Serve `origins` from now on (a reload). The cache owns them from here: each comes
+        with a new limiter unless it is the same backend as before, and a replaced one is
+        closed once the fills using it end (`origin_table`)."""
+        self._origins.replace(origins)
+
     def origin(self, name: str) -> Origin:
-        try:
-            return self.origins[name]
-        except KeyError:
-            raise UnknownOrigin(f"no origin named {name!r}") from None
+        slot = self._origins.get(name)
+        if slot is None:
+            raise UnknownOrigin(f"no origin named {name!r}")
+        return slot.origin
+
+    def _using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
+        """Hold `origin` open while a fill or request uses it (see `replace_origins`)."""
+        slot = self._origins.slot_of(origin)
+        return contextlib.nullcontext() if slot is None else slot.using()
 
     def cache_key(self, origin_name: str, key: str) -> tuple[Origin, str]:
         """Return the origin and the cache key (full origin URL); raise UnknownOrigin/InvalidKey."""
@@ -231,7 +244,8 @@ class ShardCache:
         meta = await self._peek(url)
         if meta is not None:
             return Result.HIT, _info_of(meta)
-        return Result.MISS, await origin.head(key)
+        with self._using(origin):
+            return Result.MISS, await origin.head(key)
 
     async def purge(self, origin_name: str, key: str) -> None:
         """Delete the cached entry for `key`; raise NotCached if there is none."""
@@ -301,10 +315,11 @@ class ShardCache:
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         finished_before = self._finished.get(url, 0)
-        requests = OriginRequests(
-            origin, key, self._policy, self._observer, self.limiters.get(origin.name)
-        )
-        info = await requests.head()  # retried, within the origin's limiter
+        slot = self._origins.slot_of(origin)
+        limiter = None if slot is None else slot.limiter
+        requests = OriginRequests(origin, key, self._policy, self._observer, limiter)
+        with self._using(origin):
+            info = await requests.head()  # retried, within the origin's limiter
         await admit(info.size_bytes)
         # While we sized the object and waited for budget, a client may have fetched it (then
         # a fill for it has finished since) or may be fetching it (join_or_start joins it).
@@ -349,6 +364,7 @@ class ShardCache:
         return PrefetchOutcome.TOO_LARGE if state is FillState.PASSTHROUGH else outcome
 
     def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
+        slot = self._origins.slot_of(origin)  # the limiter of this backend, also mid-reload
         return Fill(
             url,
             origin,
@@ -358,7 +374,7 @@ class ShardCache:
             self._observer,
             self._clock,
             self._segment_slots,
-            self.limiters.get(origin.name),
+            None if slot is None else slot.limiter,
             self._drop_unwanted,
         )
 
@@ -389,7 +405,8 @@ class ShardCache:
 
     async def _run(self, fill: Fill) -> None:
         try:
-            await fill.run()
+            with self._using(fill.origin):
+                await fill.run()
         finally:
             self.flights.finish(fill)
             self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
@@ -398,8 +415,9 @@ class ShardCache:
 
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
-        ones finish committing, and wait for all of them."""
+        ones finish committing, wait for all of them, then close the origins."""
         for fill in self.flights:
             if not fill.is_body_complete:
                 fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._origins.aclose()

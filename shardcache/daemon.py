@@ -99,8 +99,7 @@ class Daemon:
     def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None) -> None:
         self.settings = settings
         self._reload_settings = reload_settings
-        self.origins = build_origins(settings)
-        self._retired_origins: list[Origin] = []
+        self.origins = build_origins(settings)  # the cache owns (and closes) them once built
         self.metrics = Metrics(CollectorRegistry(), self.origins)
         self.metrics.watch_upstreams(self._upstream_rows)
         self.started_at = time.monotonic()
@@ -260,11 +259,9 @@ class Daemon:
             notify("READY=1")
             return
         logs.configure(new.log_level, new.log_format)
-        for name, origin in list(self.origins.items()):
-            if built.get(name) is not origin:  # removed, or rebuilt with other settings
-                self._retired_origins.append(self.origins.pop(name))  # fills may still use it
+        self.origins.clear()
         self.origins.update(built)
-        self.cache.origins = dict(self.origins)
+        self.cache.replace_origins(built)  # closes the replaced ones once their fills end
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
@@ -292,10 +289,11 @@ class Daemon:
         if hasattr(self, "prefetch"):
             await self.prefetch.aclose()
         if hasattr(self, "cache"):
-            await self.cache.aclose()
-        for origin in [*self.origins.values(), *self._retired_origins]:
-            with contextlib.suppress(Exception):  # closing a client must not stop the others
-                await origin.aclose()
+            await self.cache.aclose()  # and the origins, which it owns
+        else:
+            for origin in self.origins.values():
+                with contextlib.suppress(Exception):  # closing one must not stop the others
+                    await origin.aclose()
         if hasattr(self, "store"):
             await asyncio.to_thread(self.store.close)
 

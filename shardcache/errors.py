@@ -20,6 +20,8 @@
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         │   └── OriginTooSlow           504     timeout      a body below --origin-min-speed
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
+        │   ├── OriginThrottled         502     throttled    429 / 503 SlowDown; passed on as 503
+        │   │   └── OriginShed          503     throttled    its turn under the limiter too far off
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
@@ -172,6 +174,19 @@ class OriginThrottled(OriginUnavailable):
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class OriginShed(OriginThrottled):
+    """The origin is throttling us and this request's turn under its limiter is further off
+    than a request may wait (the read timeout): shed with 503 and Retry-After, not retried
+    here (a retry would only queue it again), and passed on as throttling so that a daemon
+    reading through this one as a tier slows down too."""
+
+    status = 503
+    is_retryable = False
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message, retry_after_s)
 
 
 class OriginHeadUnsupported(OriginUnavailable):

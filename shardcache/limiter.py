@@ -1,19 +1,28 @@
 """How many requests a second one origin gets once it says it is overwhelmed (429, 503
-SlowDown): additive increase, multiplicative decrease, on the request rate.
+SlowDown): a paced queue whose rate is cut on refusals and grows back along a cubic curve, as
+S3 SDKs' "adaptive" retry mode and TCP CUBIC do.
 
 A throttling object store counts requests per second (S3: per prefix), so the rate is what is
-limited, not the requests in flight: those bound the rate only through the origin's time to
-answer, which is short exactly when it refuses fast. Unlimited until the origin throttles;
-then the rate becomes half of what was sent in the last second, and is cut by half again for
-each later refusal of a request sent after the last cut (refusals of requests sent together,
-before the cut, are one signal, as in TCP). A cut needs refusals to be a pattern: at least
-MIN_REFUSALS in the last second and REFUSED_SHARE of the requests sent in it; a stray 503 among
-many answers is retried like any other failure, and does not slow the origin's other requests.
-Each answer that is not a refusal adds max(1, GROWTH_PER_S × rate) / rate: about GROWTH_PER_S
-of the rate (at least one request) a second. Requests are spaced evenly at the rate. After
+limited, not the requests in flight. Unlimited until the origin throttles. A cut sets the rate
+to BETA of what was being sent (the rate, or the last second's requests when lower; never less
+than the origin took in the last second), which is remembered as `w_max`, the rate the origin
+refused; the rate then grows back along CUBIC_C·(t-k)³ + w_max: fast at first, flat near
+`w_max` (where the limit probably is), faster again past it (the limit may have been lifted).
+So in steady state it sends between BETA and a little over the limit, mostly near it.
+Refusals of requests sent before the last cut are the same signal as that cut (as in TCP),
+and a cut needs refusals to be a pattern: MIN_REFUSALS in the last second and REFUSED_SHARE
+of what was sent; a stray 503 among many answers is retried like any other failure. After
 CALM_S without a cut, while the rate no longer binds (less than BINDING of it was used in the
-last second), the origin is unlimited again. Each change of state (throttled, unlimited
-again) is logged once, not per request.
+last second), the origin is unlimited again.
+
+Requests wait in one FIFO queue, those that continue a fill already answering a client ahead
+of those that would start one (finish what clients are reading first). Nobody books a time:
+the first in the queue waits until the rate lets the next request go, recomputed whenever the
+rate changes, so a waiting request goes sooner as soon as the rate grows or is lifted. A
+request whose turn is further off than it may wait (the read timeout) is shed at once with
+`OriginShed` (503 and Retry-After), and so is one still waiting when its time is up.
+
+Each change of state (throttled, unlimited again) is logged once at WARNING; cuts are DEBUG.
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 
+from shardcache.errors import OriginShed
+
 log = logging.getLogger("shardcache.origin")
+BETA = 0.7  # a cut leaves this share of the rate the origin refused
+CUBIC_C = 0.4  # growth: C·(t-k)³ requests a second, t seconds after the cut (botocore's too)
 CALM_S = 10.0
-GROWTH_PER_S = 0.05
 BINDING = 0.8
 MIN_RATE = 1.0
 MIN_REFUSALS = 2  # refused in the last second, and at least REFUSED_SHARE of what was sent,
@@ -44,35 +56,116 @@ class RequestLimiter:
     ) -> None:
         """`on_limit(n)` hears each new whole rate in requests a second (0: unlimited)."""
         self.origin = origin
-        self.rate: float | None = None  # requests a second; None: unlimited
         self.throttled_answers = 0
+        self.shed_requests = 0
         self._on_limit = on_limit
         self._clock = clock
+        self._is_throttled = False
+        self._w_max = 0.0  # the rate the origin last refused
+        self._k = 0.0  # seconds after a cut at which the rate is back at _w_max
         self._last_cut = -math.inf
-        self._next_at = -math.inf  # when the next request may go, while limited
+        self._last_sent = -math.inf  # when the last paced request went
+        self._reported = 0  # the whole rate `on_limit` last heard
+        self._queue: collections.deque[asyncio.Event] = collections.deque()
+        self._urgent = 0  # the urgent ones, all at the front of the queue
         self._sent: collections.deque[float] = collections.deque()  # the last second's
         self._refused: collections.deque[float] = collections.deque()  # the last second's
+        self._answered: collections.deque[float] = collections.deque()  # the last second's
 
     @property
     def is_throttled(self) -> bool:
-        return self.rate is not None
+        return self._is_throttled
+
+    @property
+    def rate(self) -> float | None:
+        """Requests a second allowed now; None while unlimited."""
+        if not self._is_throttled:
+            return None
+        t = self._clock() - self._last_cut
+        return max(MIN_RATE, CUBIC_C * (t - self._k) ** 3 + self._w_max)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn."""
+        return len(self._queue)
 
     def sent_last_second(self) -> int:
         return _last_second(self._sent, self._clock())
 
     @contextlib.asynccontextmanager
-    async def permit(self) -> AsyncIterator[float]:
+    async def permit(
+        self, max_wait_s: float = math.inf, is_urgent: bool = False
+    ) -> AsyncIterator[float]:
         """Wait for the request's turn (none while unlimited); yields the time it was sent,
-        for `throttled()`."""
-        if self.rate is not None:
-            now = self._clock()
-            turn = max(now, self._next_at)
-            self._next_at = turn + 1 / self.rate
-            if turn > now:
-                await asyncio.sleep(turn - now)
+        for `throttled()`.
+
+        Raises OriginShed when the turn is more than `max_wait_s` away, at once when the queue
+        says so at the current rate, else when `max_wait_s` has passed. An urgent request
+        (one that continues a fill whose client already has its answer under way) waits
+        ahead of the others, in order among the urgent ones, and is never shed.
+        """
+        if self._is_throttled or self._queue:
+            await self._wait_turn(math.inf if is_urgent else max_wait_s, is_urgent)
         sent_at = self._clock()
         self._sent.append(sent_at)
         yield sent_at
+
+    async def _wait_turn(self, max_wait_s: float, is_urgent: bool) -> None:
+        began = self._clock()
+        rate = self.rate
+        ahead = self._urgent if is_urgent else len(self._queue)
+        if rate is not None:
+            expected_s = max(0.0, self._next_at(rate) - began) + ahead / rate
+            if expected_s > max_wait_s:
+                self._shed(expected_s)
+        me = asyncio.Event()
+        self._queue.insert(ahead, me)
+        self._urgent += is_urgent
+        try:
+            while True:
+                now = self._clock()
+                rate = self.rate
+                if self._queue[0] is me and (rate is None or now >= self._next_at(rate)):
+                    break
+                left_s = began + max_wait_s - now
+                if left_s <= 0:
+                    self._shed(len(self._queue) / rate if rate else 1.0)
+                # The first in the queue paces; the others wait to become first.
+                wait_s = self._next_at(rate) - now if self._queue[0] is me and rate else left_s
+                timeout_s = min(wait_s, left_s)
+                me.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(me.wait(), None if math.isinf(timeout_s) else timeout_s)
+        finally:
+            self._queue.remove(me)
+            self._urgent -= is_urgent
+            if self._queue:
+                self._queue[0].set()  # the next one paces now
+        self._last_sent = self._clock()
+        self._report()
+
+    def _next_at(self, rate: float) -> float:
+        return self._last_sent + 1 / rate
+
+    def _shed(self, wait_s: float) -> None:
+        self.shed_requests += 1
+        raise OriginShed(
+            f"origin {self.origin} is throttling us: the next turn is {wait_s:.0f} s away "
+            f"({len(self._queue)} requests waiting)",
+            max(1.0, wait_s),
+        )
+
+    def _wake(self) -> None:
+        """The rate changed: the first waiting request recomputes its turn."""
+        if self._queue:
+            self._queue[0].set()
+
+    def _report(self) -> None:
+        rate = self.rate
+        whole = 0 if rate is None else max(1, round(rate))
+        if whole != self._reported:
+            self._reported = whole
+            self._on_limit(whole)
 
     def throttled(self, sent_at: float) -> None:
         """The origin refused a request sent at `sent_at` as one too many."""
@@ -81,39 +174,45 @@ class RequestLimiter:
         self._refused.append(now)
         if sent_at <= self._last_cut:
             return  # sent before the last cut: that cut already answered it
-        refused = _last_second(self._refused, now)
-        if refused < max(MIN_REFUSALS, REFUSED_SHARE * self.sent_last_second()):
+        sent = self.sent_last_second()
+        if _last_second(self._refused, now) < max(MIN_REFUSALS, REFUSED_SHARE * sent):
             return  # a stray refusal: retried, but no sign of a limit yet
-        was_throttled = self.is_throttled
-        current = self.rate if self.rate is not None else math.inf
-        self.rate = max(MIN_RATE, min(current, float(self.sent_last_second())) / 2)
+        current = self.rate
+        # What the origin took in the last second is a floor for what it takes: a burst
+        # that filled its window meets refusals until the window slides on, and cutting
+        # each time would take the rate down to a few requests a second.
+        took = _last_second(self._answered, now)
+        sending = min(current if current is not None else math.inf, sent)
+        self._w_max = max(MIN_RATE, took, sending)
+        self._k = (self._w_max * (1 - BETA) / CUBIC_C) ** (1 / 3)
         self._last_cut = now
-        self._next_at = now + 1 / self.rate
-        self._on_limit(round(self.rate))
-        if not was_throttled:
+        if not self._is_throttled:
+            self._is_throttled = True
+            self._last_sent = now
             log.warning(
-                "origin %s is throttling us (429/503): at most %d requests a second, "
-                "growing back while it stops",
+                "origin %s is throttling us (429/503): about %d requests a second, "
+                "growing back while it takes them",
                 self.origin,
-                round(self.rate),
+                round(BETA * self._w_max),
             )
+        else:
+            log.debug("origin %s refused again: %.1f requests a second", self.origin, self.rate)
+        self._report()
+        self._wake()
 
     def answered(self) -> None:
-        """The origin answered without refusing: grow the rate, or lift it when calm."""
-        if self.rate is None:
+        """The origin answered without refusing: lift the limit when calm and not binding."""
+        self._answered.append(self._clock())
+        if not self._is_throttled:
+            _last_second(self._answered, self._clock())  # only the last second is kept
             return
-        if (
-            self._clock() - self._last_cut >= CALM_S
-            and self.sent_last_second() < BINDING * self.rate
-        ):
-            self.rate = None
-            self._on_limit(0)
+        rate = self.rate
+        assert rate is not None
+        if self._clock() - self._last_cut >= CALM_S and self.sent_last_second() < BINDING * rate:
+            self._is_throttled = False
             log.warning("origin %s no longer throttles us: requests unlimited again", self.origin)
-            return
-        before = round(self.rate)
-        self.rate += max(1.0, GROWTH_PER_S * self.rate) / self.rate
-        if round(self.rate) != before:
-            self._on_limit(round(self.rate))
+            self._wake()
+        self._report()
 
 
 def _last_second(times: collections.deque[float], now: float) -> int:

@@ -113,6 +113,7 @@ class OriginRequests:
         self.policy = policy
         self._observer = observer
         self._limiter = limiter
+        self._has_answered = False  # the origin answered one of these requests
 
     def count(self, status: str) -> None:
         self._observer.origin_request(self.origin.name, status)
@@ -126,6 +127,7 @@ class OriginRequests:
         """Run `operation`, again after back-off while it raises a retryable OriginError;
         raise the last error when retries run out (or at once when it is not retryable)."""
         attempt = 0
+        throttled_s = 0.0  # waited out for the origin's throttling, at most the read timeout
         while True:
             try:
                 return await operation()
@@ -133,7 +135,7 @@ class OriginRequests:
                 attempt += 1
                 if not exc.is_retryable or attempt > self.policy.retries:
                     raise
-                await self._back_off(attempt, exc, position())
+                throttled_s += await self._back_off(attempt, exc, position(), throttled_s)
 
     async def open_once(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
         """One GET of [start, end); a failure to open is counted here, the body's end by the
@@ -157,8 +159,14 @@ class OriginRequests:
         the origin refused it as one too many."""
         if self._limiter is None:
             return await self._noting_throttled(request)
-        async with self._limiter.permit() as sent_at:
+        # No first request waits for its turn longer than the read timeout: it is shed
+        # (OriginShed, 503 with Retry-After) and its client told when to come back. Once the
+        # origin answered one, the rest (segments, the HEAD for checksums) continue a fill a
+        # client may be reading: they go first, and are never shed.
+        limit = self._limiter.permit(self.policy.read_timeout_s, is_urgent=self._has_answered)
+        async with limit as sent_at:
             answer = await self._noting_throttled(request, sent_at)
+        self._has_answered = True
         self._limiter.answered()
         return answer
 
@@ -173,14 +181,29 @@ class OriginRequests:
                 self._limiter.throttled(sent_at)
             raise
 
-    async def _back_off(self, attempt: int, exc: OriginError, position: int) -> None:
+    async def _back_off(
+        self, attempt: int, exc: OriginError, position: int, throttled_s: float = 0.0
+    ) -> float:
         """Sleep before a retry: the policy's exponential delay with jitter (retries of many
-        fills must not arrive together), or the origin's `Retry-After` hint when longer."""
+        fills must not arrive together), or the origin's `Retry-After` hint when longer.
+        Return the seconds slept for throttling (0 for other failures).
+
+        Throttling is waited out for at most the read timeout in all (`throttled_s` so far):
+        past that, `exc` is raised at once, so the client gets its 503 and the hint now, not
+        after every retry waited 30 s. Throttled retries are logged at DEBUG: the limiter
+        logs the change of state, the metrics count the refusals.
+        """
         delay = self.policy.delay_s(attempt) * random.uniform(0.5, 1.0)
+        is_throttled = isinstance(exc, OriginThrottled)
         if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
+            if throttled_s + exc.retry_after_s > self.policy.read_timeout_s:
+                raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
             delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
+        if is_throttled and throttled_s + delay > self.policy.read_timeout_s:
+            raise exc
         self._observer.origin_retry(self.origin.name)
-        log.warning(
+        log.log(
+            logging.DEBUG if is_throttled else logging.WARNING,
             "origin %s: %s; retry %d/%d in %.2fs from byte %d",
             self.origin.name,
             exc,
@@ -190,6 +213,7 @@ class OriginRequests:
             position,
         )
         await asyncio.sleep(delay)
+        return delay if is_throttled else 0.0
 
 
 class SegmentedDownload:

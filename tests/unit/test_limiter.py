@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
-from shardcache.limiter import CALM_S, RequestLimiter
+from shardcache.errors import OriginShed, OriginThrottled
+from shardcache.limiter import BETA, CALM_S, CUBIC_C, RequestLimiter
 from shardcache.origins.http import retry_after_s
 
 
@@ -26,42 +28,86 @@ async def _send(limiter: RequestLimiter, count: int) -> list[float]:
     return sent
 
 
-async def test_unlimited_until_throttled_then_half_the_last_seconds_rate() -> None:
+async def test_unlimited_until_throttled_then_beta_of_the_last_seconds_rate() -> None:
     clock, limits = Clock(), []
     limiter = RequestLimiter("o", limits.append, clock)
     burst = await _send(limiter, 200)  # 200 requests in the same second, none paced
     assert not limiter.is_throttled
     for at in burst[-20:]:  # twenty refusals of requests sent together: one cut
         limiter.throttled(at)
-    assert limiter.rate == 100 and limits == [100] and limiter.throttled_answers == 20
+    assert limiter.rate == pytest.approx(BETA * 200) and limits == [140]
+    assert limiter.throttled_answers == 20
     clock.now += 0.5
-    (late,) = await _send(limiter, 1)  # sent after the cut, refused too: cut again
-    limiter.throttled(late)
-    assert limiter.rate == 50
+    grown = limiter.rate
+    assert grown is not None and grown > BETA * 200  # growing back meanwhile
+    limiter.throttled(clock.now)  # sent after the cut, refused too: cut again
+    assert limiter.rate == pytest.approx(BETA * grown)
 
 
 async def test_requests_are_spaced_at_the_rate() -> None:
     limiter = RequestLimiter("o")
-    limiter.rate = 20.0  # as if throttled and grown back
+    sent = await _send(limiter, 40)
+    for at in sent[-4:]:  # a tenth refused: the rate becomes BETA of 40 a second
+        limiter.throttled(at)
     loop = asyncio.get_running_loop()
     began = loop.time()
     await _send(limiter, 6)
-    assert loop.time() - began >= 5 / 20 * 0.9
+    assert loop.time() - began >= 5 / (BETA * 40) * 0.9
 
 
-async def test_grows_back_and_lifts_when_calm() -> None:
+async def test_grows_back_along_the_cubic_and_lifts_when_calm() -> None:
     clock, limits = Clock(), []
     limiter = RequestLimiter("o", limits.append, clock)
     sent = await _send(limiter, 40)
     for at in sent[-4:]:  # a tenth of them refused
         limiter.throttled(at)
-    assert limiter.rate == 20
-    for _ in range(20):  # a second's worth of answers at 20/s: about one more a second
-        limiter.answered()
-    assert limiter.rate is not None and 20.9 <= limiter.rate < 21.5
+    assert limiter.rate == pytest.approx(28)
+    k = (40 * (1 - BETA) / CUBIC_C) ** (1 / 3)
+    clock.now += k / 2  # fast at first…
+    assert limiter.rate is not None and 38 < limiter.rate < 40
+    clock.now += k / 2  # …flat near the rate the origin refused…
+    assert limiter.rate == pytest.approx(40)
+    clock.now += 2  # …and faster again past it
+    assert limiter.rate is not None and limiter.rate > 40
     clock.now += CALM_S  # nothing sent in the last second: the rate does not bind
     limiter.answered()
-    assert limiter.rate is None and limits[-1] == 0
+    assert limiter.rate is None and limits[0] == 28 and limits[-1] == 0
+
+
+async def test_waiting_requests_go_as_soon_as_the_limit_lifts() -> None:
+    """Found: requests that booked their turn at 1 a second kept it after the origin
+    recovered (`permit()` slept what it computed when called): answers left at 1 a second
+    for 98 s. Waiting requests re-time when the rate changes."""
+    clock = Clock()
+    limiter = RequestLimiter("o", clock=clock)
+    for at in await _send(limiter, 2):  # both refused: as slow as it gets
+        limiter.throttled(at)
+    assert limiter.rate is not None and limiter.rate <= 2
+    waiting = [asyncio.create_task(_send(limiter, 1)) for _ in range(8)]
+    await asyncio.sleep(0.05)  # they queue up
+    assert not any(task.done() for task in waiting)
+    clock.now += CALM_S  # calm, and nothing sent in the last second: lifted
+    limiter.answered()
+    assert limiter.rate is None
+    await asyncio.wait_for(asyncio.gather(*waiting), timeout=1.0)  # not 4-8 s
+
+
+async def test_a_turn_too_far_off_is_shed_with_a_hint() -> None:
+    limiter = RequestLimiter("o")
+    for at in await _send(limiter, 2):
+        limiter.throttled(at)  # about 1.4 a second
+    waiting = [asyncio.create_task(_send_within(limiter, 2.0)) for _ in range(10)]
+    results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5.0)
+    shed = [r for r in results if isinstance(r, OriginShed)]
+    assert 5 <= len(shed) <= 8 and limiter.shed_requests == len(shed)
+    assert all(exc.retry_after_s is not None and exc.retry_after_s >= 1 for exc in shed)
+    assert shed[0].status == 503 and shed[0].kind == "throttled" and not shed[0].is_retryable
+    assert limiter.waiting == 0
+
+
+async def _send_within(limiter: RequestLimiter, max_wait_s: float) -> float:
+    async with limiter.permit(max_wait_s) as at:
+        return at
 
 
 def test_a_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> None:
@@ -73,7 +119,11 @@ def test_a_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> Non
         limiter.throttled(clock.now)
     clock.now += CALM_S
     limiter.answered()
-    lines = [r.getMessage() for r in caplog.records if "lake" in r.getMessage()]
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "lake" in r.getMessage() and r.levelno >= logging.WARNING
+    ]
     assert len(lines) == 2
     assert "throttling" in lines[0] and "no longer" in lines[1]
 
@@ -112,12 +162,13 @@ async def test_a_stray_refusal_is_not_a_limit() -> None:
     assert not limiter.is_throttled and limiter.throttled_answers == 90
 
 
-@pytest.mark.parametrize(("hint", "waited_s"), [(3600.0, 30.0), (2.0, 2.0)])
-async def test_a_retry_waits_for_the_hint_at_most_thirty_seconds(
-    monkeypatch: pytest.MonkeyPatch, hint: float, waited_s: float
+@pytest.mark.parametrize(("hint", "waited_s"), [(3600.0, None), (31.0, None), (2.0, 2.0)])
+async def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
+    monkeypatch: pytest.MonkeyPatch, hint: float, waited_s: float | None
 ) -> None:
-    """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour."""
-    from shardcache.errors import OriginThrottled
+    """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour;
+    found: `Retry-After: 30` or more held a client 4 × 30 s before its 503. A hint longer
+    than the read timeout is passed on to the client at once."""
     from shardcache.observer import NullObserver
     from shardcache.segments import OriginRequests, RetryPolicy
     from tests.unit.fakes import FakeOrigin
@@ -128,6 +179,15 @@ async def test_a_retry_waits_for_the_hint_at_most_thirty_seconds(
         slept.append(seconds)
 
     monkeypatch.setattr("shardcache.segments.asyncio.sleep", sleep)
-    requests = OriginRequests(FakeOrigin(), "a.tar", RetryPolicy(base_s=0.25), NullObserver())
-    await requests._back_off(1, OriginThrottled("503 SlowDown", hint), 0)
-    assert slept == [waited_s]
+    policy = RetryPolicy(base_s=0.25, read_timeout_s=30.0)
+    requests = OriginRequests(FakeOrigin(), "a.tar", policy, NullObserver())
+    refusal = OriginThrottled("503 SlowDown", hint)
+    if waited_s is None:
+        with pytest.raises(OriginThrottled):
+            await requests._back_off(1, refusal, 0)
+        assert slept == []
+    else:
+        assert await requests._back_off(1, refusal, 0) == waited_s
+        assert slept == [waited_s]
+        with pytest.raises(OriginThrottled):  # 30 s of the origin's hints in all, at most
+            await requests._back_off(2, refusal, 0, throttled_s=29.0)

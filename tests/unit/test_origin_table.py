@@ -1,0 +1,64 @@
+"""The origins and their limiters as one unit across reloads (issue 23, item 6): no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shardcache.observer import NullObserver
+from shardcache.origin_table import OriginTable
+from tests.unit.fakes import FakeOrigin
+
+
+class ClosingOrigin(FakeOrigin):
+    closed: asyncio.Event
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self.closed = asyncio.Event()
+
+    async def aclose(self) -> None:
+        self.closed.set()
+
+
+async def test_a_reload_builds_a_limiter_for_each_new_origin_and_keeps_the_others() -> None:
+    """Found: an origin added by SIGHUP got no limiter (they were built once, at start-up)."""
+    kept, rebuilt = ClosingOrigin("a"), ClosingOrigin("b")
+    table = OriginTable({"a": kept, "b": rebuilt}, NullObserver())
+    slot_a, slot_b = table.get("a"), table.get("b")
+    assert slot_a is not None and slot_b is not None
+    added, rebuilt_again = ClosingOrigin("c"), ClosingOrigin("b")
+    table.replace({"a": kept, "b": rebuilt_again, "c": added})
+    assert table.get("a") is slot_a  # same backend: same limiter, throttled or not
+    new_b, new_c = table.get("b"), table.get("c")
+    assert new_b is not None and new_b.limiter is not slot_b.limiter
+    assert new_c is not None and new_c.origin is added
+    await asyncio.wait_for(rebuilt.closed.wait(), 1.0)  # nothing used it: closed at once
+    assert not kept.closed.is_set() and not rebuilt_again.closed.is_set()
+    await table.aclose()
+    assert kept.closed.is_set() and added.closed.is_set()
+
+
+async def test_a_replaced_origin_closes_when_its_last_user_ends() -> None:
+    old, new = ClosingOrigin("a"), ClosingOrigin("a")
+    table = OriginTable({"a": old}, NullObserver())
+    slot = table.get("a")
+    assert slot is not None
+    with slot.using():
+        table.replace({"a": new})
+        assert table.slot_of(old) is slot  # a fill that outlives the reload keeps its limiter
+        await asyncio.sleep(0)
+        assert not old.closed.is_set()  # a fill still reads through it
+    await asyncio.wait_for(old.closed.wait(), 1.0)
+    assert table.slot_of(old) is None
+    await table.aclose()
+
+
+async def test_a_replaced_origin_still_in_use_is_closed_after_a_bound() -> None:
+    old = ClosingOrigin("a")
+    table = OriginTable({"a": old}, NullObserver(), retire_wait_s=0.05)
+    slot = table.get("a")
+    assert slot is not None
+    with slot.using():  # a request that never ends
+        table.replace({})
+        await asyncio.wait_for(old.closed.wait(), 1.0)
+    await table.aclose()
