@@ -61,7 +61,9 @@ def build_origins(
     On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
     its connections and fills in flight carry on.
     """
-    timeouts = Timeouts(settings.origin_connect_timeout, settings.origin_read_timeout)
+    timeouts = Timeouts(
+        settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
+    )
     origins: dict[str, Origin] = {}
     for spec in settings.origins:
         if keep and existing and keep.get(spec.name) == spec and spec.name in existing:

@@ -20,6 +20,7 @@ __all__ = ["ObjectInfo", "Origin", "OriginStream", "Timeouts", "make_origin"]
 class Timeouts:
     connect_s: float
     read_s: float
+    min_bytes_per_s: float = 0.0  # a body's speed floor (`SpeedFloor`), for failover's streams
 
 
 def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
@@ -67,7 +68,7 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
             return _make_one(member, timeouts)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
-    return FailoverOrigin(spec.name, chain, tier, timeouts.read_s)
+    return FailoverOrigin(spec.name, chain, tier, timeouts.read_s, timeouts.min_bytes_per_s)
 
 
 def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:

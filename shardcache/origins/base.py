@@ -81,6 +81,16 @@ class ObjectInfo:
         return None
 
 
+def header_text(value: str | None) -> str | None:
+    """An origin's header value that is passed on to clients (ETag, Content-Type), or None
+    when it holds anything but printable ASCII (RFC 9110 §5.5: no control characters). A
+    hostile value would otherwise make every response carrying it fail in aiohttp (a 500);
+    an ETag dropped this way proves no version, so the object is fetched whole."""
+    if value is None or not all(" " <= c <= "~" for c in value):
+        return None
+    return value
+
+
 @dataclass(slots=True)
 class SpeedFloor:
     """The least a body must deliver: `min_bytes_per_s` on average over every window of

@@ -36,7 +36,7 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.origins import Timeouts
-from shardcache.origins.base import ObjectInfo
+from shardcache.origins.base import ObjectInfo, header_text
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 
 log = logging.getLogger("shardcache.origins")
@@ -102,9 +102,9 @@ def _info(response: Mapping[str, Any], full: bool) -> ObjectInfo:
     modified = response.get("LastModified")
     return ObjectInfo(
         size,
-        response.get("ETag"),
+        header_text(response.get("ETag")),
         tuple(found),
-        response.get("ContentType"),
+        header_text(response.get("ContentType")),
         accepts_ranges=True,
         last_modified=modified.timestamp() if modified is not None else None,
     )

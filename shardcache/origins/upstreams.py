@@ -35,16 +35,18 @@ from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from shardcache.breaker import BreakerState, CircuitBreaker, Health
+from shardcache.checksums import Checksum
 from shardcache.errors import (
     LocalBusy,
     OriginChanged,
     OriginError,
+    OriginHeadUnsupported,
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
     OriginUntrusted,
 )
-from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
+from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, SpeedFloor, Spot
 from shardcache.rendezvous import rank
 
 log = logging.getLogger("shardcache.origin")
@@ -199,14 +201,19 @@ class FailoverOrigin:
         chain: Sequence[Upstream],
         tier: TierMembers | None = None,
         read_timeout_s: float = 30.0,
+        min_bytes_per_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`min_bytes_per_s`: the speed floor of an iterated body (an object streamed through),
+        so a dripping upstream is marked down there too; landed bodies get theirs from the
+        fill."""
         if not chain:
             raise ValueError("an origin needs at least one upstream")
         self.name = name
         self._chain = list(chain)
         self._tier = tier
         self._read_timeout_s = read_timeout_s
+        self._min_bytes_per_s = min_bytes_per_s
         self._clock = clock
 
     @property
@@ -229,27 +236,44 @@ class FailoverOrigin:
         ]
 
     async def head(self, key: str) -> ObjectInfo:
-        """The first answer's info; when it publishes no checksum and came from a tier member
-        or a mirror, with the checksums of the first upstream after it that publishes one
-        for the same version (the home last). A mirror or member that serves other bytes
-        under the right length and ETag is then caught by the home's checksum, which the
-        fill verifies against whoever sends the body."""
-        upstream, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
-        if info.checksums or upstream is self._chain[-1]:
-            return info
-        return await self._with_checksums_from_behind(key, info, upstream)
+        """The object's info, with the checksums its body is verified against.
 
-    async def _with_checksums_from_behind(
+        The checksums of the home win: when the first answer comes from a tier member or a
+        mirror, the upstreams behind it are asked in turn (the home last) for the checksums
+        of the same version. A mirror or member that serves other bytes under the right
+        length and ETag, with or without a checksum of its own, is then caught by the
+        home's. Only when the home cannot be asked are the answering upstream's own
+        checksums used (a tier member publishes the ones it verified against); with none of
+        those either, raise OriginUnavailable: a body nobody can vouch for is not served.
+        An answer that says it publishes none (the home answered without one) leaves the
+        length, as with a single origin."""
+        upstream, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
+        if upstream is self._chain[-1]:
+            return info
+        own = _named(info.checksums, upstream.role)
+        behind, home_answered, home_error = await self._checksums_from_behind(key, info, upstream)
+        if behind:
+            return dataclasses.replace(info, checksums=behind)
+        if home_answered or own:
+            return dataclasses.replace(info, checksums=own)
+        raise OriginUnavailable(
+            f"{key}: the {upstream.role}'s answer publishes no checksum and the home could not "
+            f"be asked for one ({home_error}): not served unverified"
+        )
+
+    async def _checksums_from_behind(
         self, key: str, info: ObjectInfo, answered: Upstream
-    ) -> ObjectInfo:
-        """`info` with the published checksums of an upstream asked after `answered`, each
-        named by where it came from (`X-Shardcache-Verified`); `info` itself when none of
-        them publishes any for this version, or none answers within the failover budget."""
+    ) -> tuple[tuple[Checksum, ...], bool, OriginError | None]:
+        """The checksums of the first upstream after `answered` that publishes any for the
+        version `info` describes, each named by where it came from (`X-Shardcache-Verified`);
+        whether the home answered its HEAD; and the home's error when it did not. Raise
+        OriginChanged when an upstream describes another version than `answered`."""
         order = await self.order(key)
         home = self._chain[-1]
         behind = order[order.index(answered) + 1 :] if answered in order else order
         asked = [u for u in behind if not u.breaker.is_open and u is not home] + [home]
         deadline = self._clock() + FAILOVER_BUDGET * self._read_timeout_s
+        home_error: OriginError | None = None
         for upstream in asked:
             if self._clock() >= deadline and upstream is not home:
                 continue
@@ -257,39 +281,49 @@ class FailoverOrigin:
             upstream.breaker.sending()
             try:
                 other = await upstream.origin.head(key)
-            except LocalBusy:
-                continue  # our own threads were busy: nothing said about this upstream
+            except OriginHeadUnsupported:
+                self.note_success(upstream, sent_at)
+                if upstream is home:
+                    return (), True, None  # it said so: no checksum by HEAD
+                continue
             except OriginError as exc:
-                if _is_upstream_failure(exc):
+                if isinstance(exc, LocalBusy):
+                    pass  # our own threads were busy: nothing said about this upstream
+                elif _is_upstream_failure(exc):
                     self.note_failure(upstream, exc, sent_at)
                 else:
                     self.note_success(upstream, sent_at)
+                if upstream is home:
+                    home_error = exc
                 log.debug(
                     "origin %s: no checksum for %s from %s: %s", self.name, key, upstream.role, exc
                 )
                 continue
             self.note_success(upstream, sent_at)
-            if not other.checksums:
-                continue
             change = info.differs_from(other)
             if change is not None:
-                raise OriginChanged(
+                disagree = OriginChanged(
                     f"{key}: the {answered.role} and the {upstream.role} disagree: {change}"
                 )
-            named = tuple(
-                dataclasses.replace(c, source=f"{c.source} ({upstream.role})")
-                for c in other.checksums
-            )
-            return dataclasses.replace(info, checksums=named)
-        return info
+                if upstream is home:  # the home names the object: the other one is stale
+                    self.note_failure(answered, disagree, self._clock())
+                raise disagree
+            if other.checksums:
+                return _named(other.checksums, upstream.role), upstream is home, None
+        return (), home_error is None, home_error
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
     ) -> OriginStream:
+        """Open from the first upstream that answers. A tier member's or mirror's answer
+        loses the checksums it carries: the fill asks `head`, where the home's win."""
         upstream, stream, sent_at = await self._first_answer(
             key, lambda origin: origin.open(key, start, end, if_match)
         )
-        return WatchedStream(stream, upstream, self, sent_at)
+        watched = WatchedStream(stream, upstream, self, sent_at)
+        if upstream is not self._chain[-1] and watched.info.checksums:
+            watched.info = dataclasses.replace(watched.info, checksums=())
+        return watched
 
     async def _first_answer(
         self, key: str, ask: Callable[[Origin], Awaitable[T]]
@@ -365,6 +399,11 @@ class FailoverOrigin:
             await upstream.origin.aclose()
 
 
+def _named(checksums: tuple[Checksum, ...], role: str) -> tuple[Checksum, ...]:
+    """`checksums`, each saying which upstream published it ("Content-MD5 (home)")."""
+    return tuple(dataclasses.replace(c, source=f"{c.source} ({role})") for c in checksums)
+
+
 def _is_upstream_failure(exc: OriginError) -> bool:
     """Whether `exc` says the upstream is unwell (connect failure, 5xx, stall, a body cut
     short), so the next one should be asked; not found, changed or refused are answers."""
@@ -393,6 +432,7 @@ class WatchedStream:
         def silent_since() -> float:
             return waiting_since
 
+        floor = SpeedFloor(self._owner._min_bytes_per_s, self._owner._read_timeout_s)
         while True:
             waiting_since = self._owner._clock()
             with self._noting_failures(silent_since):
@@ -400,6 +440,7 @@ class WatchedStream:
                     chunk = await anext(chunks)
                 except StopAsyncIteration:
                     return
+                floor.passed(len(chunk), self._upstream.breaker.upstream)
             yield chunk
 
     async def land(

@@ -82,18 +82,25 @@ def test_a_resume_that_cannot_prove_its_version_is_never_spliced(
     assert "no ETag" in daemon.log()  # why it was refused, in the log
 
 
+@pytest.mark.parametrize("mirror_says", ["no-md5", "its-own-md5", "no-md5-home-head-fails"])
 def test_the_homes_checksum_judges_what_a_mirror_sends(
-    servers: list[OriginServer], start_daemon: Callable[..., Daemon], tmp_path: Path
+    mirror_says: str,
+    servers: list[OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
 ) -> None:
-    # The mirror serves another object's bytes under the home's ETag and length, and
-    # publishes no checksum; the home publishes Content-MD5.
+    # The mirror serves another object's bytes under the home's ETag and length, with no
+    # checksum or with one of its own that matches its bytes; the home publishes Content-MD5
+    # (or fails every HEAD: then nobody can vouch for the mirror's bytes).
     mirror, _, home = servers
     expected = {}
     for key in KEYS[:2]:
         data = os.urandom(1 << 20)
         expected[key] = hashlib.sha256(data).hexdigest()
-        home.put(key, data)
-        mirror.put(key, os.urandom(1 << 20), claims_etag=home.etags[key], no_md5=True)
+        home.put(key, data, head_status=500 if mirror_says.endswith("fails") else None)
+        other = os.urandom(1 << 20)
+        no_md5 = mirror_says != "its-own-md5"
+        mirror.put(key, other, claims_etag=home.etags[key], no_md5=no_md5)
     daemon = start_daemon(
         {}, "--config", str(_config(tmp_path, [mirror.url, home.url])), "--readahead", "0"
     )
@@ -107,7 +114,35 @@ def test_the_homes_checksum_judges_what_a_mirror_sends(
                 assert "md5" in result.headers.get("x-shardcache-verified", "").lower()
     corrupt = [r for r in results if r[1] == 0 and r[2] != expected[r[0]]]
     assert not corrupt, f"{len(corrupt)} of {len(results)} reads handed over the mirror's bytes"
-    assert sum(home.heads.values()) >= 1  # the checksum came from the home
+    assert sum(home.heads.values()) >= 1  # the checksum was asked of the home
+
+
+def test_a_mirror_dripping_an_object_streamed_through_is_marked_down(
+    servers: list[OriginServer], start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # Larger than the cache: streamed through, not landed by a fill. The drip must still
+    # count against the mirror, so the next read goes to the home.
+    mirror, _, home = servers
+    data = os.urandom(4 << 20)
+    mirror.put("big.tar", data, chunk_bytes=1, chunk_delay_s=0.3)
+    home.put("big.tar", data)
+    daemon = start_daemon(
+        {},
+        "--config",
+        str(_config(tmp_path, [mirror.url, home.url])),
+        "--readahead",
+        "0",
+        "--origin-read-timeout",
+        "1",
+        cache_size="1MiB",
+    )
+    first = curl(f"{daemon.url}/o/big.tar", "--max-time", "60")
+    assert first.exit_code != 0 or first.sha256 == hashlib.sha256(data).hexdigest()
+    _, status = daemon.get_json("/_/status")
+    mirror_row = status["origins"]["o"]["upstreams"][0]  # type: ignore[index]
+    assert mirror_row["failures"] >= 1 and "floor" in mirror_row["last_error"], mirror_row
+    second = curl(f"{daemon.url}/o/big.tar", "--max-time", "60")
+    assert (second.exit_code, second.sha256) == (0, hashlib.sha256(data).hexdigest())
 
 
 def test_a_lying_tier_member_is_judged_by_the_homes_checksum(

@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
         "origins.upstreams",
     },
     "origins.capped": {"errors", "origins.base"},
-    "origins.upstreams": {"breaker", "errors", "origins.base", "rendezvous"},
+    "origins.upstreams": {"breaker", "checksums", "errors", "origins.base", "rendezvous"},
     "breaker": set(),
     "rendezvous": set(),
     "origins.file": {"config", "errors", "keys", "origins.base"},

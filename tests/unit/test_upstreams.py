@@ -285,7 +285,9 @@ async def test_a_resumed_object_that_differs_between_upstreams_fails_instead_of_
     try:
         with pytest.raises(OriginChanged):
             await read_all(await cache.open("o", "k"))
-        assert [start for _, start, _ in second.ranges] == [300_000]  # If-Match: refused
+        # Refused when the home's HEAD (asked for its checksum) describes another version,
+        # or at the resume (If-Match); never a splice.
+        assert [start for _, start, _ in second.ranges] in ([], [300_000])
         assert store.usage().entries == 0  # nothing spliced was committed
     finally:
         await cache.aclose()

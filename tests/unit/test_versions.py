@@ -48,3 +48,22 @@ def test_the_speed_floor_fails_a_drip_and_passes_a_slow_but_steady_body() -> Non
     off = SpeedFloor(0, 2.0, clock=lambda: now[0])
     now[0] += 100
     off.passed(1, "off")
+
+
+def test_an_origin_header_with_control_characters_is_not_passed_on() -> None:
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from shardcache.origins.responses import info_from
+
+    headers = CIMultiDictProxy(
+        CIMultiDict({"Content-Length": "4", "ETag": '"a\x1b[2J"', "Content-Type": "x/\x07y"})
+    )
+    info = info_from(headers, 200, "http://o/k")
+    assert (info.etag, info.content_type) == (None, None)
+    clean = CIMultiDictProxy(
+        CIMultiDict({"Content-Length": "4", "ETag": '"a"', "Content-Type": "x/y; a=b"})
+    )
+    assert (info_from(clean, 200, "u").etag, info_from(clean, 200, "u").content_type) == (
+        '"a"',
+        "x/y; a=b",
+    )
