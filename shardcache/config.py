@@ -225,11 +225,17 @@ def _parse_switch(value: Any) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+MAX_MIN_SPEED = 1 << 30  # a floor above 1 GiB/s per connection no upstream could meet
+
+
 def _parse_speed(value: Any) -> int:
     """A speed floor in bytes per second ("16KiB", "1MB", 4096), or 0 for none."""
     if str(value).strip() == "0":
         return 0
-    return parse_size(value)
+    speed = parse_size(value)
+    if speed > MAX_MIN_SPEED:
+        raise ValueError(f"{value!r} is more than one connection carries (at most 1GiB)")
+    return speed
 
 
 def _parse_token(value: Any) -> str | None:

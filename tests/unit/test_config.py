@@ -195,3 +195,17 @@ def test_upstreams_tier_and_caps_are_per_origin_toml_settings(tmp_path: Path) ->
         config.write_text(f"[origins.a]\n{bad}\n")
         with pytest.raises(ConfigError, match=message):
             load_settings({"config": str(config)}, {})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("16KiB", 16384), ("0", 0), ("1MB", 1_000_000), (4096, 4096)],
+)
+def test_origin_min_speed_reads_a_floor_or_zero(value: object, expected: int) -> None:
+    assert load_settings({"origin_min_speed": value}, {}).origin_min_speed == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1e9999", "nan", "99999999999999999999", "１６"])
+def test_origin_min_speed_refuses_what_no_floor_can_be(value: str) -> None:
+    with pytest.raises(ConfigError, match="origin.min.speed"):
+        load_settings({"origin_min_speed": value}, {})

@@ -42,7 +42,7 @@ def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "0", "12 parsecs", "1e9"])
+@pytest.mark.parametrize("text", ["", "lots", "-1GiB", "0", "12 parsecs", "1e9", "１６", "1٫5GiB"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_size(text)
