@@ -135,17 +135,22 @@ def _add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _origin_urls(args: argparse.Namespace) -> dict[str, str]:
-    """Origins from --origin/--config when given, otherwise from the running daemon."""
+def _configured(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
+    """Origins from --origin/--config when given, with the URL the configured daemon listens
+    on (so `url --config` maps to that daemon, not the default port); otherwise the origins
+    of the running daemon."""
     if args.origin or args.config:
         settings = config.load_settings({"origin": args.origin, "config": args.config}, {})
-        return {o.name: o.url for o in settings.origins}
-    return client.origins(args.daemon)
+        host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
+        host = f"[{host}]" if ":" in host else host
+        listen = f"http://{host}:{settings.listen_port}"
+        return {o.name: o.url for o in settings.origins}, listen
+    return client.origins(args.daemon), None
 
 
 def _url(args: argparse.Namespace) -> int:
-    daemon = client.daemon_url(args.daemon)
-    known = _origin_urls(args)
+    known, listen = _configured(args)
+    daemon = client.daemon_url(args.daemon, listen)
     for url in args.urls:
         local = client.map_url(url, known, daemon)
         header = f"-H @{args.curl_header} " if args.curl_header else ""
@@ -160,8 +165,8 @@ def _concurrency(prefetch: dict[str, Any]) -> str:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
-    daemon = client.daemon_url(args.daemon)
-    known = _origin_urls(args)
+    known, listen = _configured(args)
+    daemon = client.daemon_url(args.daemon, listen)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon, warm=not args.lookahead)
     print(

@@ -32,8 +32,11 @@ class ClientError(Exception):
         self.status = status  # the HTTP status of a refusal; None: not reached
 
 
-def daemon_url(daemon: str | None = None) -> str:
-    return (daemon or os.environ.get("SHARDCACHE_URL") or DEFAULT_DAEMON_URL).rstrip("/")
+def daemon_url(daemon: str | None = None, configured: str | None = None) -> str:
+    """The daemon to talk to: `daemon` (a --daemon flag), else `SHARDCACHE_URL`, else the
+    address a config file it was given listens on (`configured`), else the default."""
+    chosen = daemon or os.environ.get("SHARDCACHE_URL") or configured or DEFAULT_DAEMON_URL
+    return chosen.rstrip("/")
 
 
 def admin_token() -> str | None:

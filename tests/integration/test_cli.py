@@ -96,3 +96,17 @@ def test_env_and_file_settings_apply_with_precedence(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "SHARDCACHE_CACHE_SIZE: cannot read 'bad'" in result.stderr
+
+
+def test_url_with_a_config_maps_to_the_daemon_that_config_listens_on(tmp_path: Path) -> None:
+    from tests.integration.helpers import run_cli
+
+    config = tmp_path / "c.toml"
+    config.write_text('listen = "127.0.0.1:8472"\n[origins.lake]\nurl = "http://127.0.0.1:9/d"\n')
+    mapped = run_cli("url", "--config", str(config), "http://127.0.0.1:9/d/s_000.tar")
+    assert mapped.returncode == 0, mapped.stderr
+    assert mapped.stdout.strip() == "http://127.0.0.1:8472/lake/s_000.tar"
+    told = run_cli(
+        "url", "--config", str(config), "--daemon", "http://h:1", "http://127.0.0.1:9/d/x"
+    )
+    assert told.stdout.strip() == "http://h:1/lake/x"  # a --daemon flag still wins
