@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import os
 import re
 import zlib
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from typing import Literal, Protocol
 
 import google_crc32c
 
-from shardcache.errors import IntegrityError
+from shardcache.errors import CacheError, IntegrityError
 
 Algorithm = Literal["md5", "sha1", "sha256", "crc32", "crc32c", "md5-parts"]
 _HEX_MD5 = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
@@ -137,6 +138,18 @@ class Verifier:
     def update(self, data: bytes | memoryview) -> None:
         for hasher in self._hashers:
             hasher.update(data)
+
+    def update_from(self, fd: int, offset: int, count: int) -> None:
+        """Feed bytes [offset, offset+count) of `fd`, in 1 MiB reads (a bounded buffer per
+        fill: sixteen fills at once must not cost a 4 MiB buffer each). Blocking: call it on
+        a worker thread. Raises CacheError when the file is shorter than that."""
+        while count:
+            data = os.pread(fd, min(count, 1 << 20), offset)
+            if not data:
+                raise CacheError("the partial file is shorter than what was written")
+            self.update(data)
+            offset += len(data)
+            count -= len(data)
 
     def digests(self) -> dict[str, str]:
         """Hex digest per algorithm of everything hashed so far (a multipart ETag's is left

@@ -415,7 +415,7 @@ class Fill:
             while self.written_bytes - hashed < batch:
                 await self._progress.wait()
             available = self.written_bytes
-            await asyncio.to_thread(_hash_range, fd, hashed, available - hashed, verifier)
+            await asyncio.to_thread(verifier.update_from, fd, hashed, available - hashed)
             hashed = available
         verifier.verify()
         self.digests = verifier.digests()
@@ -491,15 +491,3 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
-
-
-def _hash_range(fd: int, offset: int, count: int, verifier: Verifier) -> None:
-    """Feed bytes [offset, offset+count) of `fd` to the verifier, in 1 MiB reads (a bounded
-    buffer per fill: sixteen fills at once must not cost a 4 MiB buffer each)."""
-    while count:
-        data = os.pread(fd, min(count, 1 << 20), offset)
-        if not data:
-            raise CacheError("the partial file is shorter than what was written")
-        verifier.update(data)
-        offset += len(data)
-        count -= len(data)
