@@ -250,8 +250,8 @@ class FailureLog:
             window.timer.cancel()
         if window.suppressed:
             self._log.warning(
-                "origin %s: %d more %s failures in the last %.0f s (each has its access line; "
-                "see shardcache_origin_errors_total and shardcache_requests_total)",
+                "origin %s: %d more %s failures in the last %.0f s (each logged at DEBUG; "
+                "counted in shardcache_origin_errors_total and shardcache_requests_total)",
                 key[0],
                 window.suppressed,
                 key[1],

@@ -119,8 +119,8 @@ def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
     failures.failed("s3", "tls", "read failed")
     failures.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    summary = "origin web: {} more {} failures in the last {} s (each has its access line; "
-    assert [w.split("see shardcache_")[0] for w in warnings] == [
+    summary = "origin web: {} more {} failures in the last {} s (each logged at DEBUG; "
+    assert [w.split("counted in shardcache_")[0] for w in warnings] == [
         "read 0 failed",
         "read 0 timed out",
         summary.format(59, "tls", 60),  # the interval is over: summarized, then a new one
