@@ -158,7 +158,9 @@ class OriginRequests:
         """Send one request at the origin's pace (see `limiter`), and tell the limiter whether
         the origin refused it as one too many."""
         if self._limiter is None:
-            return await self._noting_throttled(request)
+            answer = await self._noting_throttled(request)
+            self._has_answered = True
+            return answer
         # No first request waits for its turn longer than the read timeout: it is shed
         # (OriginShed, 503 with Retry-After) and its client told when to come back. Once the
         # origin answered one, the rest (segments, the HEAD for checksums) continue a fill a
@@ -195,11 +197,15 @@ class OriginRequests:
         """
         delay = self.policy.delay_s(attempt) * random.uniform(0.5, 1.0)
         is_throttled = isinstance(exc, OriginThrottled)
+        # Once the origin has answered this fill, a reader may hold all but the last byte of
+        # a 200: giving up now would abort it and waste the body, so the hint is waited out
+        # (up to RETRY_AFTER_CAP_S a retry, within the retries) instead of passed on.
+        may_shed = not self._has_answered
         if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
-            if throttled_s + exc.retry_after_s > self.policy.read_timeout_s:
+            if may_shed and throttled_s + exc.retry_after_s > self.policy.read_timeout_s:
                 raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
             delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
-        if is_throttled and throttled_s + delay > self.policy.read_timeout_s:
+        if may_shed and is_throttled and throttled_s + delay > self.policy.read_timeout_s:
             raise exc
         self._observer.origin_retry(self.origin.name)
         log.log(

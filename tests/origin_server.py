@@ -32,7 +32,9 @@ class Behaviour:
     content_md5: bytes | None = None  # publish this Content-MD5 instead of the real one
     chunk_bytes: int = 256 * 1024
     chunk_delay_s: float = 0.0  # pause after each chunk: a slow link
-    head_status: int | None = None  # answer every HEAD with this status
+    head_status: int | None = None  # answer every HEAD with this status…
+    head_refusals: int | None = None  # …only this many times (None: every time)
+    head_retry_after: str | None = None  # with this Retry-After
     wrong_range: bool = False  # answer `Range: bytes=N-…` with bytes from 0, and say so
     overlong: int = 0  # answer ranges chunked (no Content-Length) with this many extra bytes
     no_etag: bool = False  # send no validator at all
@@ -112,7 +114,11 @@ class OriginServer:
         if request.method == "GET" and how.status is not None:
             return web.Response(status=how.status, text="refused")
         if request.method == "HEAD" and how.head_status is not None:
-            return web.Response(status=how.head_status, text="HEAD failed")
+            if how.head_refusals is None or how.head_refusals > 0:
+                if how.head_refusals is not None:
+                    how.head_refusals -= 1
+                hint = {"Retry-After": how.head_retry_after} if how.head_retry_after else {}
+                return web.Response(status=how.head_status, text="HEAD failed", headers=hint)
         etag = how.claims_etag or etag
         if_match = request.headers.get("If-Match")
         if if_match is not None and if_match != etag and not how.ignores_if_match:

@@ -280,12 +280,14 @@ class FailoverOrigin:
             sent_at = self._clock()
             upstream.breaker.sending()
             try:
-                other = await upstream.origin.head(key)
-            except OriginHeadUnsupported:
-                self.note_success(upstream, sent_at)
-                if upstream is home:
-                    return (), True, None  # it said so: no checksum by HEAD
-                continue
+                try:
+                    other = await upstream.origin.head(key)
+                except OriginHeadUnsupported:
+                    if upstream is not home:
+                        raise
+                    # The home refuses HEAD (a presigned GET-only URL, say) but may publish
+                    # its checksum on GET: read a GET's headers only, then close it.
+                    other = await self._headers_of_get(upstream.origin, key)
             except OriginError as exc:
                 if isinstance(exc, LocalBusy):
                     pass  # our own threads were busy: nothing said about this upstream
@@ -311,6 +313,15 @@ class FailoverOrigin:
             if other.checksums:
                 return _named(other.checksums, upstream.role), upstream is home, None
         return (), home_error is None, home_error
+
+    @staticmethod
+    async def _headers_of_get(origin: Origin, key: str) -> ObjectInfo:
+        """What a whole-object GET of `key` says of it, without its body (closed unread)."""
+        stream = await origin.open(key)
+        try:
+            return stream.info
+        finally:
+            await stream.aclose()
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None

@@ -82,7 +82,9 @@ def test_a_resume_that_cannot_prove_its_version_is_never_spliced(
     assert "no ETag" in daemon.log()  # why it was refused, in the log
 
 
-@pytest.mark.parametrize("mirror_says", ["no-md5", "its-own-md5", "no-md5-home-head-fails"])
+@pytest.mark.parametrize(
+    "mirror_says", ["no-md5", "its-own-md5", "no-md5-home-head-fails", "no-md5-home-head-405"]
+)
 def test_the_homes_checksum_judges_what_a_mirror_sends(
     mirror_says: str,
     servers: list[OriginServer],
@@ -97,7 +99,9 @@ def test_the_homes_checksum_judges_what_a_mirror_sends(
     for key in KEYS[:2]:
         data = os.urandom(1 << 20)
         expected[key] = hashlib.sha256(data).hexdigest()
-        home.put(key, data, head_status=500 if mirror_says.endswith("fails") else None)
+        # A home that refuses HEAD (405) still publishes its Content-MD5 on GET.
+        refused = {"fails": 500, "405": 405}.get(mirror_says.rsplit("-", 1)[-1])
+        home.put(key, data, head_status=refused)
         other = os.urandom(1 << 20)
         no_md5 = mirror_says != "its-own-md5"
         mirror.put(key, other, claims_etag=home.etags[key], no_md5=no_md5)
@@ -197,3 +201,27 @@ def test_a_dripping_upstream_is_failed_over_from_mid_object(
     assert mirror_row["failures"] >= 1 and "floor" in mirror_row["last_error"], mirror_row
     # Bounded by the floor's window and the retries, not by the object's size at 3 bytes/s.
     assert waited_s < 30, waited_s
+
+
+def test_a_throttled_head_after_the_body_is_waited_out_not_a_cut_200(
+    servers: list[OriginServer], start_daemon: Callable[..., Daemon]
+) -> None:
+    # The GET answers the whole object with no checksum, so the fill asks a HEAD for one; the
+    # HEAD is refused once with a Retry-After longer than the read timeout. The reader holds
+    # all but the last byte of a 200 by then: the hint is waited out, not passed on by
+    # cutting the body (a 200 can no longer become a 503).
+    _, _, origin = servers
+    data = os.urandom(1 << 20)
+    origin.put("k.tar", data, no_md5=True, head_status=429, head_refusals=1, head_retry_after="3")
+    daemon = start_daemon(
+        {"o": origin.url},
+        "--readahead",
+        "0",
+        "--origin-read-timeout",
+        "1",
+        "--origin-connections",
+        "1",
+    )
+    result = curl(f"{daemon.url}/o/k.tar", "--max-time", "30")
+    assert (result.exit_code, result.sha256) == (0, hashlib.sha256(data).hexdigest())
+    assert origin.heads["k.tar"] == 2  # refused, then answered
