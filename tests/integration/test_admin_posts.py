@@ -18,10 +18,10 @@ from tests.origin_server import OriginServer
 
 POSTS = 16
 KEYS = 100_000  # a 2.2 MB URL list: within MAX_EXPANSION and the body limit
-# The target is 100 ms; this machine (2 cores, shared with the test's own 32 posting
-# threads and other test runs) measured 150-290 ms, most of it full collections walking the
-# 200,000 queued prefetch items. The bound is the liveness probe's second; 0be7475 took 14 s.
-HEALTHZ_BOUND_S = 1.0
+# The target is 100 ms: measured 60-80 ms on a shared 2-core machine once queued
+# prefetch keys were untracked by the collector and the GIL switch interval was 1 ms (150-440 ms
+# before). The bound leaves room for a loaded CI machine and the test's own 32 posting threads.
+HEALTHZ_BOUND_S = 0.5
 RSS_BOUND_BYTES = 300 << 20
 
 

@@ -4,6 +4,7 @@ store and the in-memory fake origin, paced where bandwidth matters."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -480,3 +481,25 @@ async def test_a_shard_larger_than_the_budget_does_not_become_the_guess_for_othe
         await _until("s0", lambda: queue.completed == 5)
     finally:
         await queue.aclose()
+
+
+async def test_a_full_queue_adds_few_objects_for_the_garbage_collector(cache: ShardCache) -> None:
+    """200,000 queued keys held as an Item and a heap tuple each were 400,000 objects that every
+    full collection walked on the event loop (issue 23, item 7: up to 135 ms each): pending
+    keys are tuples of strings and numbers, which the collector stops tracking."""
+    queue = PrefetchQueue(cache, 1, 1 << 40, readahead=0)  # not started: everything stays queued
+    keys = [("fake", f"s{n:06d}.tar") for n in range(20_000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    first = await queue.submit(keys[:10_000])
+    await queue.submit(keys[10_000:], warm=True)
+    gc.collect()
+    assert queue.depth == 20_000
+    assert len(gc.get_objects()) - before < 1_000  # 40,000 before: an Item and a tuple each
+    # Dropping one batch leaves the other's entries, and its count, as they were.
+    assert queue.clear(first.batch) == (10_000, 0)
+    assert queue.depth == 10_000
+    batch = queue.batch(first.batch)
+    assert batch is not None and batch.total == 0 and batch.is_finished
+    assert queue.clear() == (10_000, 0)
+    assert queue.depth == 0

@@ -1,0 +1,124 @@
+"""What the prefetch queue holds: batches (one post's work), items, and the lanes they wait in.
+
+A lane keeps its pending keys as tuples of floats, ints, strings and bools only, which CPython's
+garbage collector stops tracking at the first collection that sees them, and names an item's
+batch by its id: the queue holds 200,000 keys, and as (deadline, order, Item) entries, each
+Item a dataclass referencing its Batch, they were 400,000 tracked objects that every full
+collection walked on the event loop (28-135 ms each, several per post of 100,000 keys, measured
+with `gc.callbacks`). An `Item` is built when a dispatcher takes its entry. Knows nothing of
+fills, the look-ahead budget or the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+NO_BATCH = 0  # the batch id of an entry no post made (read-ahead); batch ids start at 1
+
+
+@dataclass
+class Batch:
+    """One POST's worth of work, so `shardcache prefetch --wait` can follow its own progress.
+
+    It stays in the queue's table while it is unfinished (`total` counts each entry of it still
+    pending), so an entry's batch id always finds it."""
+
+    id: int
+    total: int
+    is_warming: bool = False
+    done: int = 0
+    failed: int = 0
+    not_cached: int = 0  # done, but streamed through: larger than the cache, or no room
+    bytes_done: int = 0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    pinned: set[str] = field(default_factory=set)  # look-ahead: its shards pinned until read
+
+    @property
+    def is_finished(self) -> bool:
+        return self.done + self.failed >= self.total
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "total": self.total,
+            "done": self.done,
+            "failed": self.failed,
+            "bytes_done": self.bytes_done,
+            "failures": self.failures,
+            "is_finished": self.is_finished,
+            "warm": self.is_warming,
+            "not_cached": self.not_cached,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A key a dispatcher took from its lane, on its way to a fill."""
+
+    origin: str
+    key: str
+    batch: Batch | None = None
+    is_readahead: bool = False
+
+    @property
+    def is_warming(self) -> bool:
+        return self.batch is not None and self.batch.is_warming
+
+
+# A pending key: (deadline, order, origin, key, batch id, is read-ahead), `heapq` ordering it by
+# (deadline, order) (`order` is unique: ties between deadlines go to the earlier post; the batch
+# id is NO_BATCH for read-ahead). A plain tuple: a NamedTuple is a tuple subclass, and the
+# collector untracks exact tuples only.
+Entry = tuple[float, int, str, str, int, bool]
+
+
+# The (origin, key) an entry names, and its batch id: C-level getters, for 200,000 entries at once.
+entry_key: Callable[[Entry], tuple[str, str]] = operator.itemgetter(2, 3)
+entry_batch: Callable[[Entry], int] = operator.itemgetter(4)
+
+
+@dataclass(eq=False)
+class Start:
+    """One item on its way from the queue to a fill: sized, admitted, started."""
+
+    item: Item
+    is_dropped: bool = False  # by clear(): let it go, uncounted
+    admitted_bytes: int = 0  # look-ahead budget it holds until its fill pins the shard
+    is_admitted: bool = False
+    size_bytes: int | None = None  # once its HEAD has answered
+
+
+class Lane:
+    """One dispatcher's queue, earliest deadline first (warming: in the order posted). Look-ahead
+    items may wait for the budget; warming items never do, and have a lane of their own so that
+    they never wait behind one that does."""
+
+    def __init__(self, is_warming: bool) -> None:
+        self.is_warming = is_warming
+        self.pending: list[Entry] = []  # a heap
+        self.starting: dict[Start, None] = {}  # items being sized (HEAD) or admitted, in order
+        self.busy = 0  # slots its items hold: each lane has the limit to itself
+        self.has_work = asyncio.Event()
+
+    def push(self, entry: Entry) -> None:
+        heapq.heappush(self.pending, entry)
+        self.has_work.set()
+
+    def pop(self) -> Entry:
+        return heapq.heappop(self.pending)
+
+    def keep_only(self, keep: Callable[[Entry], bool] | None) -> list[Entry]:
+        """Drop the pending entries `keep` refuses (every one when `keep` is None); return
+        them."""
+        if keep is None:
+            dropped, self.pending = self.pending, []
+            return dropped
+        dropped = [entry for entry in self.pending if not keep(entry)]
+        if dropped:
+            self.pending = [entry for entry in self.pending if keep(entry)]
+            heapq.heapify(self.pending)
+        return dropped
