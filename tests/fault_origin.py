@@ -120,9 +120,10 @@ class FaultInjector:
 
     def roll(self, kind: str) -> bool:
         """True (and counted) when fault `kind` is to be injected now."""
-        if not self.faults.enabled:
-            return False
-        if self.rng.random() < getattr(self.faults, kind):
+        probability = getattr(self.faults, kind)
+        if not self.faults.enabled or not probability:
+            return False  # no draw: a kind that is off leaves the seeded sequence as it was
+        if self.rng.random() < probability:
             self.injected[kind] += 1
             return True
         return False
