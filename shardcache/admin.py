@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,11 @@ from shardcache.prefetch import PrefetchQueue, parse_targets
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
 MAX_WAITING_POSTS = 32  # posts waiting for their turn, bodies unread; more are a 429
+# During a turn, a worker thread busy in Python (100,000 names expanded and indexed) holds
+# the GIL this long each time the event loop asks for it, and a request asks several times;
+# Python's 5 ms default made /healthz wait 150-400 ms. Only during turns: the origin threads'
+# receive loops pay 10-15 % more CPU per GB at 1 ms (BENCHMARKS, issue 23).
+TURN_SWITCH_INTERVAL_S = 0.001
 
 
 class PostTurns:
@@ -64,9 +70,12 @@ class PostTurns:
             ) from None
         finally:
             self._waiting -= 1
+        usual = sys.getswitchinterval()
+        sys.setswitchinterval(min(usual, TURN_SWITCH_INTERVAL_S))
         try:
             yield
         finally:
+            sys.setswitchinterval(usual)
             self._turn.release()
 
 

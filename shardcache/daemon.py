@@ -16,7 +16,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +50,6 @@ from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
 STORE_CHECK_INTERVAL_S = 2.0
-# A thread busy in Python (an admin post's 100,000 names) holds the GIL this long each time
-# the event loop asks for it, and a request asks several times (5 ms by default).
-SWITCH_INTERVAL_S = 0.001
 
 
 def build_origins(
@@ -521,5 +517,4 @@ def run(
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Run the daemon on uvloop until it is told to stop."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     uvloop.run(serve(settings, reload_settings, on_ready))
