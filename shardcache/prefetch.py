@@ -38,6 +38,7 @@ from shardcache.errors import BadRequest, CacheError, OriginNotFound, QueueFull,
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.lanes import NO_BATCH, Batch, Entry, Item, Lane, Start, entry_batch, entry_key
+from shardcache.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
 from shardcache.tuning import ConcurrencyTuner
 from shardcache.units import format_size
@@ -172,6 +173,7 @@ class PrefetchQueue:
         self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
+        self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
         self._batches: dict[int, Batch] = {}
         self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
         self.completed = 0  # every item that ended without an error …
@@ -380,6 +382,7 @@ class PrefetchQueue:
 
     async def aclose(self) -> None:
         self.clear()
+        self._failures.close()
         tasks = [*self._dispatchers, *self._fetches]
         for task in tasks:
             task.cancel()
@@ -645,4 +648,8 @@ class PrefetchQueue:
         if item.batch is not None:
             item.batch.failed += 1
             item.batch.failures.append(failure)
-        log.warning("prefetch of /%s/%s failed: %s", item.origin, item.key, exc)
+        # Rate-limited per origin and kind: a reload that removes an origin, or an origin
+        # that is down, fails every queued key of it at once.
+        self._failures.failed(
+            item.origin, exc.kind, "prefetch of /%s/%s failed: %s", item.origin, item.key, exc
+        )

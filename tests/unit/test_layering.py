@@ -123,7 +123,7 @@ ALLOWED: dict[str, set[str]] = {
     "admission": set(),
     "plans": set(),
     "connections": set(),
-    "prefetch": {"cache", "fill", "errors", "keys", "lanes", "patterns", "tuning", "units"},
+    "prefetch": {"cache", "fill", "errors", "keys", "lanes", "logs", "patterns", "tuning", "units"},
     "lanes": set(),
     "tuning": set(),
     "patterns": {"errors"},

@@ -503,3 +503,22 @@ async def test_a_full_queue_adds_few_objects_for_the_garbage_collector(cache: Sh
     assert batch is not None and batch.total == 0 and batch.is_finished
     assert queue.clear() == (10_000, 0)
     assert queue.depth == 0
+
+
+async def test_a_run_of_failed_prefetches_logs_two_warnings_not_one_a_key(
+    cache: ShardCache, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 23 (second attack): after a reload removed an origin, every queued key of it
+    failed with its own WARNING (1,029 lines in 20 s). The count is in the status and
+    metrics; the log says it once, then once more when the interval ends."""
+    queue = PrefetchQueue(cache, 3, 1 << 40, readahead=0)
+    queue.start()
+    try:
+        with caplog.at_level("DEBUG", logger="shardcache.prefetch"):
+            await queue.submit([("fake", f"gone-{n:03d}.tar") for n in range(40)])
+            await _until("every failure", lambda: queue.failed == 40)
+    finally:
+        await queue.aclose()  # closes the interval: its summary line
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert "39 more not_found failures" in warnings[1]
