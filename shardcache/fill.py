@@ -14,8 +14,9 @@ A body already complete (VERIFIED) is committed whoever is left. The cache (`Sha
 takes it out of the flights at the moment it is given up, so no reader can join it after.
 
 Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
-response*, which waits for VERIFIED: full length, every response the same object as the first
-(length, ETag, Last-Modified), and every published checksum matched. A fill that fails
+response*, which waits for VERIFIED: full length, every later response proven the first one's
+version (the same strong ETag or checksum: `ObjectInfo.proves_same_version`), and every
+published checksum matched. A fill that fails
 therefore never completes anyone's response, whole object or range: a reader that gets an
 error aborts its connection, and the client sees a failed transfer. Checksums come from the
 first response when it was the whole object, else from a HEAD (with the fill's retries); when
