@@ -1,0 +1,89 @@
+"""Stopping on request: a second signal stops at once, and nothing new is fetched once the
+daemon is on its way out (issue 24, item 4)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from tests.integration.helpers import curl, sha256, wait_for
+from tests.origin_server import OriginServer
+
+MiB = 1024 * 1024
+
+
+def test_a_second_signal_stops_without_waiting_out_the_grace(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    """Ctrl-C, then Ctrl-C again: the slow transfer is aborted (never a clean short body) and
+    the daemon exits within seconds, not after the 60 s grace."""
+    data = os.urandom(8 * MiB)
+    origin.put("s.tar", data, chunk_delay_s=1.0)  # 8 s a segment
+    cache_dir = tmp_path / "cache"
+    daemon = start_daemon({"web": origin.url}, "--shutdown-grace", "60", cache_dir=cache_dir)
+    results = []
+    client = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
+    client.start()
+    wait_for("the fill to start", lambda: origin.gets["s.tar"] > 0)
+    os.kill(daemon.process.pid, signal.SIGINT)
+    wait_for("the drain to begin", lambda: "shutting down" in daemon.log())
+    began = time.monotonic()
+    os.kill(daemon.process.pid, signal.SIGINT)
+    assert daemon.process.wait(30) == 0, daemon.log()
+    assert time.monotonic() - began < 5
+    client.join(30)
+    assert results[0].exit_code != 0 and len(results[0].body) < len(data)
+    assert "second signal" in daemon.log()
+    assert not list((cache_dir / "v1" / "partial").iterdir())
+
+
+def test_no_read_ahead_starts_once_shutdown_begins(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    """A client still reading holds the drain; the read-ahead it set off is not fetched meanwhile
+    (its shards would be discarded at the end of the drain anyway)."""
+    data = os.urandom(4 * MiB)
+    origin.put("s_000.tar", data, chunk_delay_s=0.25)  # ~4 s
+    for n in range(1, 9):
+        origin.put(f"s_{n:03d}.tar", os.urandom(MiB), chunk_bytes=64 * 1024, chunk_delay_s=0.05)
+    daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "8", "--prefetch-concurrency", "1"
+    )
+    results = []
+    client = threading.Thread(
+        target=lambda: results.append(
+            curl(f"{daemon.url}/web/s_000.tar")
+        )
+    )
+    client.start()
+    wait_for("read-ahead to start", lambda: origin.gets["s_001.tar"] > 0)
+    os.kill(daemon.process.pid, signal.SIGTERM)
+    wait_for("the drain to begin", lambda: "shutting down" in daemon.log())
+    started = sum(origin.gets[f"s_{n:03d}.tar"] for n in range(1, 9))
+    client.join(30)
+    assert results[0].exit_code == 0 and results[0].sha256 == sha256(data)  # drained
+    assert daemon.process.wait(30) == 0, daemon.log()
+    # Read-ahead of 1 MiB at ~1.3 MB/s, one at a time, over a ~4 s drain: 2-3 more would start.
+    assert sum(origin.gets[f"s_{n:03d}.tar"] for n in range(1, 9)) == started
+    assert origin.sending == 0
+
+
+def test_stats_with_a_config_asks_the_daemon_that_config_listens_on(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    from tests.integration.helpers import run_cli
+
+    daemon = start_daemon({"web": origin.url})
+    config = tmp_path / "c.toml"
+    config.write_text(f'listen = "{daemon.url.removeprefix("http://")}"\n')
+    result = run_cli("stats", "--json", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert '"cache"' in result.stdout
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text('listen = "127.0.0.1:9"\n')
+    refused = run_cli("stats", "--config", str(wrong))
+    assert refused.returncode != 0 and "127.0.0.1:9" in refused.stderr
+    assert "Traceback" not in refused.stderr
