@@ -413,6 +413,13 @@ class ShardCache:
             if len(self._finished) > RECENT_FILLS:
                 self._finished.popitem(last=False)  # forgotten keys only cost a second look
 
+    def stop_unread_fills(self) -> None:
+        """Stop the fills only the prefetch queue wanted (no reader holds them): the daemon is
+        stopping, and they would be discarded unfinished at its end. Fills a reader holds go
+        on, for the drain."""
+        for fill in self.flights:
+            fill.forget_unread()
+
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
         ones finish committing, wait for all of them, then close the origins."""

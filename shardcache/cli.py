@@ -73,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help=f"the daemon (default $SHARDCACHE_URL or {DEFAULT_DAEMON_URL})",
     )
+    stats.add_argument(
+        "--config", metavar="FILE", help="ask the daemon this TOML file's `listen` names"
+    )
 
     verify = commands.add_parser(
         "verify",
@@ -141,11 +144,19 @@ def _configured(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
     of the running daemon."""
     if args.origin or args.config:
         settings = config.load_settings({"origin": args.origin, "config": args.config}, {})
-        host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
-        host = f"[{host}]" if ":" in host else host
-        listen = f"http://{host}:{settings.listen_port}"
-        return {o.name: o.url for o in settings.origins}, listen
+        return {o.name: o.url for o in settings.origins}, _listen_url(settings)
     return client.origins(args.daemon), None
+
+
+def _listen_url(settings: config.Settings) -> str:
+    """The URL a client reaches a daemon with these settings on (a wildcard is loopback)."""
+    host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.listen_port}"
+
+
+def _configured_listen(path: str) -> str:
+    return _listen_url(config.load_settings({"config": path}, {}))
 
 
 def _url(args: argparse.Namespace) -> int:
@@ -187,8 +198,11 @@ def _prefetch(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    daemon = args.daemon
+    if args.config:
+        daemon = client.daemon_url(args.daemon, _configured_listen(args.config))
     while True:
-        document = client.status(args.daemon)
+        document = client.status(daemon)
         text = json.dumps(document, indent=2) if args.json else format_status(document)
         if args.watch:
             print("\033[2J\033[H", end="")  # clear the terminal between refreshes

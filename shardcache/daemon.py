@@ -109,6 +109,7 @@ class Daemon:
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
         self._store_watch: asyncio.Task[None] | None = None
+        self._stop_now = asyncio.Event()  # a second stop signal: the grace is over
         self._listener: asyncio.Server | None = None
         self.guard = ConnectionGuard(
             ConnectionLimits(
@@ -230,9 +231,15 @@ class Daemon:
         prefetching and discard unfinished fills, (5) close origins and the store."""
         notify("STOPPING=1")
         self.state["is_shutting_down"] = True
+        # Nothing new is fetched for the rest of the drain: queued and read-ahead shards would
+        # only be discarded unfinished at its end (a slow client held a stop 17 s while
+        # read-ahead downloaded on). Fills a draining response reads go on.
+        if hasattr(self, "prefetch"):
+            await self.prefetch.aclose()
+            self.cache.stop_unread_fills()
         grace = self.settings.shutdown_grace
         log.info("shutting down: %d responses in flight, %.0f s grace", self.in_flight.count, grace)
-        if not await self.in_flight.wait_idle(grace):
+        if not await self._drained(grace) and not self._stop_now.is_set():
             log.warning(
                 "grace period over with %d responses in flight; closing them", self.in_flight.count
             )
@@ -242,6 +249,26 @@ class Daemon:
         await self.runner.cleanup()
         await self._close()
         log.info("stopped")
+
+    async def _drained(self, grace_s: float) -> bool:
+        """Wait until no response is in flight; False once `grace_s` ran out or `stop_now()`
+        was called."""
+        idle = asyncio.create_task(self.in_flight.wait_idle(grace_s))
+        now = asyncio.create_task(self._stop_now.wait())
+        await asyncio.wait((idle, now), return_when=asyncio.FIRST_COMPLETED)
+        now.cancel()
+        idle.cancel()
+        await asyncio.gather(idle, now, return_exceptions=True)
+        return idle.done() and not idle.cancelled() and idle.result()
+
+    def stop_now(self) -> None:
+        """A second stop signal (Ctrl-C twice): end the drain without waiting out the grace."""
+        if not self._stop_now.is_set():
+            log.warning(
+                "second signal: stopping now, closing %d responses in flight",
+                self.in_flight.count,
+            )
+            self._stop_now.set()
 
     def reload(self) -> None:
         """Re-read the config file: apply the origin list and log level, keep connections.
@@ -503,9 +530,15 @@ async def serve(
     if on_ready is not None:
         on_ready()
     stop = asyncio.Event()
+
+    def on_stop_signal() -> None:
+        if stop.is_set():
+            daemon.stop_now()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_stop_signal)
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     await stop.wait()
     await daemon.stop()

@@ -189,6 +189,14 @@ class Fill:
         """The prefetch queue started or joined this fill: finish it with no reader left."""
         self._kept_unread = True
 
+    def forget_unread(self) -> None:
+        """The prefetch queue no longer wants this fill (the daemon is stopping): with no
+        reader holding it, it stops now, as if its last reader had let go."""
+        self._kept_unread = False
+        if self._holders == 0 and self._on_unwanted is not None:
+            if self.is_fetching or self._passthrough is not None:
+                self._on_unwanted(self)
+
     @property
     def is_fetching(self) -> bool:
         """Whether the body is still to come from the origin (STARTING or FILLING)."""

@@ -34,7 +34,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shardcache.cache import PrefetchOutcome, ShardCache
-from shardcache.errors import BadRequest, CacheError, OriginNotFound, QueueFull, ShardcacheError
+from shardcache.errors import (
+    BadRequest,
+    CacheError,
+    OriginNotFound,
+    QueueFull,
+    ShardcacheError,
+    ShuttingDown,
+)
 from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.lanes import NO_BATCH, Batch, Entry, Item, Lane, Start, entry_batch, entry_key
@@ -175,6 +182,7 @@ class PrefetchQueue:
         self._batch_ids = itertools.count(1)
         self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
         self._batches: dict[int, Batch] = {}
+        self.is_closed = False  # the daemon is stopping: nothing new is queued or started
         self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
         self.completed = 0  # every item that ended without an error …
         self.fetched = 0  # … of which the prefetch itself fetched from the origin
@@ -208,6 +216,8 @@ class PrefetchQueue:
 
     async def _submit(self, targets: list[tuple[str, str]], warm: bool) -> Submitted:
         urls, cached, needed_in_s = await asyncio.to_thread(self._look_up, targets, warm)
+        if self.is_closed:  # the daemon began stopping while the index was asked
+            raise ShuttingDown("the daemon is shutting down")
         # Counted and known before its first entry is pushed: a dispatcher may take that entry
         # at the first yield below, and finds its batch by id.
         total = len(urls) - sum(map(cached.__contains__, urls))
@@ -247,8 +257,8 @@ class PrefetchQueue:
 
     def on_client_read(self, origin: str, key: str) -> None:
         """Queue the next keys of a numbered run a client has started reading."""
-        if self._pending_count >= MAX_PENDING:
-            return  # best effort: a full queue takes no read-ahead
+        if self._pending_count >= MAX_PENDING or self.is_closed:
+            return  # best effort: a full (or closed) queue takes no read-ahead
         now = self._clock()
         for place, successor in enumerate(next_keys(key, self.readahead)):
             if (origin, successor) not in self._queued:
@@ -381,6 +391,10 @@ class PrefetchQueue:
             self._dispatchers.append(asyncio.create_task(self._tune(), name="prefetch tuner"))
 
     async def aclose(self) -> None:
+        """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
+        (read-ahead of reads still draining included), and the fills only the queue wanted
+        are left to the cache to stop. Safe to call twice."""
+        self.is_closed = True
         self.clear()
         self._failures.close()
         tasks = [*self._dispatchers, *self._fetches]

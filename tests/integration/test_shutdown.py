@@ -49,15 +49,9 @@ def test_no_read_ahead_starts_once_shutdown_begins(
     origin.put("s_000.tar", data, chunk_delay_s=0.25)  # ~4 s
     for n in range(1, 9):
         origin.put(f"s_{n:03d}.tar", os.urandom(MiB), chunk_bytes=64 * 1024, chunk_delay_s=0.05)
-    daemon = start_daemon(
-        {"web": origin.url}, "--readahead", "8", "--prefetch-concurrency", "1"
-    )
+    daemon = start_daemon({"web": origin.url}, "--readahead", "8", "--prefetch-concurrency", "1")
     results = []
-    client = threading.Thread(
-        target=lambda: results.append(
-            curl(f"{daemon.url}/web/s_000.tar")
-        )
-    )
+    client = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s_000.tar")))
     client.start()
     wait_for("read-ahead to start", lambda: origin.gets["s_001.tar"] > 0)
     os.kill(daemon.process.pid, signal.SIGTERM)
@@ -68,7 +62,7 @@ def test_no_read_ahead_starts_once_shutdown_begins(
     assert daemon.process.wait(30) == 0, daemon.log()
     # Read-ahead of 1 MiB at ~1.3 MB/s, one at a time, over a ~4 s drain: 2-3 more would start.
     assert sum(origin.gets[f"s_{n:03d}.tar"] for n in range(1, 9)) == started
-    assert origin.sending == 0
+    wait_for("the origin to see every fill hang up", lambda: origin.sending == 0, 10)
 
 
 def test_stats_with_a_config_asks_the_daemon_that_config_listens_on(
