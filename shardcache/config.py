@@ -323,7 +323,7 @@ OPTIONS: tuple[Option, ...] = (
         "shutdown_grace",
         _parse_seconds,
         30.0,
-        "seconds in-flight responses get to finish on SIGTERM",
+        "seconds in-flight responses get to finish on SIGTERM (a second signal: none)",
         "S",
     ),
     Option(
