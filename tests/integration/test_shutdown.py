@@ -1,5 +1,5 @@
 """Stopping on request: a second signal stops at once, and nothing new is fetched once the
-daemon is on its way out (issue 24, item 4)."""
+daemon is on its way out; the commands find the daemon a config file names (issue 24, item 4)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,21 @@ def test_stats_with_a_config_asks_the_daemon_that_config_listens_on(
     refused = run_cli("stats", "--config", str(wrong))
     assert refused.returncode != 0 and "127.0.0.1:9" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_prefetch_with_a_config_warms_the_daemon_that_config_listens_on(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    from tests.integration.helpers import run_cli
+
+    data = os.urandom(MiB)
+    origin.put("s_000.tar", data)
+    daemon = start_daemon({"web": origin.url})
+    config = tmp_path / "c.toml"
+    config.write_text(
+        f'listen = "{daemon.url.removeprefix("http://")}"\n[origins.web]\nurl = "{origin.url}"\n'
+    )
+    result = run_cli("prefetch", "--wait", "--config", str(config), f"{origin.url}/s_000.tar")
+    assert result.returncode == 0, result.stderr
+    hit = curl(f"{daemon.url}/web/s_000.tar")
+    assert hit.headers["x-shardcache"] == "hit" and hit.sha256 == sha256(data)
