@@ -21,7 +21,8 @@ therefore never completes anyone's response, whole object or range: a reader tha
 error aborts its connection, and the client sees a failed transfer. Checksums come from the
 first response when it was the whole object, else from a HEAD (with the fill's retries); when
 the HEAD fails for good, so does the fill: "no checksums" is only believed from an origin
-that answered and published none (then the length is all that is checked).
+that answered and published none (then the length is all that is checked). A body that fails
+the cheapest checksum gets a second opinion from the others (`second_opinion`).
 
 The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
 resuming on its own after a failure); a second task hashes the contiguous prefix in order for
