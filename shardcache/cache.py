@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fill import Fill, FillState
@@ -117,6 +118,8 @@ class ShardCache:
         self._policy = policy
         self._observer = observer
         self._clock = clock
+        # The kinds of checksum each origin publishes but cannot get right (fills report).
+        self.checksum_trust = ChecksumTrust(observer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
         # How many fills have finished per cache key (recent keys only): lets a caller that
@@ -245,7 +248,9 @@ class ShardCache:
         if meta is not None:
             return Result.HIT, _info_of(meta)
         with self._using(origin):
-            return Result.MISS, await origin.head(key)
+            info = await origin.head(key)
+        usable = self.checksum_trust.usable(origin.name, info.checksums)  # none set aside
+        return Result.MISS, dataclasses.replace(info, checksums=usable)
 
     async def purge(self, origin_name: str, key: str) -> None:
         """Delete the cached entry for `key`; raise NotCached if there is none."""
@@ -376,6 +381,7 @@ class ShardCache:
             self._segment_slots,
             None if slot is None else slot.limiter,
             self._drop_unwanted,
+            self.checksum_trust,
         )
 
     def _drop_unwanted(self, fill: Fill) -> None:

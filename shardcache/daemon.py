@@ -389,6 +389,7 @@ class Daemon:
             prefetch=self.prefetch.status(),
             origins=dict(self.origin_urls),
             upstreams=_upstreams_status(self._upstream_rows()),
+            unusable_checksums=self.cache.checksum_trust.status(),
         )
 
     def _upstream_rows(self) -> list[tuple[str, str, Health]]:

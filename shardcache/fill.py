@@ -21,7 +21,8 @@ therefore never completes anyone's response, whole object or range: a reader tha
 error aborts its connection, and the client sees a failed transfer. Checksums come from the
 first response when it was the whole object, else from a HEAD (with the fill's retries); when
 the HEAD fails for good, so does the fill: "no checksums" is only believed from an origin
-that answered and published none (then the length is all that is checked).
+that answered and published none (then the length is all that is checked). A body that fails
+the cheapest checksum gets a second opinion from the others (`second_opinion`).
 
 The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
 resuming on its own after a failure); a second task hashes the contiguous prefix in order for
@@ -37,6 +38,7 @@ import os
 import time
 from collections.abc import Callable
 
+from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
     LOCAL_DIGEST,
     Checksum,
@@ -50,7 +52,6 @@ from shardcache.errors import (
     FillAbandoned,
     OriginChanged,
     OriginError,
-    OriginHeadUnsupported,
     ShardcacheError,
     ShuttingDown,
 )
@@ -64,6 +65,7 @@ from shardcache.limiter import RequestLimiter
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.passthrough import ContinuedStream, RelayedStream
+from shardcache.second_opinion import SecondOpinion
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
@@ -86,10 +88,11 @@ class Fill:
         extra_slots: asyncio.Semaphore | None = None,
         limiter: RequestLimiter | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
+        trust: ChecksumTrust | None = None,
     ) -> None:
         """`on_unwanted(fill)` is called, on the event loop, when the last holder lets go of
         a fill nothing else wants (see the module docstring); the owner then stops it or,
-        for an object streamed through, closes the stream nobody took."""
+        for an object streamed through, closes the stream nobody took. `trust`: the cache's."""
         self.cache_key = cache_key
         self.origin = origin
         self.origin_key = origin_key
@@ -118,6 +121,8 @@ class Fill:
         self.known_info: ObjectInfo | None = None
         self._finished = asyncio.Event()
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
+        self._published: tuple[Checksum, ...] = ()  # every usable one: second opinions
+        self._trust = trust if trust is not None else ChecksumTrust(observer)
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self._checksums_known = asyncio.Event()
         self._started = asyncio.Event()
@@ -311,7 +316,7 @@ class Fill:
                 first = await self._whole_object(first, is_ranged=first_end is not None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                checksums = await self._learn_checksums(info)
+                checksums = cheapest(await self._learn_checksums(info))
                 self._know_checksums(checksums)
                 self._passthrough = ContinuedStream(first, self._requests, checksums)
                 first = None  # the passthrough stream owns it now
@@ -379,28 +384,23 @@ class Fill:
             await first.aclose()  # closed already, unless the download was cancelled unstarted
 
     async def _learn_checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
-        """The object's published checksums: from the first response when it was the whole
-        object, otherwise from a HEAD (a ranged response carries none for the object); of
-        several, the cheapest to compute.
+        """The object's usable published checksums (`checksum_trust`), all kept for a second
+        opinion: from the first response when it was the whole object, otherwise from a HEAD
+        (a ranged response carries none for the object).
 
         Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
         not said it publishes no checksum, so the fill must not go on unverified (one that
         answers 405/501, HEAD unsupported, has said so: length only). Raises
         OriginChanged when the HEAD describes another version than the first response.
         """
-        if info.checksums:
-            return cheapest(info.checksums)
-        if self.known_info is not None and info.differs_from(self.known_info) is None:
-            return cheapest(self.known_info.checksums)  # the prefetch's HEAD, same version
-        try:
-            head = await self._requests.head()
-        except OriginHeadUnsupported as exc:
-            log.info("%s: %s; checking the length only", self.cache_key, exc)
-            return ()
-        change = info.differs_from(head)
-        if change is not None:
-            raise OriginChanged(f"{self.origin_key} changed during the fill: {change}")
-        return cheapest(head.checksums)
+        found = info.checksums
+        if not found and self.known_info and info.differs_from(self.known_info) is None:
+            found = self.known_info.checksums  # the prefetch's HEAD, same version
+        elif not found:
+            head = await self._requests.head_of(info)
+            found = head.checksums if head is not None else ()
+        self._published = self._trust.usable(self.origin.name, found)
+        return self._published
 
     def _know_checksums(self, checksums: tuple[Checksum, ...]) -> None:
         self.checksums = checksums
@@ -413,7 +413,7 @@ class Fill:
         grows, in batches (one thread hop per HASH_BATCH_BYTES, not per chunk)."""
         assert self._reservation is not None and self._download is not None
         fd = self._reservation.fd
-        checksums = await self._learn_checksums(info)
+        checksums = cheapest(await self._learn_checksums(info))
         self._know_checksums(checksums)
         if not checksums:
             return
@@ -426,8 +426,10 @@ class Fill:
             available = self.written_bytes
             await asyncio.to_thread(verifier.update_from, fd, hashed, available - hashed)
             hashed = available
-        verifier.verify()
-        self.digests = verifier.digests()
+        if mismatches := verifier.mismatches():  # a checksum the origin gets wrong, or corruption
+            opinion = SecondOpinion(self._published, mismatches, fd, info.size_bytes)
+            verifier = await opinion.judge(self._trust, self.origin.name, self.origin_key)
+        self.checksums, self.digests = verifier.checksums, verifier.digests()
 
     def _keep_digest(self) -> None:
         """The digest kept with the entry for `shardcache verify`: the verified checksum, and

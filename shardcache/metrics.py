@@ -319,6 +319,12 @@ class Metrics:
             ["origin"],
             registry=registry,
         )
+        self.checksum_unusable_total = Counter(  # once per origin and kind: not touched at 0
+            "shardcache_checksum_unusable",
+            "Kinds of published checksum set aside as never matching (see /_/status)",
+            ["origin", "algorithm"],
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             "shardcache_client_disconnects",
             "Shard responses the client left before their end (logged as 499)",
@@ -460,3 +466,6 @@ class Metrics:
 
     def prefetch_wasted(self, origin: str) -> None:
         self.prefetch_wasted_total.labels(origin).inc()
+
+    def checksum_unusable(self, origin: str, algorithm: str) -> None:
+        self.checksum_unusable_total.labels(origin, algorithm).inc()

@@ -36,6 +36,9 @@ class Observer(Protocol):
     def prefetch_wasted(self, origin: str) -> None:
         """A prefetched entry left the cache before any client read it."""
 
+    def checksum_unusable(self, origin: str, algorithm: str) -> None:
+        """A kind of checksum the origin publishes was set aside (`checksum_trust`)."""
+
 
 class NullObserver:
     def origin_request(self, origin: str, status: str) -> None:
@@ -66,6 +69,9 @@ class NullObserver:
         return None
 
     def prefetch_wasted(self, origin: str) -> None:
+        return None
+
+    def checksum_unusable(self, origin: str, algorithm: str) -> None:
         return None
 
 
@@ -115,3 +121,6 @@ class FailureTally:
 
     def prefetch_wasted(self, origin: str) -> None:
         self._observer.prefetch_wasted(origin)
+
+    def checksum_unusable(self, origin: str, algorithm: str) -> None:
+        self._observer.checksum_unusable(origin, algorithm)

@@ -24,6 +24,7 @@ from shardcache.checksums import crc32c_combine
 from shardcache.errors import (
     OriginChanged,
     OriginError,
+    OriginHeadUnsupported,
     OriginNotResumable,
     OriginThrottled,
 )
@@ -153,6 +154,20 @@ class OriginRequests:
     async def head(self) -> ObjectInfo:
         """The object's info from a HEAD, with retries."""
         return await self.retrying(lambda: self._asking(lambda: self.origin.head(self.key)))
+
+    async def head_of(self, info: ObjectInfo) -> ObjectInfo | None:
+        """A HEAD (with retries) of the version `info` describes, for its checksums; None when
+        the origin answers 405/501 (it has said it publishes none that way). Raises the HEAD's
+        OriginError once retries ran out, OriginChanged when it describes another version."""
+        try:
+            head = await self.head()
+        except OriginHeadUnsupported as exc:
+            log.info("%s: %s; checking the length only", self.key, exc)
+            return None
+        change = info.differs_from(head)
+        if change is not None:
+            raise OriginChanged(f"{self.key} changed during the fill: {change}")
+        return head
 
     async def _asking(self, request: Callable[[], Awaitable[T]]) -> T:
         """Send one request at the origin's pace (see `limiter`), and tell the limiter whether

@@ -38,8 +38,11 @@ def build_status(
     prefetch: dict[str, Any],
     origins: dict[str, str],
     upstreams: dict[str, list[dict[str, object]]] | None = None,
+    unusable_checksums: dict[str, list[dict[str, str]]] | None = None,
 ) -> dict[str, Any]:
-    """Return the status document; ratios are None until there is traffic."""
+    """Return the status document; ratios are None until there is traffic. An origin's
+    `unusable_checksums` (only when there are some) names the kinds of checksum it publishes
+    but gets wrong, set aside (`checksum_trust`)."""
     per_origin: dict[str, dict[str, Any]] = {}
     for name, url in origins.items():
         requests = {
@@ -59,6 +62,8 @@ def build_status(
         }
         if upstreams and name in upstreams:  # tier members, mirrors and home, with health
             per_origin[name]["upstreams"] = upstreams[name]
+        if unusable_checksums and unusable_checksums.get(name):
+            per_origin[name]["unusable_checksums"] = unusable_checksums[name]
     total_requests = {
         r: sum(o["requests"][r] for o in per_origin.values())
         for r in ("hit", "miss", "coalesced", "error")

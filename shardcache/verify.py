@@ -17,13 +17,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
-from shardcache.checksums import Algorithm, Checksum, Verifier, from_headers
+from shardcache.checksums import HAS_CRC64NVME, Algorithm, Checksum, Verifier, from_headers
 from shardcache.errors import IntegrityError
 from shardcache.store import LAYOUT_VERSION, EntryMeta, Store
 
 ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index"]
 READ_BYTES = 4 << 20
-_ALGORITHMS: frozenset[str] = frozenset(get_args(Algorithm)) - {"md5-parts"}  # needs a part size
+_ALGORITHMS: frozenset[str] = frozenset(  # a per-part one needs its part size, which is not kept
+    a
+    for a in get_args(Algorithm)
+    if not a.endswith("-parts") and (a != "crc64nvme" or HAS_CRC64NVME)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from shardcache.errors import (
     OriginUnavailable,
     OriginUntrusted,
 )
-from shardcache.origins import Timeouts
+from shardcache.origins import Timeouts, s3_checksums
 from shardcache.origins.base import ObjectInfo, header_text
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 
@@ -45,12 +45,6 @@ _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
 _CHANGED = {"PreconditionFailed", "412"}
 _THROTTLED = {"SlowDown", "503", "429", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 PRESIGNED_URL_TTL_S = 3600  # signed per request, so only a long-stalled fill could outlive it
-_CHECKSUM_FIELDS = {
-    "ChecksumSHA256": "sha256",
-    "ChecksumSHA1": "sha1",
-    "ChecksumCRC32": "crc32",
-    "ChecksumCRC32C": "crc32c",
-}
 
 
 @contextlib.contextmanager
@@ -86,24 +80,19 @@ def map_botocore_errors(url: str) -> Iterator[None]:
         raise OriginUnavailable(f"{url}: {exc}") from exc
 
 
-def _info(response: Mapping[str, Any], full: bool) -> ObjectInfo:
+def _info(response: Mapping[str, Any], found: tuple[checksums.Checksum, ...]) -> ObjectInfo:
+    """A HeadObject `response` as ObjectInfo with the whole-object checksums `found` (see
+    `s3_checksums`) and, for a single-part unencrypted object, its MD5 ETag."""
     content_range = response.get("ContentRange")
     size = int(content_range.rsplit("/", 1)[1]) if content_range else int(response["ContentLength"])
-    found: list[checksums.Checksum] = []
-    if full:
-        if response.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
-            for field, algorithm in _CHECKSUM_FIELDS.items():
-                value = response.get(field)
-                if value and "-" not in value:
-                    found += checksums.from_headers({f"x-amz-checksum-{algorithm}": value})
-        md5 = checksums.from_s3_etag(response.get("ETag"), response.get("ServerSideEncryption"))
-        if md5 is not None and response.get("SSECustomerAlgorithm") is None:
-            found.append(md5)
+    md5 = checksums.from_s3_etag(response.get("ETag"), response.get("ServerSideEncryption"))
+    if md5 is not None and response.get("SSECustomerAlgorithm") is None:
+        found = (*found, md5)
     modified = response.get("LastModified")
     return ObjectInfo(
         size,
         header_text(response.get("ETag")),
-        tuple(found),
+        found,
         header_text(response.get("ContentType")),
         accepts_ranges=True,
         last_modified=modified.timestamp() if modified is not None else None,
@@ -144,15 +133,37 @@ class S3Origin:
     async def head(self, key: str) -> ObjectInfo:
         url = self.url_for(key)
         with map_botocore_errors(url):
-            response = await asyncio.to_thread(self._head, key)
-            info = _info(response, full=True)
-            parts = checksums.multipart_etag_parts(info.etag)
-            encrypted = response.get("ServerSideEncryption") not in (None, "", "AES256")
-            if parts and not info.checksums and not encrypted:
-                found = await asyncio.to_thread(self._multipart_checksum, key, info, parts)
-                if found is not None:
-                    return dataclasses.replace(info, checksums=(found,))
+            try:
+                response = await asyncio.to_thread(self._head, key)
+            except botocore.exceptions.ClientError as exc:
+                await self._name_missing_bucket(url, exc)
+                raise
+            published = s3_checksums.published(response)
+            info = _info(response, published.full)
+            parts = published.parts
+            if parts and (published.composites or not info.checksums):
+                per_part = await asyncio.to_thread(self._per_part, key, response, published, parts)
+                return dataclasses.replace(info, checksums=info.checksums + per_part)
         return info
+
+    async def _name_missing_bucket(self, url: str, exc: Exception) -> None:
+        """Raise OriginNotFound naming the bucket when a 404 (`exc`) is the bucket's, not the
+        key's: a HEAD's 404 has no body to say which, so ask (HeadBucket, on this path only).
+        Return otherwise, for the caller to raise its own error."""
+        code = (
+            str(exc.response.get("Error", {}).get("Code", ""))
+            if isinstance(exc, botocore.exceptions.ClientError)
+            else "404"
+        )
+        if code not in ("404", "NotFound", "NoSuchBucket"):
+            return
+        try:
+            await asyncio.to_thread(self._client.head_bucket, Bucket=self.bucket)
+        except botocore.exceptions.ClientError as missing:
+            if str(missing.response.get("Error", {}).get("Code", "")) in _NOT_FOUND:
+                raise OriginNotFound(f"{url}: no such bucket: {self.bucket}") from exc
+        except (botocore.exceptions.BotoCoreError, OSError):
+            return  # the bucket could not be asked about: the key's 404 stands
 
     def _head(self, key: str, part_number: int | None = None) -> Mapping[str, Any]:
         extra: dict[str, Any] = {"PartNumber": part_number} if part_number else {}
@@ -160,20 +171,28 @@ class S3Origin:
             Bucket=self.bucket, Key=self._object_key(key), ChecksumMode="ENABLED", **extra
         )
 
-    def _multipart_checksum(
-        self, key: str, info: ObjectInfo, parts: int
-    ) -> checksums.Checksum | None:
-        """The multipart ETag as a checksum, when the part layout can be derived: the first
-        and last parts' sizes (HEAD with PartNumber) must account for the whole length with
-        equal parts before the last, as every common uploader makes them. Otherwise None
-        (the object is then checked by length only)."""
-        assert info.etag is not None
+    def _per_part(
+        self, key: str, response: Mapping[str, Any], published: s3_checksums.Published, parts: int
+    ) -> tuple[checksums.Checksum, ...]:
+        """The per-part checksums of a multipart object (its ETag, unless encrypted, and its
+        composites), when the part layout can be derived: the first and last parts' sizes
+        (HEAD with PartNumber) must account for the whole length with equal parts before the
+        last, as every common uploader makes them. Otherwise none (the object is then checked
+        by length, and any whole-object checksum, only)."""
+        size = int(response["ContentLength"])
         first = int(self._head(key, 1)["ContentLength"])
         last = int(self._head(key, parts)["ContentLength"]) if parts > 1 else first
-        if not 0 < last <= first or first * (parts - 1) + last != info.size_bytes:
-            log.info("%s: multipart layout not derivable; checking the length only", key)
-            return None
-        return checksums.from_s3_multipart_etag(info.etag, first)
+        if not 0 < last <= first or first * (parts - 1) + last != size:
+            log.info("%s: multipart layout not derivable; its per-part checksums are not used", key)
+            return ()
+        found = published.per_part(parts, first)
+        etag = response.get("ETag")
+        if etag and published.etag_parts == parts and response.get("SSECustomerAlgorithm") is None:
+            md5 = checksums.from_s3_multipart_etag(
+                etag, first, response.get("ServerSideEncryption")
+            )
+            found = (*found, md5) if md5 is not None else found
+        return found
 
     async def open(
         self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
@@ -186,7 +205,12 @@ class S3Origin:
                 Params={"Bucket": self.bucket, "Key": self._object_key(key)},
                 ExpiresIn=PRESIGNED_URL_TTL_S,
             )
-        return await self._transport.get(url, label, start, end, if_match)
+        try:
+            return await self._transport.get(url, label, start, end, if_match)
+        except OriginNotFound as exc:
+            with map_botocore_errors(label):
+                await self._name_missing_bucket(label, exc)
+            raise
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -1,0 +1,83 @@
+"""`ChecksumTrust`: the kinds of published checksum each origin has shown it cannot get right.
+
+A kind is an algorithm, whole-object or composite ("crc32c-parts"). It is set aside for an
+origin only on a second opinion: a fill's bytes failed it while an independent published
+checksum of the same bytes matched (moto publishes a CRC32C composite that is the CRC32 one,
+so it can never match; without this such objects were unreadable for ever). Never on one
+checksum's say: a corrupt body fails every checksum, and stays a failed fill. Each kind is set
+aside once per origin: one WARNING, one count (`Observer.checksum_unusable`), and a line under
+the origin in `/_/status`. One owner (the cache); fills ask `usable()` and report `set_aside()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from shardcache.checksums import Algorithm, Checksum
+from shardcache.observer import Observer
+
+log = logging.getLogger("shardcache.checksums")
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A checksum kind an origin publishes but cannot get right, and the evidence."""
+
+    checksum: str  # where it is published: "x-amz-checksum-crc32c (composite)"
+    algorithm: Algorithm
+    key: str  # the object that showed it
+    reason: str  # its mismatch
+    vouched_by: str  # the independent checksum the same bytes matched
+
+
+class ChecksumTrust:
+    def __init__(self, observer: Observer) -> None:
+        self._observer = observer
+        self._set_aside: dict[str, dict[Algorithm, SetAside]] = {}
+
+    def usable(self, origin: str, found: tuple[Checksum, ...]) -> tuple[Checksum, ...]:
+        """`found` without the kinds set aside for `origin`."""
+        aside = self._set_aside.get(origin)
+        if not aside:
+            return found
+        return tuple(c for c in found if c.algorithm not in aside)
+
+    def set_aside(
+        self, origin: str, checksum: Checksum, key: str, reason: str, vouched_by: Checksum
+    ) -> None:
+        """`checksum` failed bytes that `vouched_by` (another published checksum) matched:
+        stop using its kind for `origin`. Said and counted the first time only."""
+        aside = self._set_aside.setdefault(origin, {})
+        if checksum.algorithm in aside:
+            return
+        aside[checksum.algorithm] = SetAside(
+            checksum.source, checksum.algorithm, key, reason, vouched_by.source
+        )
+        self._observer.checksum_unusable(origin, checksum.algorithm)
+        log.warning(
+            "origin %s: %s is unusable for this origin (%s: %s, but %s matched the same bytes); "
+            "its objects are verified without it from now on",
+            origin,
+            checksum.source,
+            key,
+            reason,
+            vouched_by.source,
+        )
+
+    def status(self) -> dict[str, list[dict[str, str]]]:
+        """Per origin, the kinds set aside, for `/_/status`."""
+        return {
+            origin: [
+                {
+                    "checksum": a.checksum,
+                    "algorithm": a.algorithm,
+                    "key": a.key,
+                    "reason": a.reason,
+                    "vouched_by": a.vouched_by,
+                }
+                for a in aside.values()
+            ]
+            for origin, aside in self._set_aside.items()
+            if aside
+        }
