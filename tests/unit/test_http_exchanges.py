@@ -247,6 +247,13 @@ async def test_waiting_for_a_share_is_not_the_upstreams_time(
     assert bodies == [b"ok", b"ok"]
 
 
+async def _pool_is_busy(pool: ThreadPoolExecutor) -> bool:
+    """Whether a no-op sent to `pool` waits 0.1 s for a thread (it runs when one frees)."""
+    probe = asyncio.wrap_future(pool.submit(lambda: None))
+    done, _ = await asyncio.wait({probe}, timeout=0.1)
+    return not done
+
+
 async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -267,6 +274,10 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
         ]
         try:
             while sum(map(len, slow.connections)) < 4:
+                await asyncio.sleep(0.01)
+            # Connected is not yet landing (each landing takes its thread again for the
+            # body): wait until every thread is busy, i.e. a no-op sent to the pool waits.
+            while not await _pool_is_busy(pool):
                 await asyncio.sleep(0.01)
             with pytest.raises(errors.LocalBusy):
                 await failover.open("ok")
