@@ -38,6 +38,7 @@ def build_status(
     prefetch: dict[str, Any],
     origins: dict[str, str],
     upstreams: dict[str, list[dict[str, object]]] | None = None,
+    scrub: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the status document; ratios are None until there is traffic."""
     per_origin: dict[str, dict[str, Any]] = {}
@@ -84,4 +85,5 @@ def build_status(
         },
         "prefetch": prefetch,
         "origins": per_origin,
+        **({"scrub": scrub} if scrub is not None else {}),
     }
