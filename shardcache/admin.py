@@ -1,4 +1,4 @@
-"""The `/_/` endpoints: purge, prefetch (queue, show, drop), plans, origins and status.
+"""The `/_/` endpoints: purge, prefetch (queue, show, drop), plans, verify, origins, status.
 
 Every one of them needs the admin token when one is configured (`middleware.admit_request`).
 A prefetch or plan body is read within the body timeout and at most MAX_BODY_BYTES, and parsed,
@@ -20,10 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.errors import BadRequest, PlansOff, QueueFull, RequestTimeout
+from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
 from shardcache.middleware import CACHE_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.plans import Plan, PlanBook, PlanRefused
 from shardcache.prefetch import PrefetchQueue, parse_targets
+from shardcache.scrub import Scrubber
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
 MAX_WAITING_POSTS = 32  # posts waiting for their turn, bodies unread; more are a 429
@@ -242,6 +243,37 @@ async def delete_prefetch(request: web.Request) -> web.Response:
     its fetched shards hold: prefetched, unread shards stay cached, unpinned."""
     dropped, released = request.app[PREFETCH_KEY].clear(_batch_id(request))
     return web.json_response({"dropped": dropped, "released_bytes": released})
+
+
+def _scrubber(request: web.Request) -> Scrubber:
+    scrub = request.app[STATE_KEY].get("scrub")
+    if not isinstance(scrub, Scrubber):  # an app without a store (tests of other routes)
+        raise CacheError("this daemon has no cache to verify")
+    return scrub
+
+
+async def post_verify(request: web.Request) -> web.Response:
+    """Check every cached entry now, at full speed, against its kept digest (damaged ones are
+    dropped); or join the check under way. The body is empty or `{}`. Answers 202 with the
+    pass's tally; `GET /_/verify` shows its progress until `is_finished`."""
+    scrub = _scrubber(request)
+    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    async with request.app[TURNS_KEY].turn(timeout_s):
+        raw = await _read_body(request)
+        if raw.strip():
+            body = _json_body(raw)
+            if not isinstance(body, dict):
+                raise BadRequest("expected an empty body or {}")
+            if body:
+                raise BadRequest(f"unknown field(s): {', '.join(sorted(map(str, body))[:10])}")
+        tally, joined = scrub.verify_now()
+    return web.json_response({"joined": joined, "verify": tally.as_dict()}, status=202)
+
+
+async def get_verify(request: web.Request) -> web.Response:
+    """The latest `POST /_/verify` pass (null before the first)."""
+    last = _scrubber(request).last_verify
+    return web.json_response(redacted({"verify": None if last is None else last.as_dict()}))
 
 
 async def get_status(request: web.Request) -> web.Response:

@@ -79,8 +79,10 @@ def _parser() -> argparse.ArgumentParser:
 
     verify = commands.add_parser(
         "verify",
-        help="check every cached shard against its digest, offline (stop the daemon first)",
+        help="check every cached shard against its digest (a running daemon's: through it)",
         description="Check each entry's length and digest, and the index against the files. "
+        "While a daemon runs on the cache, it does the check at full speed and drops what is "
+        "damaged (refetched on its next read). "
         "Exit 0: clean; 1: damage found (dropped with --repair); 2: cannot check.",
     )
     verify.add_argument(
@@ -91,6 +93,11 @@ def _parser() -> argparse.ArgumentParser:
         "--repair", action="store_true", help="drop damaged entries, orphans and partial files"
     )
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument(
+        "--daemon",
+        metavar="URL",
+        help="the daemon running on the cache (default $SHARDCACHE_URL, else its --listen)",
+    )
 
     prefetch = commands.add_parser(
         "prefetch",
@@ -349,10 +356,11 @@ def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from shardcache.verify import total_bytes, verify_cache
+    from shardcache.verify import CacheInUse, total_bytes, verify_cache
 
     flags = {"cache_dir": args.cache_dir, "config": args.config}
-    directory = config.load_settings(flags, os.environ).cache_dir
+    settings = config.load_settings(flags, os.environ)
+    directory = settings.cache_dir
     show_progress = sys.stderr.isatty() and not args.json
     try:
         total = total_bytes(directory) if show_progress else 0
@@ -360,6 +368,8 @@ def _verify(args: argparse.Namespace) -> int:
             total=total, unit="B", unit_scale=True, disable=not show_progress, leave=False
         ) as bar:
             report = verify_cache(directory, repair=args.repair, on_bytes=bar.update)
+    except CacheInUse as exc:
+        return _verify_live(args, directory, settings.listen, str(exc), show_progress)
     except ShardcacheError as exc:
         print(f"shardcache: error: cannot verify {directory}: {exc}", file=sys.stderr)
         if args.json:
@@ -384,6 +394,52 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             print("no damage found")
     return 0 if report.is_clean else 1
+
+
+def _verify_live(
+    args: argparse.Namespace, directory: Path, listen: str, in_use: str, show_progress: bool
+) -> int:
+    """Ask the daemon that holds `directory` to check it (`POST /_/verify`), and report as
+    the offline check does. Any failure is one line and exit 2."""
+    from tqdm import tqdm
+
+    host, _, port = listen.rpartition(":")
+    host = "127.0.0.1" if host in ("0.0.0.0", "[::]") else host
+    daemon = client.daemon_url(args.daemon, f"http://{host}:{port}")
+    try:
+        serving = Path(client.status(daemon)["cache"]["dir"])
+        if serving.resolve() != directory.resolve():
+            raise client.ClientError(f"the daemon at {daemon} serves {serving} (pass --daemon)")
+        tally = client.verify(daemon)["verify"]
+        with tqdm(unit="B", unit_scale=True, disable=not show_progress, leave=False) as bar:
+            while not tally["is_finished"]:
+                time.sleep(0.2)
+                tally = client.verify_status(daemon)["verify"]
+                bar.update(tally["checked_bytes"] - bar.n)
+        if tally.get("error"):
+            raise client.ClientError(f"the daemon's check failed: {tally['error']}")
+    except (client.ClientError, KeyError, TypeError) as exc:
+        reason = exc if isinstance(exc, client.ClientError) else f"unexpected answer ({exc!r})"
+        message = f"cannot verify {directory}: {in_use}; asking it: {reason}"
+        print(f"shardcache: error: {message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"directory": str(directory), "error": str(reason)}))
+        return 2
+    damaged = tally["damaged"]
+    if args.json:
+        document = {"directory": str(directory), "daemon": daemon, **tally}
+        print(json.dumps(document | {"clean": not damaged}, indent=2))
+        return 1 if damaged else 0
+    print(
+        f"{directory} (checked by the daemon at {daemon}): {tally['entries']} entries, "
+        f"{format_size(tally['checked_bytes'])} read; {tally['digest_checked']} checked "
+        f"against a digest, {tally['length_only']} by length"
+    )
+    for problem in tally["problems"]:
+        dropped = "dropped" if problem["dropped"] else "NOT dropped: see the daemon's log"
+        print(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})")
+    print(f"{damaged} damaged, dropped: refetched on next read" if damaged else "no damage found")
+    return 1 if damaged else 0
 
 
 def _serve(

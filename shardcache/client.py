@@ -205,6 +205,19 @@ def prefetch_status(batch: int | None = None, daemon: str | None = None) -> dict
     return result
 
 
+def verify(daemon: str | None = None) -> dict[str, Any]:
+    """Ask the daemon to check every cached entry now (or join the check under way). Returns
+    `{"joined", "verify": TALLY}`; poll `verify_status` until the tally `is_finished`."""
+    result: dict[str, Any] = _request("POST", daemon_url(daemon) + "/_/verify", {})
+    return result
+
+
+def verify_status(daemon: str | None = None) -> dict[str, Any]:
+    """The latest check `verify` started: `{"verify": TALLY or None}`."""
+    result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/verify")
+    return result
+
+
 def status(daemon: str | None = None) -> dict[str, Any]:
     """Return the daemon's `/_/status` document."""
     result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/status")

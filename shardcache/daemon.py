@@ -34,7 +34,7 @@ from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
-from shardcache.metrics import CacheGauges, Metrics
+from shardcache.metrics import CacheGauges, Metrics, ScrubGauges
 from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.capped import CappedOrigin
@@ -42,6 +42,7 @@ from shardcache.origins.file import FileOrigin
 from shardcache.origins.upstreams import FailoverOrigin
 from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
+from shardcache.scrub import Scrubber
 from shardcache.segments import RetryPolicy
 from shardcache.server import InFlight, make_app
 from shardcache.status import build_status
@@ -162,6 +163,9 @@ class Daemon:
             settings.readahead,
         )
         self.metrics.watch_cache(self._gauges)
+        self.scrub = Scrubber(self.store, settings.scrub_rate)
+        self.state["scrub"] = self.scrub  # POST /_/verify
+        self.metrics.watch_scrub(self._scrub_gauges)
         access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
         app = make_app(self.cache, self.prefetch, self.metrics, self.state, access, self.guard)
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
@@ -207,6 +211,7 @@ class Daemon:
                 settings.listen,
             )
         self.prefetch.start()
+        self.scrub.start()
         self.guard.start()
         self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")
         usage = self.store.usage()
@@ -231,6 +236,8 @@ class Daemon:
         prefetching and discard unfinished fills, (5) close origins and the store."""
         notify("STOPPING=1")
         self.state["is_shutting_down"] = True
+        if hasattr(self, "scrub"):
+            self.scrub.stop()  # at its next chunk: SIGTERM never waits for a scrub pass
         # Nothing new is fetched for the rest of the drain: queued and read-ahead shards would
         # only be discarded unfinished at its end (a slow client held a stop 17 s while
         # read-ahead downloaded on). Fills a draining response reads go on.
@@ -316,6 +323,8 @@ class Daemon:
         if self._store_watch is not None:
             self._store_watch.cancel()
             await asyncio.gather(self._store_watch, return_exceptions=True)
+        if hasattr(self, "scrub"):
+            await self.scrub.aclose()
         if hasattr(self, "prefetch"):
             await self.prefetch.aclose()
         if hasattr(self, "cache"):
@@ -349,6 +358,17 @@ class Daemon:
             self.guard.open_count,
             *_eviction_gauges(self.store.admission_state()),
             prefetch_concurrency=self.prefetch.limit,
+        )
+
+    def _scrub_gauges(self) -> ScrubGauges:
+        stats = self.scrub.stats
+        return ScrubGauges(
+            self.scrub.rate_bytes_per_s,
+            stats.checked_bytes,
+            stats.checked_entries,
+            stats.corrupt,
+            stats.passes,
+            stats.last_full_pass_at,
         )
 
     def _check_ready(self) -> str | None:
@@ -389,6 +409,7 @@ class Daemon:
             prefetch=self.prefetch.status(),
             origins=dict(self.origin_urls),
             upstreams=_upstreams_status(self._upstream_rows()),
+            scrub=self.scrub.status(),
             unusable_checksums=self.cache.checksum_trust.status(),
         )
 
@@ -514,6 +535,7 @@ RESTART_SETTINGS = (
     "admin_token",
     "require_token_for_reads",
     "insecure_no_token",
+    "scrub_rate",
 )
 
 

@@ -3,6 +3,7 @@
     GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced
     DELETE   /_/cache/NAME/KEY    purge one entry
     POST|GET|DELETE /_/prefetch   queue shards ahead of the loader / show / empty the queue
+    POST|GET /_/verify            check every cached entry now (`shardcache verify`) / progress
     GET      /_/origins           origin names and URLs (for `shardcache url`)
     GET      /_/status            one JSON document for people and `shardcache stats`
     GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
@@ -37,8 +38,10 @@ from shardcache.admin import (
     get_origins,
     get_prefetch,
     get_status,
+    get_verify,
     post_plan,
     post_prefetch,
+    post_verify,
 )
 from shardcache.body import (
     ClientGone,
@@ -430,6 +433,8 @@ def make_app(
     app.router.add_get("/_/prefetch", get_prefetch)
     app.router.add_delete("/_/prefetch", delete_prefetch)
     app.router.add_post("/_/plan", post_plan)
+    app.router.add_post("/_/verify", post_verify)
+    app.router.add_get("/_/verify", get_verify)
     app.router.add_get("/_/origins", get_origins)
     app.router.add_get("/_/status", get_status)
     app.router.add_route("*", "/_/{rest:.*}", not_found)  # canonically CATCH_ALL

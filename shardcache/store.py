@@ -136,6 +136,24 @@ class NotAdmitted(CacheFull):
     """Admission spares the entries eviction would take: the fill streams through uncached."""
 
 
+class CacheInUse(CacheError):
+    """Another process (a running daemon) holds the directory's lock."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEntry:
+    """One indexed entry as the scrub walks them. `filename` names this version of the entry
+    (a re-fill of the key commits a new file); `stored_at` is its commit time (`time.time()`);
+    `meta` is None when unreadable."""
+
+    rowid: int
+    key: str
+    filename: str
+    path: Path
+    stored_at: float
+    meta: EntryMeta | None
+
+
 @dataclass(frozen=True, slots=True)
 class AdmissionState:
     """What `/_/status` and `/metrics` report about the eviction policy."""
@@ -245,7 +263,7 @@ class Store:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(lock_fd)
-            raise CacheError(f"{self._directory} is in use by another shardcache daemon") from None
+            raise CacheInUse(f"{self._directory} is in use by another shardcache daemon") from None
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
         self._lock_fd = lock_fd
@@ -796,6 +814,43 @@ class Store:
                 path.unlink()
             self._unlink_later.discard(path)
         return None
+
+    # -- the online scrub (`shardcache.scrub`) ----------------------------------------------
+
+    def entries_after(self, rowid: int, limit: int) -> list[StoredEntry]:
+        """Up to `limit` entries after `rowid`, in index (rowid) order: a stable walk in which
+        a re-filled key keeps its place (diskcache updates its row). Raises CacheError."""
+        with map_store_errors("cannot list the index"):
+            rows = self._index._sql(
+                "SELECT rowid, key, filename, store_time, tag FROM Cache"
+                " WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                (rowid, limit),
+            ).fetchall()
+        found = []
+        for row, key, filename, stored_at, tag in rows:
+            try:
+                meta: EntryMeta | None = _meta(tag)
+            except CacheError:
+                meta = None
+            path = self._index_dir / str(filename)
+            found.append(StoredEntry(row, str(key), str(filename), path, stored_at, meta))
+        return found
+
+    def drop_if_unchanged(self, key: str, filename: str) -> bool:
+        """Remove `key`'s entry if it is still the version stored in `filename`, and return
+        whether it was removed: a version committed since (a re-fill) is never dropped for
+        damage found in the one before. Raises CacheError, the entry untouched."""
+        if not os.access(self._index_dir, os.W_OK):
+            raise CacheError(f"cannot drop {key}: cache dir {self._index_dir} is not writable")
+        with map_store_errors(f"cannot drop {key}"), self._index.transact():
+            # One transaction: a commit of a new version cannot land between check and delete.
+            rows = self._index._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
+            if [name for (name,) in rows.fetchall()] != [filename]:
+                return False
+            self._index.delete(key)
+        with self._lock:
+            self._forget(key)
+        return True
 
     # -- offline checks (`shardcache verify`) --------------------------------------------------
 

@@ -3,10 +3,11 @@ digest, and the index against the files on disk.
 
 Digests are the ones kept at commit time (`EntryMeta.digests`, computed while the bytes streamed
 in, so checking costs one read of each file) and the verified checksums an entry republishes;
-an entry committed before digests were kept is checked for its length only. Run it with the
-daemon stopped: the store's lock keeps a running daemon and a repair apart. `repair` drops what
-is damaged (entries, orphan files, rows without files) and the partial files of interrupted
-fills (listed, not counted as damage: the daemon sweeps them at start); nothing else changes.
+an entry committed before digests were kept is checked for its length only. The store's lock
+keeps a running daemon and this check apart: with one running, `verify_cache` raises CacheInUse
+and `cli` asks the daemon's scrub instead (`POST /_/verify`, `shardcache.scrub`). `repair` drops
+what is damaged (entries, orphan files, rows without files) and the partial files of
+interrupted fills (listed, not counted as damage: the daemon sweeps them at start).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal, get_args
 from shardcache.checksums import HAS_CRC64NVME, Algorithm, Checksum, Verifier, from_headers
 from shardcache.errors import IntegrityError
 from shardcache.store import LAYOUT_VERSION, EntryMeta, Store
+from shardcache.store import CacheInUse as CacheInUse  # for `cli`: a running daemon holds it
 
 ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index"]
 READ_BYTES = 4 << 20
@@ -95,7 +97,7 @@ def verify_cache(
         store.close()
 
 
-def _expected(meta: EntryMeta) -> tuple[Checksum, ...]:
+def expected_checksums(meta: EntryMeta) -> tuple[Checksum, ...]:
     """What the entry's bytes must hash to: kept digests, then republished checksums."""
     found: dict[str, Checksum] = {}
     for algorithm, hex_digest in meta.digests.items():
@@ -124,7 +126,7 @@ def _check_entry(
     if size != meta.size_bytes:
         return Problem("wrong_size", f"{path} has {size} bytes, expected {meta.size_bytes}", key)
     try:
-        expected = _expected(meta)
+        expected = expected_checksums(meta)
     except ValueError as exc:  # a digest that is not hex
         return Problem("bad_metadata", f"unreadable digest: {exc}", key)
     if not expected:

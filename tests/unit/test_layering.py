@@ -117,7 +117,7 @@ ALLOWED: dict[str, set[str]] = {
         "metrics",
         "prefetch",
     },
-    "admin": {"errors", "middleware", "plans", "prefetch"},
+    "admin": {"errors", "middleware", "plans", "prefetch", "scrub"},
     "server": {
         "access",
         "admin",
@@ -159,6 +159,7 @@ ALLOWED: dict[str, set[str]] = {
         "verify",
     },
     "verify": {"store", "checksums", "errors"},
+    "scrub": {"store", "checksums", "errors", "verify"},
     "__init__": set(),
     "__main__": {"cli"},
 }

@@ -1,0 +1,368 @@
+"""The online scrub: re-reads cached entries at a bounded rate and drops those whose bytes no
+longer match the digest kept at commit, so bit rot becomes a miss (refetched) instead of a hit.
+
+Pieces: `Pacer` (the rate bound: sleeps to keep the average), `check_entry` (one entry, read in
+chunks with `pread`, blocking), `Scrubber` (the background pass and the on-demand full-speed pass
+behind `POST /_/verify`). Invariants: one dedicated, low-priority thread does every read, so at
+most one entry's read is in flight and the event loop and the shared workers never wait on it;
+entries are walked in index (rowid) order, resuming after the last one, and those committed
+since the pass began are skipped (they were verified as they streamed in); an entry is dropped
+only if it is still the version that was read (`Store.drop_if_unchanged`). Hits are untouched:
+they stay zero-copy. This module knows nothing of HTTP or metrics; the daemon reads `stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import functools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, TypeVar
+
+from shardcache.checksums import Verifier, cheapest
+from shardcache.errors import CacheError, IntegrityError
+from shardcache.store import Store, StoredEntry
+from shardcache.verify import expected_checksums
+
+log = logging.getLogger("shardcache.scrub")
+T = TypeVar("T")
+CHUNK_BYTES = 1 << 20  # per pread: a bounded buffer, and the unit the pacer sleeps between
+BATCH_ENTRIES = 256  # index rows read per query
+PASS_PAUSE_S = 1.0  # between passes: an empty or tiny cache costs one query a second
+SHUTDOWN_WAIT_S = 5.0  # for the entry being read when the daemon stops (one chunk, normally)
+MAX_LISTED_PROBLEMS = 1000  # an on-demand report lists this many damaged keys at most
+NICE = 10  # the scrub thread's niceness: fills and hits come first (CFQ/BFQ derive I/O priority)
+
+Verdict = Literal[
+    "sound", "length_only", "gone", "stopped", "corrupt", "wrong_size", "bad_metadata"
+]
+DAMAGE: frozenset[str] = frozenset({"corrupt", "wrong_size", "bad_metadata"})
+
+
+class Pacer:
+    """Keeps the average read rate at `rate_bytes_per_s` (0: unlimited): after each `n` bytes
+    read, sleeps until `n / rate` seconds past the last deadline, unless the read itself took
+    longer (a slow disk is not slowed further). No credit is banked while idle, so a pause
+    never turns into a burst: over any window, at most one chunk more than the rate allows is
+    read. `clock` and `sleep` are injectable for tests."""
+
+    def __init__(
+        self,
+        rate_bytes_per_s: int,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self._clock = clock
+        self._sleep = sleep
+        self._due = -float("inf")
+
+    def __call__(self, size_bytes: int) -> None:
+        if self.rate_bytes_per_s <= 0:
+            return
+        now = self._clock()
+        self._due = max(self._due + size_bytes / self.rate_bytes_per_s, now)
+        if self._due > now:
+            self._sleep(self._due - now)
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What one entry's check found; `read_bytes` were hashed (counted even when stopped)."""
+
+    verdict: Verdict
+    detail: str = ""
+    read_bytes: int = 0
+
+
+def check_entry(
+    entry: StoredEntry,
+    pace: Callable[[int], None],
+    is_stopping: Callable[[], bool] = lambda: False,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Check:
+    """Hash `entry`'s file in chunks against the cheapest digest it kept (the local CRC-32C, or
+    the published checksum it was verified against). Blocking: call it on the scrub thread.
+    A read error (EIO) is damage, never an exception; a file gone meanwhile (evicted,
+    re-filled) is "gone"."""
+    meta = entry.meta
+    if meta is None:
+        return Check("bad_metadata", "the index row's metadata is unreadable")
+    try:
+        expected = cheapest(expected_checksums(meta))
+    except ValueError as exc:  # a digest that is not hex
+        return Check("bad_metadata", f"unreadable digest: {exc}")
+    try:
+        fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:  # evicted or replaced since the batch was listed
+        return Check("gone")
+    except OSError as exc:
+        return Check("corrupt", f"cannot open its file: {exc.strerror or exc}")
+    offset = 0
+    try:
+        size = os.fstat(fd).st_size
+        if size != meta.size_bytes:
+            return Check("wrong_size", f"the file has {size} bytes, expected {meta.size_bytes}")
+        if not expected:  # committed by a version that kept no digest
+            return Check("length_only")
+        verifier = Verifier(expected)
+        while offset < size:
+            if is_stopping():
+                return Check("stopped", read_bytes=offset)
+            data = os.pread(fd, min(chunk_bytes, size - offset), offset)
+            if not data:
+                return Check("wrong_size", f"the file ends at {offset} bytes", offset)
+            verifier.update(data)
+            offset += len(data)
+            pace(len(data))
+        verifier.verify()
+    except IntegrityError as exc:
+        return Check("corrupt", str(exc), offset)
+    except OSError as exc:  # EIO from a failing disk: the bytes cannot be served either
+        reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+        return Check("corrupt", f"read error at byte {offset}: {reason}", offset)
+    finally:
+        os.close(fd)
+    return Check("sound", read_bytes=offset)
+
+
+@dataclass(slots=True)
+class Tally:
+    """One pass's progress (the report `shardcache verify` prints for a running daemon)."""
+
+    started_at: float  # time.time()
+    entries: int = 0
+    checked_bytes: int = 0
+    digest_checked: int = 0
+    length_only: int = 0
+    problems: list[dict[str, object]] = field(default_factory=list)
+    damaged: int = 0
+    finished_at: float | None = None
+    error: str | None = None
+    id: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self) | {"is_finished": self.finished_at is not None}
+
+
+@dataclass(slots=True)
+class ScrubStats:
+    """Totals since start, for `/metrics` and `/_/status`; written only by the scrub."""
+
+    checked_bytes: int = 0
+    checked_entries: int = 0
+    corrupt: int = 0
+    passes: int = 0
+    last_full_pass_at: float | None = None  # time.time() when the last background pass ended
+    last_full_pass_s: float | None = None
+
+
+class Scrubber:
+    """The background scrub at `rate_bytes_per_s` (0: off) and on-demand full passes.
+
+    `sleep(seconds)` is the pacer's (tests inject one; it runs on the scrub thread).
+    `start()` on the event loop; `stop()` asks the scrub thread to stop at its next chunk (call
+    it first thing on shutdown), `aclose()` waits for it, at most SHUTDOWN_WAIT_S.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        rate_bytes_per_s: int,
+        wall_clock: Callable[[], float] = time.time,
+        pass_pause_s: float = PASS_PAUSE_S,
+        sleep: Callable[[float], object] | None = None,
+    ) -> None:
+        self.store = store
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self.stats = ScrubStats()
+        self.current: Tally | None = None  # the background pass under way
+        self.last_verify: Tally | None = None  # the latest on-demand pass
+        self._wall = wall_clock
+        self._pass_pause_s = pass_pause_s
+        self._stopping = threading.Event()
+        self._sleep = sleep or self._stopping.wait  # the pacer's: returns early on stop()
+        self._executor = ThreadPoolExecutor(
+            1, thread_name_prefix="shardcache-scrub", initializer=_lower_priority
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._verify_task: asyncio.Task[None] | None = None
+        self._in_flight: asyncio.Future[Any] | None = None
+        self._verify_ids = 0
+
+    def start(self) -> None:
+        """Start the background pass (nothing when the rate is 0)."""
+        if self.rate_bytes_per_s > 0:
+            self._own(asyncio.create_task(self._run(), name="scrub"))
+
+    def verify_now(self) -> tuple[Tally, bool]:
+        """Start a full pass at full speed over every entry, or join the one under way; the
+        bool is True when joined. Poll the tally (`last_verify`) until it is finished."""
+        if self._verify_task is not None and not self._verify_task.done():
+            assert self.last_verify is not None
+            return self.last_verify, True
+        self._verify_ids += 1
+        tally = Tally(self._wall(), id=self._verify_ids)
+        self.last_verify = tally
+        self._verify_task = asyncio.create_task(self._verify(tally), name="scrub verify")
+        self._own(self._verify_task)
+        return tally, False
+
+    def stop(self) -> None:
+        """Make the scrub thread stop at its next chunk or pacing sleep."""
+        self._stopping.set()
+
+    async def aclose(self) -> None:
+        self.stop()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._in_flight is not None and not self._in_flight.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._in_flight), SHUTDOWN_WAIT_S)
+        self._executor.shutdown(wait=False)
+
+    def status(self) -> dict[str, object]:
+        """The scrub's part of `/_/status`."""
+        stats, current = self.stats, self.current
+        return {
+            "rate_bytes_per_s": self.rate_bytes_per_s,
+            "is_on": self.rate_bytes_per_s > 0,
+            "passes": stats.passes,
+            "last_full_pass_at": stats.last_full_pass_at,
+            "last_full_pass_s": stats.last_full_pass_s,
+            "checked_entries": stats.checked_entries,
+            "checked_bytes": stats.checked_bytes,
+            "corrupt": stats.corrupt,
+            "current_pass": None
+            if current is None
+            else {
+                "started_at": current.started_at,
+                "entries": current.entries,
+                "checked_bytes": current.checked_bytes,
+            },
+            "verify": None if self.last_verify is None else self.last_verify.as_dict(),
+        }
+
+    # -- the passes ----------------------------------------------------------------------
+
+    def _own(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self) -> None:
+        pacer = Pacer(self.rate_bytes_per_s, sleep=self._sleep)
+        while not self._stopping.is_set():
+            tally = self.current = Tally(self._wall())
+            try:
+                await self._walk(tally, pacer, skip_newer=True)
+            except CacheError as exc:  # the directory is unusable: the store watch says why
+                log.debug("scrub pass interrupted: %s", exc)
+            else:
+                tally.finished_at = self._wall()
+                self.stats.passes += 1
+                self.stats.last_full_pass_at = tally.finished_at
+                self.stats.last_full_pass_s = tally.finished_at - tally.started_at
+                log.debug(
+                    "scrub pass done: %d entries, %d bytes in %.1f s, %d damaged",
+                    tally.entries,
+                    tally.checked_bytes,
+                    self.stats.last_full_pass_s,
+                    tally.damaged,
+                )
+            await asyncio.sleep(self._pass_pause_s)
+
+    async def _verify(self, tally: Tally) -> None:
+        try:
+            await self._walk(tally, Pacer(0), skip_newer=False)
+        except CacheError as exc:
+            tally.error = str(exc)
+        finally:
+            tally.finished_at = self._wall()
+
+    async def _walk(self, tally: Tally, pacer: Pacer, skip_newer: bool) -> None:
+        """Check every entry in index order once. With `skip_newer`, entries committed since
+        the pass began are left to the next one (their fill verified them)."""
+        cursor = 0
+        while True:
+            batch = await self._on_thread(
+                functools.partial(self.store.entries_after, cursor, BATCH_ENTRIES)
+            )
+            if not batch:
+                return
+            for entry in batch:
+                cursor = entry.rowid
+                if skip_newer and entry.stored_at >= tally.started_at:
+                    continue
+                await self._on_thread(functools.partial(self._check, entry, tally, pacer))
+                if self._stopping.is_set():
+                    return
+
+    async def _on_thread(self, call: Callable[[], T]) -> T:
+        """Run `call` on the scrub thread (one hop per entry, or per batch of index rows)."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        self._in_flight = future
+        return await future
+
+    def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer) -> None:
+        """Check one entry and drop it when damaged (on the scrub thread)."""
+
+        def counted(size_bytes: int) -> None:  # as each chunk is hashed: progress shows
+            self.stats.checked_bytes += size_bytes
+            tally.checked_bytes += size_bytes
+            pacer(size_bytes)
+
+        check = check_entry(entry, counted, self._stopping.is_set)
+        if check.verdict in ("gone", "stopped"):
+            return
+        self.stats.checked_entries += 1
+        tally.entries += 1
+        if check.verdict == "sound":
+            tally.digest_checked += 1
+        elif check.verdict == "length_only":
+            tally.length_only += 1
+        else:
+            self._damaged(entry, check, tally)
+
+    def _damaged(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
+        try:
+            dropped = self.store.drop_if_unchanged(entry.key, entry.filename)
+        except CacheError as exc:
+            log.warning(
+                "scrub: %s is damaged (%s) and cannot be dropped: %s", entry.key, check.detail, exc
+            )
+            dropped = None
+        if dropped is False:  # re-filled or evicted meanwhile: the damage went with that version
+            log.debug("scrub: %s changed while it was read; not dropped", entry.key)
+            return
+        self.stats.corrupt += 1
+        tally.damaged += 1
+        if dropped:
+            log.warning(
+                "scrub: dropped %s: %s: %s (it is refetched on its next read)",
+                entry.key,
+                check.verdict.replace("_", " "),
+                check.detail,
+            )
+        if len(tally.problems) < MAX_LISTED_PROBLEMS:
+            tally.problems.append(
+                {
+                    "kind": check.verdict,
+                    "detail": check.detail,
+                    "key": entry.key,
+                    "dropped": bool(dropped),
+                }
+            )
+
+
+def _lower_priority() -> None:
+    """Make the scrub thread yield the CPU (and, under CFQ/BFQ, the disk) to fills and hits."""
+    with contextlib.suppress(OSError):  # refused in some sandboxes: the pacing still bounds it
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)

@@ -1,0 +1,205 @@
+"""The online scrub on a real store in a temp dir: pacing (with a fake clock), damage found and
+dropped, a re-filled entry spared, read errors, and a prompt stop."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from shardcache import scrub
+from shardcache.checksums import crc32c
+from shardcache.scrub import Pacer, Scrubber
+from shardcache.store import EntryMeta, Store
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+class FakeClock:
+    """Time that moves only when the pacer sleeps (or the test says so)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_pacer_keeps_the_average_rate() -> None:
+    clock = FakeClock()
+    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    read = 0
+    for _ in range(50):
+        # Bytes read by now never exceed the rate's allowance plus the chunk just read.
+        assert read <= 1000 * clock.now + 100 + 1e-6  # (float rounding)
+        pace(100)
+        read += 100
+    assert clock.now == pytest.approx(4.9)  # 5000 bytes at 1000 bytes/s, the first chunk free
+
+
+def test_the_pacer_banks_no_credit_while_idle() -> None:
+    clock = FakeClock()
+    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    pace(500)
+    clock.now += 100.0  # idle between passes: no burst of 100 s worth afterwards
+    start = clock.now
+    for _ in range(10):
+        pace(100)
+    assert clock.now - start == pytest.approx(0.9)
+
+
+def test_the_pacer_does_not_sleep_when_reading_is_slower_than_the_rate() -> None:
+    clock = FakeClock()
+    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    for _ in range(10):
+        clock.now += 0.2  # the disk took 0.2 s for 100 bytes: below the bound already
+        pace(100)
+    assert clock.slept == []
+    unlimited = Pacer(0, clock=lambda: clock.now, sleep=clock.sleep)
+    before = len(clock.slept)
+    unlimited(10 * MiB)
+    assert len(clock.slept) == before
+
+
+def _put(store: Store, key: str, data: bytes) -> Path:
+    """Commit `data` as `key` with its CRC-32C kept, as a fill does; return its file."""
+    reservation = store.reserve(len(data))
+    os.pwrite(reservation.fd, data, 0)
+    meta = EntryMeta(len(data), digests={"crc32c": f"{crc32c(data):08x}"}, verified_by=["length"])
+    store.commit(reservation, key, meta)
+    os.close(reservation.fd)
+    return next(e.path for e in store.entries_after(0, 100) if e.key == key)
+
+
+def _flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 1]))
+
+
+def _read(store: Store, key: str) -> bytes | None:
+    entry = store.lookup(key)
+    if entry is None:
+        return None
+    try:
+        return os.pread(entry.fd, entry.meta.size_bytes, 0)
+    finally:
+        entry.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Store]:
+    opened = Store(tmp_path / "cache", 64 * MiB)
+    yield opened
+    assert opened.check() == []
+    opened.close()
+
+
+async def _until(condition: Callable[[], object]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():
+            await asyncio.sleep(0.005)
+
+
+async def test_verify_now_finds_a_flipped_byte_and_drops_only_that_entry(store: Store) -> None:
+    data = {f"http://o/{n}.tar": os.urandom(MiB + n) for n in range(3)}
+    files = {key: _put(store, key, body) for key, body in data.items()}
+    _flip(files["http://o/1.tar"], 4321)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally, joined = scrubber.verify_now()
+        assert not joined
+        await _until(lambda: tally.finished_at is not None)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 3 and tally.digest_checked == 2 and tally.damaged == 1
+    assert tally.checked_bytes == sum(len(body) for body in data.values())
+    assert [p["key"] for p in tally.problems] == ["http://o/1.tar"]
+    assert tally.problems[0]["kind"] == "corrupt" and tally.problems[0]["dropped"] is True
+    assert _read(store, "http://o/1.tar") is None  # a miss now: refetched on its next read
+    assert _read(store, "http://o/0.tar") == data["http://o/0.tar"]
+    assert scrubber.stats.corrupt == 1
+
+
+async def test_an_entry_refilled_while_it_is_read_is_not_dropped(store: Store) -> None:
+    old, new = os.urandom(3 * MiB), os.urandom(3 * MiB)  # three chunks: paced between
+    _flip(_put(store, "http://o/a.tar", old), 10)
+    refilled: list[bool] = []
+
+    def sleep(seconds: float) -> None:
+        """The pacer's sleep, mid-read: a fill commits a new version of the key meanwhile."""
+        if not refilled:
+            refilled.append(True)
+            _put(store, "http://o/a.tar", new)
+
+    scrubber = Scrubber(store, 1 << 30, sleep=sleep)
+    scrubber.start()
+    try:
+        await _until(lambda: scrubber.stats.passes >= 1)
+    finally:
+        await scrubber.aclose()
+    assert refilled  # the damaged old version was read to its end …
+    assert scrubber.stats.checked_bytes >= len(old)
+    assert scrubber.stats.corrupt == 0  # … and the new version, not the one read, stayed
+    assert _read(store, "http://o/a.tar") == new
+
+
+async def test_the_background_pass_drops_damage_and_counts_it(store: Store) -> None:
+    body = os.urandom(300 * KiB)
+    _flip(_put(store, "http://o/bad.tar", body), 299 * KiB)
+    _put(store, "http://o/good.tar", body)
+    scrubber = Scrubber(store, 1 << 30, sleep=lambda seconds: None)
+    scrubber.start()
+    try:
+        await _until(lambda: scrubber.stats.passes >= 1)
+    finally:
+        await scrubber.aclose()
+    assert scrubber.stats.corrupt == 1 and scrubber.stats.checked_bytes >= 2 * len(body)
+    assert _read(store, "http://o/bad.tar") is None and _read(store, "http://o/good.tar") == body
+    status = scrubber.status()
+    assert status["corrupt"] == 1 and status["last_full_pass_at"] is not None
+
+
+async def test_a_read_error_is_damage_and_the_walk_goes_on(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = os.urandom(100 * KiB)
+    failing = _put(store, "http://o/eio.tar", body)
+    _put(store, "http://o/fine.tar", body)
+    real_pread = os.pread
+    failing_inode = os.stat(failing).st_ino
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        if os.fstat(fd).st_ino == failing_inode:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(scrub.os, "pread", pread)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally, _ = scrubber.verify_now()
+        await _until(lambda: tally.finished_at is not None)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 2 and tally.damaged == 1 and tally.digest_checked == 1
+    assert "read error" in str(tally.problems[0]["detail"])
+    assert _read(store, "http://o/eio.tar") is None and _read(store, "http://o/fine.tar") == body
+
+
+async def test_close_does_not_wait_for_a_slow_pass(store: Store) -> None:
+    _put(store, "http://o/big.tar", os.urandom(4 * MiB))
+    scrubber = Scrubber(store, 64 * KiB)  # a 64-second read of this entry
+    scrubber.start()
+    await _until(lambda: scrubber.stats.checked_bytes > 0)
+    async with asyncio.timeout(2):  # one chunk, then it notices the stop
+        await scrubber.aclose()
+    assert scrubber.stats.checked_bytes < 4 * MiB
