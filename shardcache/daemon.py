@@ -231,9 +231,10 @@ class Daemon:
         notify(f"READY=1\nSTATUS=serving on http://{settings.listen}\nMAINPID={os.getpid()}")
 
     async def stop(self) -> None:
-        """Drain and stop, in order: (1) refuse new work with 503 and fail /readyz, (2) let
-        responses in flight finish within the grace period, (3) stop listening, (4) stop
-        prefetching and discard unfinished fills, (5) close origins and the store."""
+        """Drain and stop, in order: (1) refuse new work with 503 and fail /readyz, stop the
+        scrub and the prefetch queue (and the fills only it wanted), (2) let responses in
+        flight finish within the grace period (or until `stop_now`), (3) stop listening,
+        (4) discard unfinished fills, (5) close origins and the store."""
         notify("STOPPING=1")
         self.state["is_shutting_down"] = True
         if hasattr(self, "scrub"):
