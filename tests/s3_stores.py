@@ -120,7 +120,10 @@ def seaweedfs_server(directory: Path) -> Iterator[str]:
         f"-s3.localSocket={directory}/s3.sock",
         f"-filer.localSocket={directory}/filer.sock",
         "-master.telemetry=false",
-        "-volume.max=20",  # volumes are preallocated: small ones, and few
+        # Each bucket is a collection that grows 7 volumes at its first write, and a bucket with
+        # none writable fails every upload (InternalError): room for 20 buckets. Volume files
+        # grow with their data, so many small ones cost nothing.
+        "-volume.max=140",
         "-master.volumeSizeLimitMB=64",
     ]
     log = directory / "weed.log"
