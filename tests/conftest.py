@@ -1,12 +1,9 @@
-"""Shared fixtures: a real HTTP origin, a real moto S3 server, and the daemon as users start it."""
+"""Shared fixtures: a real HTTP origin, real S3 servers (moto and SeaweedFS), and the daemon as
+users start it."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,7 +11,7 @@ import pytest
 
 from tests.daemon_process import Daemon
 from tests.origin_server import OriginServer
-from tests.ports import free_port
+from tests.s3_stores import STORES, S3Store, client_for, env_for, moto_server, seaweedfs_server
 
 
 @pytest.fixture
@@ -26,50 +23,41 @@ def origin() -> Iterator[OriginServer]:
 
 
 @pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """A moto S3 server process, reached through boto3's ordinary endpoint settings."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("moto server did not start") from None
-            time.sleep(0.1)
-    yield url
-    process.terminate()
-    process.wait(10)
+def moto_endpoint() -> Iterator[str]:
+    """A moto S3 server process for the session."""
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A SeaweedFS process (`weed server -s3`) for the session, started on first use."""
+    with seaweedfs_server(tmp_path_factory.mktemp("seaweedfs")) as url:
+        yield url
+
+
+@pytest.fixture(params=STORES)
+def s3_store(request: pytest.FixtureRequest) -> S3Store:
+    """Each S3 test runs over every store (ids `moto`, `seaweedfs`); a test that makes sense on
+    one only says why and parametrizes `s3_store` indirectly with that one."""
+    name = str(request.param)
+    return S3Store(name, request.getfixturevalue(f"{name}_endpoint"))
+
+
+@pytest.fixture
+def s3_endpoint(s3_store: S3Store) -> str:
+    """The store's endpoint, reached through boto3's ordinary endpoint settings."""
+    return s3_store.endpoint
 
 
 @pytest.fixture
 def s3_env(s3_endpoint: str) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-    }
+    return env_for(s3_endpoint)
 
 
 @pytest.fixture
-def s3_client(s3_env: dict[str, str]):  # type: ignore[no-untyped-def]
-    import boto3
-
-    return boto3.client(
-        "s3",
-        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+def s3_client(s3_endpoint: str):  # type: ignore[no-untyped-def]
+    return client_for(s3_endpoint)
 
 
 @pytest.fixture

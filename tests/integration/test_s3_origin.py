@@ -1,4 +1,4 @@
-"""The S3 origin against a real S3 API (moto's server mode), configured as for MinIO."""
+"""The S3 origin against real S3 APIs (moto and SeaweedFS: `s3_store`), configured as for MinIO."""
 
 from __future__ import annotations
 
