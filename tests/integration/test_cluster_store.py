@@ -87,7 +87,7 @@ def test_nodes_over_an_s3_compatible_cluster_store(
         assert fetched == SHARDS, node.log()  # one GET a shard (1 MiB: one segment)
         assert node.metric("shardcache_requests_total", origin="laion", result="hit") >= SHARDS
         assert node.metric("shardcache_origin_errors_total", origin="laion", kind="integrity") == 0
-    for path in shards:  # the multipart ETag, its layout derived: not the length alone
+    for path in shards:  # the composite CRC32, its part layout derived: not the length alone
         hit = curl(f"{nodes[0].url}/laion/{path.name}")
         assert hit.headers["x-shardcache"] == "hit"
-        assert hit.headers["x-shardcache-verified"] == "length, etag (multipart)"
+        assert hit.headers["x-shardcache-verified"] == "length, x-amz-checksum-crc32 (composite)"
