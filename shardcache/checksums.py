@@ -19,7 +19,7 @@ import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import google_crc32c
 
@@ -43,6 +43,7 @@ Algorithm = Literal[
     "sha1-parts",
     "sha256-parts",
 ]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)  # metric labels, touched at zero
 HAS_CRC64NVME = _crc64nvme is not None
 _HEX_MD5 = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
 _MULTIPART_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})-([1-9][0-9]{0,4})"?$')

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from shardcache import __version__
 from shardcache.breaker import BreakerState, Health
+from shardcache.checksums import ALGORITHMS
 from shardcache.stall import StallClock
 from shardcache.status import Snapshot
 
@@ -371,7 +372,7 @@ class Metrics:
             ["origin"],
             registry=registry,
         )
-        self.checksum_unusable_total = Counter(  # once per origin and kind: not touched at 0
+        self.checksum_unusable_total = Counter(
             "shardcache_checksum_unusable",
             "Kinds of published checksum set aside as never matching (see /_/status)",
             ["origin", "algorithm"],
@@ -428,6 +429,8 @@ class Metrics:
             self.origin_fetch.labels(origin)
             self.prefetch_late_total.labels(origin)
             self.prefetch_wasted_total.labels(origin)
+            for algorithm in ALGORITHMS:
+                self.checksum_unusable_total.labels(origin, algorithm)
         for result in RESULTS:
             self.ttfb.labels(result)
             self.duration.labels(result)

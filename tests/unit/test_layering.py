@@ -104,7 +104,7 @@ ALLOWED: dict[str, set[str]] = {
         "checksums",
     },
     "body": {"fill", "checksums", "errors", "origins.base"},
-    "metrics": {"__init__", "breaker", "stall", "status"},
+    "metrics": {"__init__", "breaker", "checksums", "stall", "status"},
     "stall": set(),
     "status": set(),
     "middleware": {
