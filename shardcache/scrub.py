@@ -188,7 +188,13 @@ class Scrubber:
         self._wall = wall_clock
         self._pass_pause_s = pass_pause_s
         self._stopping = threading.Event()
-        self._sleep = sleep or self._stopping.wait  # the pacer's: returns early on stop()
+        # An on-demand pass under way: the background pass steps aside (its entry's read
+        # stops, its pacing sleep ends) so that `verify` runs at full speed and alone, and
+        # every damaged entry is in its report (issue 24 review: a paced pass held it to the
+        # rate, and one it dropped meanwhile was missing from the report).
+        self._verifying = threading.Event()
+        self._wake = threading.Event()  # set by stop() and by an on-demand pass
+        self._sleep = sleep or self._wake.wait  # the pacer's: returns early on either
         self._executor = ThreadPoolExecutor(
             1, thread_name_prefix="shardcache-scrub", initializer=_lower_priority
         )
@@ -211,6 +217,8 @@ class Scrubber:
         self._verify_ids += 1
         tally = Tally(self._wall(), id=self._verify_ids)
         self.last_verify = tally
+        self._verifying.set()
+        self._wake.set()
         self._verify_task = asyncio.create_task(self._verify(tally), name="scrub verify")
         self._own(self._verify_task)
         return tally, False
@@ -218,6 +226,7 @@ class Scrubber:
     def stop(self) -> None:
         """Make the scrub thread stop at its next chunk or pacing sleep."""
         self._stopping.set()
+        self._wake.set()
 
     async def aclose(self) -> None:
         self.stop()
@@ -286,10 +295,21 @@ class Scrubber:
             tally.error = str(exc)
         finally:
             tally.finished_at = self._wall()
+            self._verifying.clear()
+            if not self._stopping.is_set():
+                self._wake.clear()
+
+    async def _step_aside(self) -> None:
+        """(The background pass) wait for an on-demand pass to end."""
+        task = self._verify_task
+        if task is not None and not task.done():
+            await asyncio.wait({task})
 
     async def _walk(self, tally: Tally, pacer: Pacer, skip_newer: bool) -> None:
         """Check every entry in index order once. With `skip_newer`, entries committed since
-        the pass began are left to the next one (their fill verified them)."""
+        the pass began are left to the next one (their fill verified them): the background
+        pass, which steps aside for an on-demand one."""
+        is_background = skip_newer
         cursor = 0
         while True:
             batch = await self._on_thread(
@@ -301,7 +321,13 @@ class Scrubber:
                 cursor = entry.rowid
                 if skip_newer and entry.stored_at >= tally.started_at:
                     continue
-                await self._on_thread(functools.partial(self._check, entry, tally, pacer))
+                while True:
+                    if is_background and self._verifying.is_set():
+                        await self._step_aside()
+                    check = functools.partial(self._check, entry, tally, pacer, is_background)
+                    is_done = await self._on_thread(check)
+                    if is_done or self._stopping.is_set():
+                        break  # else an on-demand pass cut it short: check it again after
                 if self._stopping.is_set():
                     return
 
@@ -311,17 +337,23 @@ class Scrubber:
         self._in_flight = future
         return await future
 
-    def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer) -> None:
-        """Check one entry and drop it when damaged (on the scrub thread)."""
+    def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer, is_background: bool) -> bool:
+        """Check one entry and drop it when damaged (on the scrub thread); False when the
+        background pass stopped it part-way for an on-demand one."""
+
+        def is_stopping() -> bool:
+            return self._stopping.is_set() or (is_background and self._verifying.is_set())
 
         def counted(size_bytes: int) -> None:  # as each chunk is hashed: progress shows
             self.stats.checked_bytes += size_bytes
             tally.checked_bytes += size_bytes
             pacer(size_bytes)
 
-        check = check_entry(entry, counted, self._stopping.is_set)
-        if check.verdict in ("gone", "stopped"):
-            return
+        check = check_entry(entry, counted, is_stopping)
+        if check.verdict == "stopped":
+            return False
+        if check.verdict == "gone":
+            return True
         self.stats.checked_entries += 1
         tally.entries += 1
         if check.verdict == "sound":
@@ -330,6 +362,7 @@ class Scrubber:
             tally.length_only += 1
         else:
             self._damaged(entry, check, tally)
+        return True
 
     def _damaged(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
         try:
@@ -343,7 +376,12 @@ class Scrubber:
             log.debug("scrub: %s changed while it was read; not dropped", entry.key)
             return
         self.stats.corrupt += 1
-        tally.damaged += 1
+        tallies = [tally]
+        report = self.last_verify
+        if report is not None and report is not tally and self._verifying.is_set():
+            tallies.append(report)  # found as an on-demand pass began: it belongs in its report
+        for each in tallies:
+            each.damaged += 1
         if dropped:
             log.warning(
                 "scrub: dropped %s: %s: %s (it is refetched on its next read)",
@@ -351,15 +389,15 @@ class Scrubber:
                 check.verdict.replace("_", " "),
                 check.detail,
             )
-        if len(tally.problems) < MAX_LISTED_PROBLEMS:
-            tally.problems.append(
-                {
-                    "kind": check.verdict,
-                    "detail": check.detail,
-                    "key": entry.key,
-                    "dropped": bool(dropped),
-                }
-            )
+        problem = {
+            "kind": check.verdict,
+            "detail": check.detail,
+            "key": entry.key,
+            "dropped": bool(dropped),
+        }
+        for each in tallies:
+            if len(each.problems) < MAX_LISTED_PROBLEMS:
+                each.problems.append(problem)
 
 
 def _lower_priority() -> None:

@@ -203,3 +203,25 @@ async def test_close_does_not_wait_for_a_slow_pass(store: Store) -> None:
     async with asyncio.timeout(2):  # one chunk, then it notices the stop
         await scrubber.aclose()
     assert scrubber.stats.checked_bytes < 4 * MiB
+
+
+async def test_verify_now_runs_at_full_speed_beside_a_slow_background_pass(store: Store) -> None:
+    """Review of issue 24: `verify` through a daemon scrubbing at its (slow) rate was held to
+    that rate (4 MiB/s: not done in 20 s); and damage the background pass dropped as it began
+    was missing from its report. The background pass steps aside until the verify is done."""
+    data = {f"http://o/{n}.tar": os.urandom(4 * MiB) for n in range(4)}
+    files = {key: _put(store, key, body) for key, body in data.items()}
+    _flip(files["http://o/3.tar"], 3 * MiB)
+    scrubber = Scrubber(store, 64 * KiB)  # 16 MiB would take 256 s at this rate
+    scrubber.start()
+    try:
+        await _until(lambda: scrubber.stats.checked_bytes > 0)  # mid-way into the first entry
+        tally, joined = scrubber.verify_now()
+        assert not joined
+        async with asyncio.timeout(5):
+            await _until(lambda: tally.finished_at is not None)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 4 and tally.damaged == 1 and tally.digest_checked == 3
+    assert [p["key"] for p in tally.problems] == ["http://o/3.tar"]
+    assert scrubber.stats.corrupt == 1  # found once, not by both passes
