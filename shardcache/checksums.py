@@ -238,7 +238,7 @@ class Verifier:
             if actual != checksum.digest:
                 found[checksum] = (
                     f"{checksum.algorithm} from {checksum.source} does not match: expected "
-                    f"{checksum.digest.hex()}, received {actual.hex()}"
+                    f"{_shown(checksum, checksum.digest)}, received {_shown(checksum, actual)}"
                 )
         return found
 
@@ -246,6 +246,14 @@ class Verifier:
         """Raise IntegrityError naming the first checksum that does not match."""
         for reason in self.mismatches().values():
             raise IntegrityError(reason)
+
+
+def _shown(checksum: Checksum, digest: bytes) -> str:
+    """A digest as S3 writes it: hex, and a per-part one's part count as `-N` (it is kept as
+    four trailing bytes, which read as part of the value in a log)."""
+    if not checksum.part_bytes or len(digest) <= 4:
+        return digest.hex()
+    return f"{digest[:-4].hex()}-{int.from_bytes(digest[-4:], 'big')}"
 
 
 def from_s3_etag(etag: str | None, server_side_encryption: str | None = None) -> Checksum | None:

@@ -18,6 +18,7 @@ from typing import Any
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.status_text import format_status
 from shardcache.units import format_size
 
 
@@ -146,13 +147,24 @@ def _add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _configured(args: argparse.Namespace) -> tuple[dict[str, str], str | None]:
-    """Origins from --origin/--config when given, with the URL the configured daemon listens
-    on (so `url --config` maps to that daemon, not the default port); otherwise the origins
-    of the running daemon."""
-    if args.origin or args.config:
-        settings = config.load_settings({"origin": args.origin, "config": args.config}, {})
-        return {o.name: o.url for o in settings.origins}, _listen_url(settings)
-    return client.origins(args.daemon), None
+    """The origins and the URL of the daemon as configured (--origin/--config, or the
+    SHARDCACHE_* environment a daemon would read), so `url --config` maps to that daemon, not
+    the default port; with no origins configured, the running daemon's."""
+    settings = _command_settings(args)
+    listen = None if settings is None else _listen_url(settings)
+    if settings is not None and settings.origins:
+        return {o.name: o.url for o in settings.origins}, listen
+    return client.origins(client.daemon_url(args.daemon, listen)), listen
+
+
+def _command_settings(args: argparse.Namespace) -> config.Settings | None:
+    """The settings a daemon started here would have, when anything configures one: flags,
+    SHARDCACHE_CONFIG, SHARDCACHE_LISTEN or SHARDCACHE_ORIGIN; else None (ask the daemon)."""
+    flags = {"origin": getattr(args, "origin", None), "config": args.config}
+    named = ("CONFIG", "LISTEN", "ORIGIN")
+    if not any(flags.values()) and not any(os.environ.get(f"SHARDCACHE_{n}") for n in named):
+        return None
+    return config.load_settings(flags, os.environ, for_daemon=False)
 
 
 def _listen_url(settings: config.Settings) -> str:
@@ -160,10 +172,6 @@ def _listen_url(settings: config.Settings) -> str:
     host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{settings.listen_port}"
-
-
-def _configured_listen(path: str) -> str:
-    return _listen_url(config.load_settings({"config": path}, {}))
 
 
 def _url(args: argparse.Namespace) -> int:
@@ -174,12 +182,6 @@ def _url(args: argparse.Namespace) -> int:
         header = f"-H @{args.curl_header} " if args.curl_header else ""
         print(f"pipe:curl -s -f {header}{local}" if args.pipe else local)
     return 0
-
-
-def _concurrency(prefetch: dict[str, Any]) -> str:
-    """`N at once (auto)`: the tuned limit, or a fixed one; older daemons say neither mode."""
-    mode = prefetch.get("concurrency_mode")
-    return f"{prefetch.get('concurrency', '?')} at once" + (f" ({mode})" if mode else "")
 
 
 def _prefetch(args: argparse.Namespace) -> int:
@@ -205,9 +207,8 @@ def _prefetch(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    daemon = args.daemon
-    if args.config:
-        daemon = client.daemon_url(args.daemon, _configured_listen(args.config))
+    settings = _command_settings(args)
+    daemon = client.daemon_url(args.daemon, None if settings is None else _listen_url(settings))
     while True:
         document = client.status(daemon)
         text = json.dumps(document, indent=2) if args.json else format_status(document)
@@ -217,69 +218,6 @@ def _stats(args: argparse.Namespace) -> int:
         if not args.watch:
             return 0
         time.sleep(args.watch)
-
-
-def format_status(document: dict[str, Any]) -> str:
-    """Render `/_/status` as a short table for people."""
-
-    def percent(value: float | None) -> str:
-        return "-" if value is None else f"{value * 100:.1f}%"
-
-    cache, prefetch, ratio = document["cache"], document["prefetch"], document["hit_ratio"]
-    lines = [
-        f"shardcache {document['version']} on {document['listen']}, "
-        f"up {document['uptime_s']:.0f} s",
-        f"hit ratio      {percent(ratio['requests'])} of requests, "
-        f"{percent(ratio['bytes'])} of bytes",
-        f"cache          {format_size(cache['size_bytes'])} of "
-        f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
-        f"{cache['entries']} entries, {cache['evictions']} evictions",
-        _eviction_line(cache.get("eviction")),
-        f"loader stalled {document.get('loader_stall_s', 0):.2f} s waiting for bytes not on disk "
-        f"({document['client_wait_s']:.2f} s added up over every stream)",
-        f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
-        f"{prefetch['fetched']} fetched "
-        f"(+{prefetch['done'] - prefetch['fetched']} found cached or being read), "
-        f"{prefetch['failed']} failed, "
-        f"{format_size(prefetch['unread_bytes'])} unread, "
-        f"{_concurrency(prefetch)}",
-        "",
-        f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
-        f"{'from cache':>13}{'from origin':>13}  origin errors",
-    ]
-    for name, origin in document["origins"].items():
-        requests, served = origin["requests"], origin["bytes"]
-        errors = ", ".join(f"{k} {v}" for k, v in origin["origin_errors"].items()) or "none"
-        lines.append(
-            f"{name:<16}{requests['hit']:>8}{requests['miss']:>8}{requests['coalesced']:>8}"
-            f"{requests['error']:>8}{format_size(served['cache']):>13}"
-            f"{format_size(served['origin']):>13}  {errors}"
-        )
-        for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
-            state = upstream["state"]
-            if state != "up":
-                state += f", {upstream['failures']} failures: {upstream['last_error']}"
-            lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
-    return "\n".join(lines)
-
-
-def _eviction_line(eviction: dict[str, Any] | None) -> str:
-    if not eviction:
-        return "eviction       -"
-    line = f"eviction       {eviction['policy']}"
-    if eviction["policy"] != "lru":
-        line += (
-            f": {eviction['bypassed']} misses streamed through to keep what is in use, "
-            f"{format_size(eviction['transient_bytes'])} of look-ahead held "
-            f"(read once then kept {eviction['transient_kept']}, "
-            f"dropped {eviction['transient_dropped']})"
-        )
-        if not eviction["resident_set_serving"]:
-            line += "; cached shards no longer read: evictable"
-    plans = eviction.get("plans") or []
-    if plans:
-        line += f"; {len(plans)} loader plan{'s' if len(plans) > 1 else ''} active"
-    return line
 
 
 PROGRESS_LINE_EVERY_S = 60.0  # without a terminal: a line a minute …

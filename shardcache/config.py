@@ -691,10 +691,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def load_settings(
-    flags: Mapping[str, Any], environ: Mapping[str, str], config_path: str | None = None
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_path: str | None = None,
+    for_daemon: bool = True,
 ) -> Settings:
     """Return validated Settings from flags (None = unset), the environment and a TOML file.
 
+    `for_daemon=False`: a command only reads where the daemon listens and its origins, so the
+    rules for serving (an admin token beyond loopback) are not its to enforce.
     Raises ConfigError whose message names the offending setting and where it came from.
     """
     path_text = config_path or flags.get("config") or environ.get(ENV_PREFIX + "CONFIG")
@@ -748,7 +753,8 @@ def load_settings(
         config=path,
         **values,
     )
-    _check_access(settings)
+    if for_daemon:
+        _check_access(settings)
     return settings
 
 

@@ -246,10 +246,15 @@ class Daemon:
             await self.prefetch.aclose()
             self.cache.stop_unread_fills()
         grace = self.settings.shutdown_grace
-        log.info("shutting down: %d responses in flight, %.0f s grace", self.in_flight.count, grace)
+        log.info(
+            "shutting down: %s in flight, %.0f s grace (a second signal stops at once)",
+            _responses(self.in_flight.count),
+            grace,
+        )
         if not await self._drained(grace) and not self._stop_now.is_set():
             log.warning(
-                "grace period over with %d responses in flight; closing them", self.in_flight.count
+                "grace period over with %s in flight; closing them",
+                _responses(self.in_flight.count),
             )
         if self._listener is not None:
             self._listener.close()
@@ -273,8 +278,8 @@ class Daemon:
         """A second stop signal (Ctrl-C twice): end the drain without waiting out the grace."""
         if not self._stop_now.is_set():
             log.warning(
-                "second signal: stopping now, closing %d responses in flight",
-                self.in_flight.count,
+                "second signal: stopping now, closing %s in flight",
+                _responses(self.in_flight.count),
             )
             self._stop_now.set()
 
@@ -490,6 +495,10 @@ def _access_summary(settings: Settings) -> str:
         return "no admin token" + (": INSECURE" if not settings.is_loopback else "")
     reads = " and reads" if settings.require_token_for_reads else ""
     return f"admin token required for /_/{reads}"
+
+
+def _responses(count: int) -> str:
+    return f"{count} response" + ("" if count == 1 else "s")
 
 
 def _raise_open_file_limit(max_connections: int) -> None:

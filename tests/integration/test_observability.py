@@ -325,6 +325,7 @@ def test_stats_command_prints_a_table_and_json(origin: OriginServer, start_daemo
         timeout=30,
     )
     assert table.returncode == 0 and "hit ratio      50.0% of requests" in table.stdout
+    assert "scrub          32 MiB/s, " in table.stdout  # the default rate, on
     assert json.loads(as_json.stdout)["requests"]["hit"] == 1
     down = subprocess.run(
         [sys.executable, "-m", "shardcache", "stats", "--daemon", "http://127.0.0.1:9"],

@@ -15,7 +15,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 
 from tests.fault_origin import Faults
-from tests.integration.helpers import curl, sha256
+from tests.integration.helpers import curl, run_cli, sha256
 from tests.s3_fault_proxy import S3FaultProxy
 
 MiB = 1024 * 1024
@@ -109,6 +109,8 @@ def test_a_checksum_that_never_matches_is_set_aside_once_and_said(
         daemon.metric("shardcache_checksum_unusable_total", origin="lake", algorithm="crc32c-parts")
         == 1
     )
+    table = run_cli("stats", "--daemon", daemon.url)
+    assert "checksum set aside: checksum x-amz-checksum-crc32c (composite)" in table.stdout
 
 
 def test_a_body_corrupted_in_flight_fails_against_the_composite_checksum(

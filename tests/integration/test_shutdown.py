@@ -76,6 +76,12 @@ def test_stats_with_a_config_asks_the_daemon_that_config_listens_on(
     result = run_cli("stats", "--json", "--config", str(config))
     assert result.returncode == 0, result.stderr
     assert '"cache"' in result.stdout
+    for env in (
+        {"SHARDCACHE_CONFIG": str(config)},
+        {"SHARDCACHE_LISTEN": daemon.url.removeprefix("http://")},
+    ):
+        by_env = run_cli("stats", "--json", env=env)  # as a daemon would read it, too
+        assert by_env.returncode == 0 and '"cache"' in by_env.stdout, by_env.stderr
     wrong = tmp_path / "wrong.toml"
     wrong.write_text('listen = "127.0.0.1:9"\n')
     refused = run_cli("stats", "--config", str(wrong))

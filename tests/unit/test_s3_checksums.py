@@ -295,3 +295,15 @@ async def test_a_checksum_alone_is_never_set_aside(
         await read_all(await cache.open("fake", "a.tar"))
     await settle(cache)
     assert observer.unusable == []
+
+
+def test_a_per_part_mismatch_reads_as_s3_writes_it() -> None:
+    """The part count is kept as four trailing bytes: a log shows it as `-N`, as S3 does,
+    not as part of the value (issue 24 review: `ff83b2ba00000002`)."""
+    etag = checksums.from_s3_multipart_etag('"0123456789abcdef0123456789abcdef-2"', 5)
+    assert etag is not None
+    verifier = checksums.Verifier((etag,))
+    verifier.update(b"0123456789")
+    (reason,) = verifier.mismatches().values()
+    assert "expected 0123456789abcdef0123456789abcdef-2, received " in reason
+    assert reason.endswith("-2")

@@ -1,0 +1,97 @@
+"""`shardcache stats`: the `/_/status` document as a short table for people (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shardcache.units import format_size
+
+
+def _concurrency(prefetch: dict[str, Any]) -> str:
+    """`N at once (auto)`: the tuned limit, or a fixed one; older daemons say neither mode."""
+    mode = prefetch.get("concurrency_mode")
+    return f"{prefetch.get('concurrency', '?')} at once" + (f" ({mode})" if mode else "")
+
+
+def _fields(document: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in document.items())
+
+
+def _scrub_line(scrub: dict[str, Any] | None) -> str:
+    """The background scrub: its rate, what it checked and found (older daemons: none)."""
+    if not scrub:
+        return "scrub          -"
+    if not scrub["is_on"]:
+        return "scrub          off (--scrub-rate 0)"
+    last = scrub.get("last_full_pass_s")
+    return (
+        f"scrub          {format_size(scrub['rate_bytes_per_s'])}/s, "
+        f"{format_size(scrub['checked_bytes'])} checked, {scrub['corrupt']} damaged and dropped"
+        + ("" if last is None else f", last full pass {last:.0f} s")
+    )
+
+
+def format_status(document: dict[str, Any]) -> str:
+    """Render `/_/status` as a short table for people."""
+
+    def percent(value: float | None) -> str:
+        return "-" if value is None else f"{value * 100:.1f}%"
+
+    cache, prefetch, ratio = document["cache"], document["prefetch"], document["hit_ratio"]
+    lines = [
+        f"shardcache {document['version']} on {document['listen']}, "
+        f"up {document['uptime_s']:.0f} s",
+        f"hit ratio      {percent(ratio['requests'])} of requests, "
+        f"{percent(ratio['bytes'])} of bytes",
+        f"cache          {format_size(cache['size_bytes'])} of "
+        f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
+        f"{cache['entries']} entries, {cache['evictions']} evictions",
+        _eviction_line(cache.get("eviction")),
+        f"loader stalled {document.get('loader_stall_s', 0):.2f} s waiting for bytes not on disk "
+        f"({document['client_wait_s']:.2f} s added up over every stream)",
+        f"prefetch       {prefetch['pending']} pending, {prefetch['in_flight']} in flight, "
+        f"{prefetch['fetched']} fetched "
+        f"(+{prefetch['done'] - prefetch['fetched']} found cached or being read), "
+        f"{prefetch['failed']} failed, "
+        f"{format_size(prefetch['unread_bytes'])} unread, "
+        f"{_concurrency(prefetch)}",
+        _scrub_line(document.get("scrub")),
+        "",
+        f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
+        f"{'from cache':>13}{'from origin':>13}  origin errors",
+    ]
+    for name, origin in document["origins"].items():
+        requests, served = origin["requests"], origin["bytes"]
+        errors = ", ".join(f"{k} {v}" for k, v in origin["origin_errors"].items()) or "none"
+        lines.append(
+            f"{name:<16}{requests['hit']:>8}{requests['miss']:>8}{requests['coalesced']:>8}"
+            f"{requests['error']:>8}{format_size(served['cache']):>13}"
+            f"{format_size(served['origin']):>13}  {errors}"
+        )
+        for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
+            state = upstream["state"]
+            if state != "up":
+                state += f", {upstream['failures']} failures: {upstream['last_error']}"
+            lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
+        for unusable in origin.get("unusable_checksums", []):
+            lines.append(f"  checksum set aside: {_fields(unusable)}")
+    return "\n".join(lines)
+
+
+def _eviction_line(eviction: dict[str, Any] | None) -> str:
+    if not eviction:
+        return "eviction       -"
+    line = f"eviction       {eviction['policy']}"
+    if eviction["policy"] != "lru":
+        line += (
+            f": {eviction['bypassed']} misses streamed through to keep what is in use, "
+            f"{format_size(eviction['transient_bytes'])} of look-ahead held "
+            f"(read once then kept {eviction['transient_kept']}, "
+            f"dropped {eviction['transient_dropped']})"
+        )
+        if not eviction["resident_set_serving"]:
+            line += "; cached shards no longer read: evictable"
+    plans = eviction.get("plans") or []
+    if plans:
+        line += f"; {len(plans)} loader plan{'s' if len(plans) > 1 else ''} active"
+    return line
