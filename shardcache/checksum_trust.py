@@ -6,7 +6,9 @@ checksum of the same bytes matched (moto publishes a CRC32C composite that is th
 so it can never match; without this such objects were unreadable for ever). Never on one
 checksum's say: a corrupt body fails every checksum, and stays a failed fill. Each kind is set
 aside once per origin: one WARNING, one count (`Observer.checksum_unusable`), and a line under
-the origin in `/_/status`. One owner (the cache); fills ask `usable()` and report `set_aside()`.
+the origin in `/_/status`. Set aside means "not needed where another checksum remains": an
+object whose only published checksums are set-aside kinds is still checked against them. One
+owner (the cache); fills ask `usable()` and report `set_aside()`.
 """
 
 from __future__ import annotations
@@ -37,11 +39,17 @@ class ChecksumTrust:
         self._set_aside: dict[str, dict[Algorithm, SetAside]] = {}
 
     def usable(self, origin: str, found: tuple[Checksum, ...]) -> tuple[Checksum, ...]:
-        """`found` without the kinds set aside for `origin`."""
+        """`found` without the kinds set aside for `origin`, unless that would leave the object
+        none: one object's evidence never makes another unverified. (Attacked in review: a
+        proxy that rewrote one object's CRC32 got CRC32 set aside for the origin, and then
+        served a second object, whose only checksum was CRC32, corrupt and "verified" by its
+        length.) An object checked only by set-aside kinds is still checked by them, and fails
+        as before when they do not match."""
         aside = self._set_aside.get(origin)
         if not aside:
             return found
-        return tuple(c for c in found if c.algorithm not in aside)
+        kept = tuple(c for c in found if c.algorithm not in aside)
+        return kept or found
 
     def set_aside(
         self, origin: str, checksum: Checksum, key: str, reason: str, vouched_by: Checksum

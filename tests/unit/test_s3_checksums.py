@@ -297,6 +297,27 @@ async def test_a_checksum_alone_is_never_set_aside(
     assert observer.unusable == []
 
 
+async def test_a_kind_set_aside_still_checks_objects_with_nothing_else(
+    cache: ShardCache, origin: FakeOrigin, observer: UnusableCounter
+) -> None:
+    """Review attack: one object's wrong CRC32C (vouched for by its ETag) set the kind aside
+    for the origin, and then a second object, whose only checksum was that kind, was served
+    corrupt as verified by its length. A set-aside kind still checks such an object."""
+    _publish(origin, "a.tar", os.urandom(MiB + 17), crc32c_wrong=True)
+    assert len(await read_all(await cache.open("fake", "a.tar"))) == MiB + 17
+    await settle(cache)
+    assert observer.unusable == [("fake", "crc32c-parts")]
+
+    body = os.urandom(MiB + 17)
+    _publish(origin, "b.tar", body, crc32c_wrong=False)
+    origin.checksums["b.tar"] = origin.checksums["b.tar"][:1]  # its CRC32C composite only
+    origin.corrupt("b.tar", 300_000)
+    with pytest.raises(IntegrityError):
+        await read_all(await cache.open("fake", "b.tar"))
+    await settle(cache)
+    assert await _peek(cache, "fake://fake/b.tar") is None
+
+
 def test_a_per_part_mismatch_reads_as_s3_writes_it() -> None:
     """The part count is kept as four trailing bytes: a log shows it as `-N`, as S3 does,
     not as part of the value (issue 24 review: `ff83b2ba00000002`)."""
