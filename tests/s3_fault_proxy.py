@@ -14,7 +14,9 @@ signature, body) and moto's answer is sent back. On object GETs and HEADs (a pat
 - `ignore_if_match`: with this probability the request's `If-Match` is stripped before
   forwarding; counted only when moto's answer then carries another ETag (a splice offered);
 - `wrong_range`: a 206 for a range starting past 0 replaced by the same number of bytes from
-  offset 0, with a Content-Range that says so.
+  offset 0, with a Content-Range that says so;
+- `rewrite_headers[key]`: headers set on every 200/206 HEAD and GET answer for `key` (a store
+  that publishes a checksum it cannot back).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class S3FaultProxy:
         self.injector = FaultInjector(faults, seed)
         self.on_change = on_change
         self.requests: Counter[str] = Counter()  # object requests by method
+        # A lying store: key → headers set on its HEAD and GET answers (200/206) as given.
+        self.rewrite_headers: dict[str, dict[str, str]] = {}
         self.port = 0
 
     @property
@@ -138,6 +142,8 @@ class S3FaultProxy:
             stripped = headers.pop("If-Match")
             self.requests["If-Match stripped"] += 1
         status, answer_headers, body = await self._upstream(request, headers, data)
+        if status in (200, 206):
+            answer_headers.update(self.rewrite_headers.get(key, {}))
         if stripped is not None and answer_headers.get("ETag") not in (None, stripped):
             injector.injected["ignore_if_match"] += 1
         if status == 206 and not is_head:

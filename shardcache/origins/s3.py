@@ -44,6 +44,7 @@ _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 _CHANGED = {"PreconditionFailed", "412"}
 _THROTTLED = {"SlowDown", "503", "429", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
+MAX_PARTS = 10_000  # S3's limit: a multipart ETag or composite claiming more is not believed
 PRESIGNED_URL_TTL_S = 3600  # signed per request, so only a long-stalled fill could outlive it
 
 
@@ -78,6 +79,14 @@ def map_botocore_errors(url: str) -> Iterator[None]:
         ) from exc
     except (botocore.exceptions.BotoCoreError, OSError) as exc:
         raise OriginUnavailable(f"{url}: {exc}") from exc
+
+
+def _refuses_the_part(exc: botocore.exceptions.ClientError) -> bool:
+    """Whether a HEAD with PartNumber was refused for the part itself (no such part: 416 or
+    400 InvalidPartNumber; PartNumber not supported: 400/501), which says the layout cannot be
+    derived, not that the store is failing (403, 429 and 5xx are raised as errors)."""
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return status == 501 or (400 <= status < 500 and status not in (401, 403, 404, 408, 429))
 
 
 def _info(response: Mapping[str, Any], found: tuple[checksums.Checksum, ...]) -> ObjectInfo:
@@ -180,8 +189,19 @@ class S3Origin:
         last, as every common uploader makes them. Otherwise none (the object is then checked
         by length, and any whole-object checksum, only)."""
         size = int(response["ContentLength"])
-        first = int(self._head(key, 1)["ContentLength"])
-        last = int(self._head(key, parts)["ContentLength"]) if parts > 1 else first
+        if parts > MAX_PARTS or parts > size:  # a part count no upload can have
+            log.info(
+                "%s: %d parts claimed for %d bytes; per-part checksums not used", key, parts, size
+            )
+            return ()
+        try:
+            first = int(self._head(key, 1)["ContentLength"])
+            last = int(self._head(key, parts)["ContentLength"]) if parts > 1 else first
+        except botocore.exceptions.ClientError as exc:
+            if not _refuses_the_part(exc):
+                raise  # throttled, denied, down: retried like any HEAD, never skipped
+            log.info("%s: the store refused a part HEAD; per-part checksums not used", key)
+            return ()
         if not 0 < last <= first or first * (parts - 1) + last != size:
             log.info("%s: multipart layout not derivable; its per-part checksums are not used", key)
             return ()

@@ -140,3 +140,29 @@ def test_a_body_corrupted_in_flight_fails_against_the_composite_checksum(
         assert hit.headers["x-shardcache-verified"] == "length, x-amz-checksum-crc32 (composite)"
     finally:
         proxy.stop()
+
+
+@pytest.mark.parametrize("claimed", ["-3", "-99999999999"], ids=["no-such-part", "huge-count"])
+def test_a_part_layout_the_store_cannot_show_leaves_the_other_checksums(
+    s3_client, s3_env, start_daemon, claimed
+) -> None:
+    """Review attack: a composite claiming parts the object does not have (the part HEAD is
+    refused, 416) failed every read of an intact object. The layout is then not derivable: the
+    composite goes unused and the object is verified by its whole-object CRC32."""
+    bucket = f"parts{len(claimed)}"
+    s3_client.create_bucket(Bucket=bucket)
+    data = os.urandom(3 * MiB + 5)
+    s3_client.put_object(Bucket=bucket, Key="shard.tar", Body=data)
+    proxy = S3FaultProxy(s3_env["AWS_ENDPOINT_URL"], Faults(enabled=False))
+    proxy.rewrite_headers["shard.tar"] = {"x-amz-checksum-crc32c": f"AAAAAA=={claimed}"}
+    proxy.start()
+    try:
+        env = {**s3_env, "AWS_ENDPOINT_URL": proxy.url}
+        daemon = start_daemon({"lake": f"s3://{bucket}"}, "--readahead", "0", env=env)
+        miss = curl(f"{daemon.url}/lake/shard.tar")
+        assert miss.exit_code == 0 and miss.sha256 == sha256(data), daemon.log()
+        hit = curl(f"{daemon.url}/lake/shard.tar")
+        assert hit.headers["x-shardcache"] == "hit"
+        assert hit.headers["x-shardcache-verified"] == "length, x-amz-checksum-crc32"
+    finally:
+        proxy.stop()
