@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -385,13 +386,29 @@ def _serve(
     extra_origins: Sequence[str] = (),
     on_ready: Callable[[], None] | None = None,
 ) -> int:
-    from shardcache import daemon, logs  # imported here so `--help` stays fast
+    # Until the daemon's loop takes the signals over, a stop is a clean exit (0), not a
+    # traceback or the signal's default death: systemd may stop a unit still starting.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stop_before_ready)
+    try:
+        from shardcache import daemon, logs  # imported here so `--help` stays fast
 
-    flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
-    settings = config.load_settings(flags, os.environ)
-    logs.configure(settings.log_level, settings.log_format)
-    daemon.run(settings, lambda: config.load_settings(flags, os.environ), on_ready)
+        flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
+        settings = config.load_settings(flags, os.environ)
+        logs.configure(settings.log_level, settings.log_format)
+        daemon.run(settings, lambda: config.load_settings(flags, os.environ), on_ready)
+    except _StoppedBeforeReady:
+        return 0
     return 0
+
+
+class _StoppedBeforeReady(BaseException):
+    """SIGTERM/SIGINT before the daemon's loop handles them (a BaseException, as
+    KeyboardInterrupt is, so no `except Exception` on the way swallows it)."""
+
+
+def _stop_before_ready(signum: int, frame: object) -> None:
+    raise _StoppedBeforeReady
 
 
 def _demo(args: argparse.Namespace) -> int:

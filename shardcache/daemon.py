@@ -557,11 +557,6 @@ async def serve(
     """Serve until SIGTERM/SIGINT (drain, then exit); SIGHUP reloads. Raises ConfigError for a
     bad cache dir, origin or port. `on_ready()` runs once the port is bound and serving."""
     daemon = Daemon(settings, reload_settings)
-    await daemon.start()
-    gc.collect()  # what start-up built stays: full collections (issue 23, item 7) skip it
-    gc.freeze()
-    if on_ready is not None:
-        on_ready()
     stop = asyncio.Event()
 
     def on_stop_signal() -> None:
@@ -569,10 +564,17 @@ async def serve(
             daemon.stop_now()
         stop.set()
 
+    # Before start-up, which may take a while on a large cache: a stop asked for meanwhile is
+    # a clean stop once it is done (exit 0), not the signal's default death (exit 143).
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_stop_signal)
+    await daemon.start()
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
+    gc.collect()  # what start-up built stays: full collections (issue 23, item 7) skip it
+    gc.freeze()
+    if on_ready is not None and not stop.is_set():
+        on_ready()
     await stop.wait()
     await daemon.stop()
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.helpers import curl, sha256, wait_for
 from tests.origin_server import OriginServer
+from tests.ports import free_port
 
 MiB = 1024 * 1024
 
@@ -105,3 +110,34 @@ def test_prefetch_with_a_config_warms_the_daemon_that_config_listens_on(
     assert result.returncode == 0, result.stderr
     hit = curl(f"{daemon.url}/web/s_000.tar")
     assert hit.headers["x-shardcache"] == "hit" and hit.sha256 == sha256(data)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_stop_during_start_up_is_a_clean_exit(tmp_path: Path, signum: int) -> None:
+    """Review attack: a stop before the daemon was ready died of the signal (143), or with a
+    KeyboardInterrupt traceback; systemd may stop a unit that is still starting. Signalled as
+    soon as start-up made the cache dir (before the interpreter reached `main`, ~0.15 s after
+    exec, a signal still has its default effect: nothing of the daemon exists yet)."""
+    cache_dir = tmp_path / "cache"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--cache-dir",
+            str(cache_dir),
+            "--origin",
+            "web=http://127.0.0.1:9",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for("start-up to make the cache dir", cache_dir.exists)
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output
