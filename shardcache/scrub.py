@@ -40,10 +40,17 @@ SHUTDOWN_WAIT_S = 5.0  # for the entry being read when the daemon stops (one chu
 MAX_LISTED_PROBLEMS = 1000  # an on-demand report lists this many damaged keys at most
 NICE = 10  # the scrub thread's niceness: fills and hits come first (CFQ/BFQ derive I/O priority)
 
+SKIP_WARNING_EVERY_S = 60.0  # a skipped entry is a WARNING at most this often, else DEBUG
+
 Verdict = Literal[
-    "sound", "length_only", "gone", "stopped", "corrupt", "wrong_size", "bad_metadata"
+    "sound", "length_only", "gone", "stopped", "skipped", "corrupt", "wrong_size", "bad_metadata"
 ]
 DAMAGE: frozenset[str] = frozenset({"corrupt", "wrong_size", "bad_metadata"})
+# Errors that say the medium lost the bytes: the file cannot be served either, so it is
+# dropped. Any other error (EMFILE, ENFILE, ENOMEM, EAGAIN, EACCES, one never seen) says
+# nothing about the bytes: an attacker holding the daemon's descriptors made every entry
+# "corrupt" and dropped the whole cache. Those entries are skipped and read next pass.
+MEDIA_ERRNOS: frozenset[int] = frozenset({errno.EIO, errno.EBADMSG, errno.EUCLEAN})
 
 
 class Pacer:
@@ -90,8 +97,8 @@ def check_entry(
 ) -> Check:
     """Hash `entry`'s file in chunks against the cheapest digest it kept (the local CRC-32C, or
     the published checksum it was verified against). Blocking: call it on the scrub thread.
-    A read error (EIO) is damage, never an exception; a file gone meanwhile (evicted,
-    re-filled) is "gone"."""
+    A media error (EIO) is damage, never an exception; any other error (no descriptor left, no
+    memory) is "skipped"; a file gone meanwhile (evicted, re-filled) is "gone"."""
     meta = entry.meta
     if meta is None:
         return Check("bad_metadata", "the index row's metadata is unreadable")
@@ -104,7 +111,7 @@ def check_entry(
     except FileNotFoundError:  # evicted or replaced since the batch was listed
         return Check("gone")
     except OSError as exc:
-        return Check("corrupt", f"cannot open its file: {exc.strerror or exc}")
+        return _failed(exc, "cannot open its file", 0)
     offset = 0
     try:
         size = os.fstat(fd).st_size
@@ -125,12 +132,19 @@ def check_entry(
         verifier.verify()
     except IntegrityError as exc:
         return Check("corrupt", str(exc), offset)
-    except OSError as exc:  # EIO from a failing disk: the bytes cannot be served either
-        reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
-        return Check("corrupt", f"read error at byte {offset}: {reason}", offset)
+    except OSError as exc:
+        return _failed(exc, f"read error at byte {offset}", offset)
     finally:
         os.close(fd)
     return Check("sound", read_bytes=offset)
+
+
+def _failed(exc: OSError, what: str, offset: int) -> Check:
+    """The verdict on a failed open or read: damage only for a media error (EIO from a
+    failing disk), else "skipped": the entry is left alone and read again next pass."""
+    reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+    verdict: Verdict = "corrupt" if exc.errno in MEDIA_ERRNOS else "skipped"
+    return Check(verdict, f"{what}: {reason}", offset)
 
 
 @dataclass(slots=True)
@@ -144,6 +158,7 @@ class Tally:
     length_only: int = 0
     problems: list[dict[str, object]] = field(default_factory=list)
     damaged: int = 0
+    skipped: int = 0  # not checked: an open or read failed for want of resources; next pass
     finished_at: float | None = None
     error: str | None = None
     id: int = 0
@@ -159,6 +174,7 @@ class ScrubStats:
     checked_bytes: int = 0
     checked_entries: int = 0
     corrupt: int = 0
+    skipped: int = 0
     passes: int = 0
     last_full_pass_at: float | None = None  # time.time() when the last background pass ended
     last_full_pass_s: float | None = None
@@ -202,6 +218,7 @@ class Scrubber:
         self._verify_task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Future[Any] | None = None
         self._verify_ids = 0
+        self._skip_warned_at = -float("inf")  # time.monotonic() of the last WARNING for one
 
     def start(self) -> None:
         """Start the background pass (nothing when the rate is 0)."""
@@ -250,6 +267,7 @@ class Scrubber:
             "checked_entries": stats.checked_entries,
             "checked_bytes": stats.checked_bytes,
             "corrupt": stats.corrupt,
+            "skipped": stats.skipped,
             "current_pass": None
             if current is None
             else {
@@ -354,6 +372,9 @@ class Scrubber:
             return False
         if check.verdict == "gone":
             return True
+        if check.verdict == "skipped":
+            self._skipped(entry, check, tally)
+            return True
         self.stats.checked_entries += 1
         tally.entries += 1
         if check.verdict == "sound":
@@ -363,6 +384,17 @@ class Scrubber:
         else:
             self._damaged(entry, check, tally)
         return True
+
+    def _skipped(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
+        """Count an entry left unchecked; say so at WARNING once a minute at most: when the
+        daemon runs out of descriptors, every entry fails alike and one line tells it all."""
+        self.stats.skipped += 1
+        tally.skipped += 1
+        now = time.monotonic()
+        level = logging.DEBUG
+        if now - self._skip_warned_at >= SKIP_WARNING_EVERY_S:
+            self._skip_warned_at, level = now, logging.WARNING
+        log.log(level, "scrub: skipped %s: %s (checked next pass)", entry.key, check.detail)
 
     def _damaged(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
         try:

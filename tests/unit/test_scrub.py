@@ -225,3 +225,100 @@ async def test_verify_now_runs_at_full_speed_beside_a_slow_background_pass(store
     assert tally.entries == 4 and tally.damaged == 1 and tally.digest_checked == 3
     assert [p["key"] for p in tally.problems] == ["http://o/3.tar"]
     assert scrubber.stats.corrupt == 1  # found once, not by both passes
+
+
+async def _verified(scrubber: Scrubber) -> scrub.Tally:
+    """Run an on-demand pass to its end (or fail after 10 s)."""
+    tally, _ = scrubber.verify_now()
+    await _until(lambda: tally.finished_at is not None)
+    return tally
+
+
+def _failing_open(monkeypatch: pytest.MonkeyPatch, path: Path, exc: OSError) -> None:
+    """Make the scrub's `os.open` of `path` (only) raise `exc`."""
+    real_open = os.open
+
+    def fake_open(file: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if os.fspath(file) == os.fspath(path):
+            raise exc
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(scrub.os, "open", fake_open)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EACCES, errno.ELOOP],
+    ids=errno.errorcode.get,
+)
+async def test_a_resource_error_at_open_skips_the_entry_and_keeps_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Attack on the daemon (`ulimit -n 120`, 200 idle connections): every entry was dropped
+    as "corrupt: cannot open its file: Too many open files". No fd is not damage."""
+    body = os.urandom(100 * KiB)
+    busy = _put(store, "http://o/busy.tar", body)
+    _put(store, "http://o/fine.tar", body)
+    _failing_open(monkeypatch, busy, OSError(code, os.strerror(code)))
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.damaged == 0 and tally.problems == []
+    assert tally.entries == 1 and tally.skipped == 1  # not counted as checked
+    assert scrubber.stats.corrupt == 0 and scrubber.stats.skipped == 1
+    assert scrubber.status()["skipped"] == 1
+    monkeypatch.undo()  # (os.open is the store's too) the next pass checks it
+    assert _read(store, "http://o/busy.tar") == body
+    scrubber = Scrubber(store, 0)
+    try:
+        again = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert again.entries == 2 and again.skipped == 0 and again.digest_checked == 2
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EBADMSG, errno.EUCLEAN], ids=errno.errorcode.get)
+async def test_a_media_error_at_open_is_damage(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    body = os.urandom(10 * KiB)
+    bad = _put(store, "http://o/bad.tar", body)
+    _failing_open(monkeypatch, bad, OSError(code, os.strerror(code)))
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.damaged == 1 and tally.skipped == 0
+    assert tally.problems[0]["kind"] == "corrupt" and tally.problems[0]["dropped"] is True
+    assert _read(store, "http://o/bad.tar") is None
+
+
+async def test_a_resource_error_from_pread_skips_and_eio_drops(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = os.urandom(100 * KiB)
+    short = _put(store, "http://o/enomem.tar", body)
+    broken = _put(store, "http://o/eio.tar", body)
+    failing = {os.stat(short).st_ino: errno.ENOMEM, os.stat(broken).st_ino: errno.EIO}
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        code = failing.get(os.fstat(fd).st_ino)
+        if code is not None:
+            raise OSError(code, os.strerror(code))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(scrub.os, "pread", pread)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.skipped == 1 and tally.damaged == 1
+    assert [p["key"] for p in tally.problems] == ["http://o/eio.tar"]
+    monkeypatch.undo()
+    assert _read(store, "http://o/enomem.tar") == body
+    assert _read(store, "http://o/eio.tar") is None
