@@ -19,10 +19,11 @@ import errno
 import functools
 import logging
 import os
+import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -40,6 +41,11 @@ SHUTDOWN_WAIT_S = 5.0  # for the entry being read when the daemon stops (one chu
 MAX_LISTED_PROBLEMS = 1000  # an on-demand report lists this many damaged keys at most
 NICE = 10  # the scrub thread's niceness: fills and hits come first (CFQ/BFQ derive I/O priority)
 
+# O_NONBLOCK: a FIFO left where an entry's file was would block `open` until a writer came,
+# which is never (the scrub thread hung, and the daemon with it at exit); for a regular file it
+# changes nothing. No O_NOFOLLOW: hits open entries without it (`_AdoptingDisk.fetch`), and
+# the scrub checks what a hit would serve.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 SKIP_WARNING_EVERY_S = 60.0  # a skipped entry is a WARNING at most this often, else DEBUG
 
 Verdict = Literal[
@@ -107,14 +113,20 @@ def check_entry(
     except ValueError as exc:  # a digest that is not hex
         return Check("bad_metadata", f"unreadable digest: {exc}")
     try:
-        fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(entry.path, OPEN_FLAGS)
     except FileNotFoundError:  # evicted or replaced since the batch was listed
         return Check("gone")
     except OSError as exc:
+        with contextlib.suppress(OSError):  # a socket cannot be opened at all (ENXIO)
+            if kind := _irregular(os.stat(entry.path).st_mode):
+                return Check("corrupt", f"not a regular file: {kind}")
         return _failed(exc, "cannot open its file", 0)
     offset = 0
     try:
-        size = os.fstat(fd).st_size
+        status = os.fstat(fd)
+        if kind := _irregular(status.st_mode):
+            return Check("corrupt", f"not a regular file: {kind}")
+        size = status.st_size
         if size != meta.size_bytes:
             return Check("wrong_size", f"the file has {size} bytes, expected {meta.size_bytes}")
         if not expected:  # committed by a version that kept no digest
@@ -137,6 +149,19 @@ def check_entry(
     finally:
         os.close(fd)
     return Check("sound", read_bytes=offset)
+
+
+def _irregular(mode: int) -> str:
+    """What a file that is not a regular file is ("" for a regular file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else f"mode {mode:o}"
 
 
 def _failed(exc: OSError, what: str, offset: int) -> Check:
@@ -211,9 +236,7 @@ class Scrubber:
         self._verifying = threading.Event()
         self._wake = threading.Event()  # set by stop() and by an on-demand pass
         self._sleep = sleep or self._wake.wait  # the pacer's: returns early on either
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="shardcache-scrub", initializer=_lower_priority
-        )
+        self._thread = _Runner("shardcache-scrub", initializer=_lower_priority)
         self._tasks: set[asyncio.Task[None]] = set()
         self._verify_task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Future[Any] | None = None
@@ -253,7 +276,7 @@ class Scrubber:
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._in_flight), SHUTDOWN_WAIT_S)
-        self._executor.shutdown(wait=False)
+        self._thread.close()  # a read stuck in the kernel stays there; the exit does not wait
 
     def status(self) -> dict[str, object]:
         """The scrub's part of `/_/status`."""
@@ -351,9 +374,11 @@ class Scrubber:
 
     async def _on_thread(self, call: Callable[[], T]) -> T:
         """Run `call` on the scrub thread (one hop per entry, or per batch of index rows)."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        future = self._thread.submit(call)
         self._in_flight = future
-        return await future
+        # Shielded: a cancelled pass leaves the call's future for `aclose` to wait on (it was
+        # cancelled with the task before, and aclose never waited for the entry being read).
+        return await asyncio.shield(future)
 
     def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer, is_background: bool) -> bool:
         """Check one entry and drop it when damaged (on the scrub thread); False when the
@@ -430,6 +455,63 @@ class Scrubber:
         for each in tallies:
             if len(each.problems) < MAX_LISTED_PROBLEMS:
                 each.problems.append(problem)
+
+
+_Call = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]]
+
+
+class _Runner:
+    """One daemon thread that runs the calls submitted to it, one at a time, in order.
+
+    Not a ThreadPoolExecutor: Python joins those threads at exit, so one read stuck in the
+    kernel (a FIFO, a hung disk) kept the daemon alive after SIGTERM until kill -9. A daemon
+    thread is abandoned at exit; `Scrubber.aclose` has already waited as long as it should.
+    """
+
+    def __init__(self, name: str, initializer: Callable[[], None]) -> None:
+        self._name = name
+        self._initializer = initializer
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None  # started by the first call
+        self._is_closed = False
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue `call`; the future is completed on the calling (running) loop."""
+        if self._is_closed:
+            raise RuntimeError(f"{self._name} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        self._calls.put((loop, future, call))
+        return future
+
+    def close(self) -> None:
+        """Let the thread end after the call it is running (without waiting for it)."""
+        self._is_closed = True
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        self._initializer()
+        while (item := self._calls.get()) is not None:
+            loop, future, call = item
+            try:
+                result, error = call(), None
+            except BaseException as exc:  # handed to the awaiting task, as an executor does
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
+    """(On the loop) complete `future`, unless its awaiting task was cancelled meanwhile."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _lower_priority() -> None:

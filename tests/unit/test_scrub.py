@@ -4,8 +4,10 @@ dropped, a re-filled entry spared, read errors, and a prompt stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -322,3 +324,56 @@ async def test_a_resource_error_from_pread_skips_and_eio_drops(
     monkeypatch.undo()
     assert _read(store, "http://o/enomem.tar") == body
     assert _read(store, "http://o/eio.tar") is None
+
+
+async def test_a_fifo_in_place_of_an_entry_file_is_damage_and_does_not_hang(
+    store: Store,
+) -> None:
+    """Attack: a FIFO where an entry's file was hung the scrub thread in `open` (no writer
+    ever comes), so `verify` never finished and the daemon never exited after SIGTERM."""
+    path = _put(store, "http://o/fifo.tar", os.urandom(10 * KiB))
+    _put(store, "http://o/fine.tar", b"fine")
+    os.unlink(path)
+    os.mkfifo(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        with contextlib.suppress(OSError):  # (before the fix) a writer frees the stuck open
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        await scrubber.aclose()
+    assert tally.entries == 2 and tally.damaged == 1 and tally.digest_checked == 1
+    assert tally.problems[0]["key"] == "http://o/fifo.tar"
+    assert tally.problems[0]["kind"] == "corrupt" and tally.problems[0]["dropped"] is True
+    assert "not a regular file" in str(tally.problems[0]["detail"])
+    assert not os.path.lexists(path)  # the drop removed it
+    assert _read(store, "http://o/fifo.tar") is None
+
+
+async def test_close_gives_up_on_a_read_stuck_in_the_kernel_and_its_thread_is_a_daemon(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that never returns (a hung disk, NFS) must not keep the daemon from exiting:
+    `aclose` waits SHUTDOWN_WAIT_S, and the thread stuck in it does not hold up the exit
+    (Python joins a ThreadPoolExecutor's threads at exit, so SIGTERM logged "stopped" and
+    the process stayed until kill -9)."""
+    _put(store, "http://o/stuck.tar", os.urandom(10 * KiB))
+    never = threading.Event()
+    stuck: list[threading.Thread] = []
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        stuck.append(threading.current_thread())
+        never.wait()  # set only to let the thread go once the test is done
+        return b""
+
+    monkeypatch.setattr(scrub.os, "pread", pread)
+    monkeypatch.setattr(scrub, "SHUTDOWN_WAIT_S", 0.2)
+    scrubber = Scrubber(store, 0)
+    try:
+        scrubber.verify_now()
+        await _until(lambda: stuck)
+        async with asyncio.timeout(2):
+            await scrubber.aclose()
+        assert stuck[0].is_alive() and stuck[0].daemon
+    finally:
+        never.set()
