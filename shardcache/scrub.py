@@ -49,9 +49,9 @@ OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 SKIP_WARNING_EVERY_S = 60.0  # a skipped entry is a WARNING at most this often, else DEBUG
 
 Verdict = Literal[
-    "sound", "length_only", "gone", "stopped", "skipped", "corrupt", "wrong_size", "bad_metadata"
+    "sound", "length_only", "stopped", "skipped", "missing", "corrupt", "wrong_size", "bad_metadata"
 ]
-DAMAGE: frozenset[str] = frozenset({"corrupt", "wrong_size", "bad_metadata"})
+DAMAGE: frozenset[str] = frozenset({"missing", "corrupt", "wrong_size", "bad_metadata"})
 # Errors that say the medium lost the bytes: the file cannot be served either, so it is
 # dropped. Any other error (EMFILE, ENFILE, ENOMEM, EAGAIN, EACCES, one never seen) says
 # nothing about the bytes: an attacker holding the daemon's descriptors made every entry
@@ -104,7 +104,8 @@ def check_entry(
     """Hash `entry`'s file in chunks against the cheapest digest it kept (the local CRC-32C, or
     the published checksum it was verified against). Blocking: call it on the scrub thread.
     A media error (EIO) is damage, never an exception; any other error (no descriptor left, no
-    memory) is "skipped"; a file gone meanwhile (evicted, re-filled) is "gone"."""
+    memory) is "skipped"; a file not there is "missing" (the caller asks the index whether
+    it was evicted or re-filled meanwhile: then nothing is lost)."""
     meta = entry.meta
     if meta is None:
         return Check("bad_metadata", "the index row's metadata is unreadable")
@@ -114,8 +115,8 @@ def check_entry(
         return Check("bad_metadata", f"unreadable digest: {exc}")
     try:
         fd = os.open(entry.path, OPEN_FLAGS)
-    except FileNotFoundError:  # evicted or replaced since the batch was listed
-        return Check("gone")
+    except FileNotFoundError:  # lost, or evicted or re-filled since listed: the drop tells
+        return Check("missing", "its file is missing")
     except OSError as exc:
         with contextlib.suppress(OSError):  # a socket cannot be opened at all (ENXIO)
             if kind := _irregular(os.stat(entry.path).st_mode):
@@ -395,11 +396,12 @@ class Scrubber:
         check = check_entry(entry, counted, is_stopping)
         if check.verdict == "stopped":
             return False
-        if check.verdict == "gone":
-            return True
         if check.verdict == "skipped":
             self._skipped(entry, check, tally)
             return True
+        dropped = self._drop(entry, check) if check.verdict in DAMAGE else None
+        if dropped is False and check.verdict == "missing":
+            return True  # evicted or re-filled since it was listed: nothing was lost
         self.stats.checked_entries += 1
         tally.entries += 1
         if check.verdict == "sound":
@@ -407,7 +409,7 @@ class Scrubber:
         elif check.verdict == "length_only":
             tally.length_only += 1
         else:
-            self._damaged(entry, check, tally)
+            self._damaged(entry, check, tally, dropped)
         return True
 
     def _skipped(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
@@ -421,14 +423,29 @@ class Scrubber:
             self._skip_warned_at, level = now, logging.WARNING
         log.log(level, "scrub: skipped %s: %s (checked next pass)", entry.key, check.detail)
 
-    def _damaged(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
+    def _drop(self, entry: StoredEntry, check: Check) -> bool | None:
+        """Drop a damaged entry if it is still the version read: True when dropped, False
+        when evicted or re-filled meanwhile, None when the index refused."""
         try:
             dropped = self.store.drop_if_unchanged(entry.key, entry.filename)
         except CacheError as exc:
             log.warning(
                 "scrub: %s is damaged (%s) and cannot be dropped: %s", entry.key, check.detail, exc
             )
-            dropped = None
+            return None
+        if dropped and check.detail == "not a regular file: a directory":
+            # The index's own removal only unlinks files: an empty directory would stay as
+            # litter in the index tree (the next version of the key has another name). Removed
+            # as the index removes a file: with its parents while empty (the index folder
+            # holds the database, so that is where it stops). One with something in it is
+            # left alone: its contents are not ours to judge.
+            with contextlib.suppress(OSError):
+                os.removedirs(entry.path)
+        return dropped
+
+    def _damaged(
+        self, entry: StoredEntry, check: Check, tally: Tally, dropped: bool | None
+    ) -> None:
         if dropped is False:  # re-filled or evicted meanwhile: the damage went with that version
             log.debug("scrub: %s changed while it was read; not dropped", entry.key)
             return

@@ -377,3 +377,62 @@ async def test_close_gives_up_on_a_read_stuck_in_the_kernel_and_its_thread_is_a_
         assert stuck[0].is_alive() and stuck[0].daemon
     finally:
         never.set()
+
+
+async def test_an_entry_whose_file_was_deleted_is_damage_and_its_row_is_dropped(
+    store: Store,
+) -> None:
+    """Attack: a deleted entry file was taken for an eviction ("gone") and its row stayed,
+    a hit that can only fail, listed as no problem."""
+    path = _put(store, "http://o/lost.tar", os.urandom(10 * KiB))
+    os.unlink(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.damaged == 1 and scrubber.stats.corrupt == 1
+    (problem,) = tally.problems
+    assert problem["key"] == "http://o/lost.tar" and problem["kind"] == "missing"
+    assert problem["dropped"] is True and problem["detail"] == "its file is missing"
+    assert store.entries_after(0, 10) == []
+
+
+async def test_an_entry_refilled_as_its_file_is_opened_is_not_missing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _put(store, "http://o/a.tar", b"old")
+    real_open = os.open
+    refilled: list[bool] = []
+
+    def refilled_first(file: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if os.fspath(file) == os.fspath(path) and not refilled:
+            refilled.append(True)
+            _put(store, "http://o/a.tar", b"new")  # a re-fill removes the old file
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(scrub.os, "open", refilled_first)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    monkeypatch.undo()
+    assert tally.damaged == 0 and tally.problems == [] and tally.entries == 0
+    assert _read(store, "http://o/a.tar") == b"new"
+
+
+async def test_a_directory_in_place_of_an_entry_file_is_dropped_and_removed(
+    store: Store,
+) -> None:
+    path = _put(store, "http://o/dir.tar", os.urandom(10 * KiB))
+    os.unlink(path)
+    os.mkdir(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.damaged == 1 and tally.problems[0]["dropped"] is True
+    assert tally.problems[0]["detail"] == "not a regular file: a directory"
+    assert not os.path.lexists(path)  # empty: removed with its row
