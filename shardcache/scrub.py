@@ -19,10 +19,11 @@ import errno
 import functools
 import logging
 import os
+import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -40,10 +41,22 @@ SHUTDOWN_WAIT_S = 5.0  # for the entry being read when the daemon stops (one chu
 MAX_LISTED_PROBLEMS = 1000  # an on-demand report lists this many damaged keys at most
 NICE = 10  # the scrub thread's niceness: fills and hits come first (CFQ/BFQ derive I/O priority)
 
+# O_NONBLOCK: a FIFO left where an entry's file was would block `open` until a writer came,
+# which is never (the scrub thread hung, and the daemon with it at exit); for a regular file it
+# changes nothing. No O_NOFOLLOW: hits open entries without it (`_AdoptingDisk.fetch`), and
+# the scrub checks what a hit would serve.
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+SKIP_WARNING_EVERY_S = 60.0  # a skipped entry is a WARNING at most this often, else DEBUG
+
 Verdict = Literal[
-    "sound", "length_only", "gone", "stopped", "corrupt", "wrong_size", "bad_metadata"
+    "sound", "length_only", "stopped", "skipped", "missing", "corrupt", "wrong_size", "bad_metadata"
 ]
-DAMAGE: frozenset[str] = frozenset({"corrupt", "wrong_size", "bad_metadata"})
+DAMAGE: frozenset[str] = frozenset({"missing", "corrupt", "wrong_size", "bad_metadata"})
+# Errors that say the medium lost the bytes: the file cannot be served either, so it is
+# dropped. Any other error (EMFILE, ENFILE, ENOMEM, EAGAIN, EACCES, one never seen) says
+# nothing about the bytes: an attacker holding the daemon's descriptors made every entry
+# "corrupt" and dropped the whole cache. Those entries are skipped and read next pass.
+MEDIA_ERRNOS: frozenset[int] = frozenset({errno.EIO, errno.EBADMSG, errno.EUCLEAN})
 
 
 class Pacer:
@@ -90,8 +103,9 @@ def check_entry(
 ) -> Check:
     """Hash `entry`'s file in chunks against the cheapest digest it kept (the local CRC-32C, or
     the published checksum it was verified against). Blocking: call it on the scrub thread.
-    A read error (EIO) is damage, never an exception; a file gone meanwhile (evicted,
-    re-filled) is "gone"."""
+    A media error (EIO) is damage, never an exception; any other error (no descriptor left, no
+    memory) is "skipped"; a file not there is "missing" (the caller asks the index whether
+    it was evicted or re-filled meanwhile: then nothing is lost)."""
     meta = entry.meta
     if meta is None:
         return Check("bad_metadata", "the index row's metadata is unreadable")
@@ -100,14 +114,20 @@ def check_entry(
     except ValueError as exc:  # a digest that is not hex
         return Check("bad_metadata", f"unreadable digest: {exc}")
     try:
-        fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:  # evicted or replaced since the batch was listed
-        return Check("gone")
+        fd = os.open(entry.path, OPEN_FLAGS)
+    except FileNotFoundError:  # lost, or evicted or re-filled since listed: the drop tells
+        return Check("missing", "its file is missing")
     except OSError as exc:
-        return Check("corrupt", f"cannot open its file: {exc.strerror or exc}")
+        with contextlib.suppress(OSError):  # a socket cannot be opened at all (ENXIO)
+            if kind := _irregular(os.stat(entry.path).st_mode):
+                return Check("corrupt", f"not a regular file: {kind}")
+        return _failed(exc, "cannot open its file", 0)
     offset = 0
     try:
-        size = os.fstat(fd).st_size
+        status = os.fstat(fd)
+        if kind := _irregular(status.st_mode):
+            return Check("corrupt", f"not a regular file: {kind}")
+        size = status.st_size
         if size != meta.size_bytes:
             return Check("wrong_size", f"the file has {size} bytes, expected {meta.size_bytes}")
         if not expected:  # committed by a version that kept no digest
@@ -125,12 +145,32 @@ def check_entry(
         verifier.verify()
     except IntegrityError as exc:
         return Check("corrupt", str(exc), offset)
-    except OSError as exc:  # EIO from a failing disk: the bytes cannot be served either
-        reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
-        return Check("corrupt", f"read error at byte {offset}: {reason}", offset)
+    except OSError as exc:
+        return _failed(exc, f"read error at byte {offset}", offset)
     finally:
         os.close(fd)
     return Check("sound", read_bytes=offset)
+
+
+def _irregular(mode: int) -> str:
+    """What a file that is not a regular file is ("" for a regular file)."""
+    if stat.S_ISREG(mode):
+        return ""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else f"mode {mode:o}"
+
+
+def _failed(exc: OSError, what: str, offset: int) -> Check:
+    """The verdict on a failed open or read: damage only for a media error (EIO from a
+    failing disk), else "skipped": the entry is left alone and read again next pass."""
+    reason = exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+    verdict: Verdict = "corrupt" if exc.errno in MEDIA_ERRNOS else "skipped"
+    return Check(verdict, f"{what}: {reason}", offset)
 
 
 @dataclass(slots=True)
@@ -144,6 +184,7 @@ class Tally:
     length_only: int = 0
     problems: list[dict[str, object]] = field(default_factory=list)
     damaged: int = 0
+    skipped: int = 0  # not checked: an open or read failed for want of resources; next pass
     finished_at: float | None = None
     error: str | None = None
     id: int = 0
@@ -159,6 +200,7 @@ class ScrubStats:
     checked_bytes: int = 0
     checked_entries: int = 0
     corrupt: int = 0
+    skipped: int = 0
     passes: int = 0
     last_full_pass_at: float | None = None  # time.time() when the last background pass ended
     last_full_pass_s: float | None = None
@@ -195,13 +237,12 @@ class Scrubber:
         self._verifying = threading.Event()
         self._wake = threading.Event()  # set by stop() and by an on-demand pass
         self._sleep = sleep or self._wake.wait  # the pacer's: returns early on either
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="shardcache-scrub", initializer=_lower_priority
-        )
+        self._thread = _Runner("shardcache-scrub", initializer=_lower_priority)
         self._tasks: set[asyncio.Task[None]] = set()
         self._verify_task: asyncio.Task[None] | None = None
         self._in_flight: asyncio.Future[Any] | None = None
         self._verify_ids = 0
+        self._skip_warned_at = -float("inf")  # time.monotonic() of the last WARNING for one
 
     def start(self) -> None:
         """Start the background pass (nothing when the rate is 0)."""
@@ -236,7 +277,7 @@ class Scrubber:
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.shield(self._in_flight), SHUTDOWN_WAIT_S)
-        self._executor.shutdown(wait=False)
+        self._thread.close()  # a read stuck in the kernel stays there; the exit does not wait
 
     def status(self) -> dict[str, object]:
         """The scrub's part of `/_/status`."""
@@ -250,6 +291,7 @@ class Scrubber:
             "checked_entries": stats.checked_entries,
             "checked_bytes": stats.checked_bytes,
             "corrupt": stats.corrupt,
+            "skipped": stats.skipped,
             "current_pass": None
             if current is None
             else {
@@ -333,9 +375,11 @@ class Scrubber:
 
     async def _on_thread(self, call: Callable[[], T]) -> T:
         """Run `call` on the scrub thread (one hop per entry, or per batch of index rows)."""
-        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        future = self._thread.submit(call)
         self._in_flight = future
-        return await future
+        # Shielded: a cancelled pass leaves the call's future for `aclose` to wait on (it was
+        # cancelled with the task before, and aclose never waited for the entry being read).
+        return await asyncio.shield(future)
 
     def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer, is_background: bool) -> bool:
         """Check one entry and drop it when damaged (on the scrub thread); False when the
@@ -352,8 +396,12 @@ class Scrubber:
         check = check_entry(entry, counted, is_stopping)
         if check.verdict == "stopped":
             return False
-        if check.verdict == "gone":
+        if check.verdict == "skipped":
+            self._skipped(entry, check, tally)
             return True
+        dropped = self._drop(entry, check) if check.verdict in DAMAGE else None
+        if dropped is False and check.verdict == "missing":
+            return True  # evicted or re-filled since it was listed: nothing was lost
         self.stats.checked_entries += 1
         tally.entries += 1
         if check.verdict == "sound":
@@ -361,17 +409,43 @@ class Scrubber:
         elif check.verdict == "length_only":
             tally.length_only += 1
         else:
-            self._damaged(entry, check, tally)
+            self._damaged(entry, check, tally, dropped)
         return True
 
-    def _damaged(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
+    def _skipped(self, entry: StoredEntry, check: Check, tally: Tally) -> None:
+        """Count an entry left unchecked; say so at WARNING once a minute at most: when the
+        daemon runs out of descriptors, every entry fails alike and one line tells it all."""
+        self.stats.skipped += 1
+        tally.skipped += 1
+        now = time.monotonic()
+        level = logging.DEBUG
+        if now - self._skip_warned_at >= SKIP_WARNING_EVERY_S:
+            self._skip_warned_at, level = now, logging.WARNING
+        log.log(level, "scrub: skipped %s: %s (checked next pass)", entry.key, check.detail)
+
+    def _drop(self, entry: StoredEntry, check: Check) -> bool | None:
+        """Drop a damaged entry if it is still the version read: True when dropped, False
+        when evicted or re-filled meanwhile, None when the index refused."""
         try:
             dropped = self.store.drop_if_unchanged(entry.key, entry.filename)
         except CacheError as exc:
             log.warning(
                 "scrub: %s is damaged (%s) and cannot be dropped: %s", entry.key, check.detail, exc
             )
-            dropped = None
+            return None
+        if dropped and check.detail == "not a regular file: a directory":
+            # The index's own removal only unlinks files: an empty directory would stay as
+            # litter in the index tree (the next version of the key has another name). Removed
+            # as the index removes a file: with its parents while empty (the index folder
+            # holds the database, so that is where it stops). One with something in it is
+            # left alone: its contents are not ours to judge.
+            with contextlib.suppress(OSError):
+                os.removedirs(entry.path)
+        return dropped
+
+    def _damaged(
+        self, entry: StoredEntry, check: Check, tally: Tally, dropped: bool | None
+    ) -> None:
         if dropped is False:  # re-filled or evicted meanwhile: the damage went with that version
             log.debug("scrub: %s changed while it was read; not dropped", entry.key)
             return
@@ -398,6 +472,63 @@ class Scrubber:
         for each in tallies:
             if len(each.problems) < MAX_LISTED_PROBLEMS:
                 each.problems.append(problem)
+
+
+_Call = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]]
+
+
+class _Runner:
+    """One daemon thread that runs the calls submitted to it, one at a time, in order.
+
+    Not a ThreadPoolExecutor: Python joins those threads at exit, so one read stuck in the
+    kernel (a FIFO, a hung disk) kept the daemon alive after SIGTERM until kill -9. A daemon
+    thread is abandoned at exit; `Scrubber.aclose` has already waited as long as it should.
+    """
+
+    def __init__(self, name: str, initializer: Callable[[], None]) -> None:
+        self._name = name
+        self._initializer = initializer
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None  # started by the first call
+        self._is_closed = False
+
+    def submit(self, call: Callable[[], T]) -> asyncio.Future[T]:
+        """Queue `call`; the future is completed on the calling (running) loop."""
+        if self._is_closed:
+            raise RuntimeError(f"{self._name} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+            self._thread.start()
+        self._calls.put((loop, future, call))
+        return future
+
+    def close(self) -> None:
+        """Let the thread end after the call it is running (without waiting for it)."""
+        self._is_closed = True
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        self._initializer()
+        while (item := self._calls.get()) is not None:
+            loop, future, call = item
+            try:
+                result, error = call(), None
+            except BaseException as exc:  # handed to the awaiting task, as an executor does
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: object, error: BaseException | None) -> None:
+    """(On the loop) complete `future`, unless its awaiting task was cancelled meanwhile."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _lower_priority() -> None:

@@ -4,6 +4,7 @@ checks a live cache through the daemon."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -140,3 +141,31 @@ def test_sigterm_does_not_wait_for_a_scrub_pass(
     _cached(daemon, origin, "slow.tar", 4 * MiB)
     wait_for("the scrub's read", lambda: daemon.metric("shardcache_scrub_bytes_total") > 0)
     assert daemon.stop() == 0
+
+
+def test_a_fifo_in_place_of_an_entry_file_neither_hangs_verify_nor_the_exit(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """Attack: a FIFO where an entry's file was hung the scrub thread in `open`; verify never
+    finished, and after SIGTERM the daemon logged "stopped" and stayed until kill -9."""
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    data, path = _cached(daemon, origin, "fifo.tar", MiB)
+    os.unlink(path)
+    os.mkfifo(path)
+    try:
+        status, _ = _post(daemon, "/_/verify", b"")
+        assert status == 202
+        wait_for(
+            "the pass's end",
+            lambda: daemon.get_json("/_/verify")[1]["verify"]["is_finished"],  # type: ignore[index]
+        )
+    finally:
+        with contextlib.suppress(OSError):  # (before the fix) a writer frees the stuck open
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    report = daemon.get_json("/_/verify")[1]["verify"]
+    assert isinstance(report, dict) and report["damaged"] == 1, report
+    assert report["problems"][0]["dropped"] and not os.path.lexists(path)
+    again = curl(f"{daemon.url}/o/fifo.tar")
+    assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
+    started = time.monotonic()
+    assert daemon.stop() == 0 and time.monotonic() - started < 10

@@ -4,8 +4,10 @@ dropped, a re-filled entry spared, read errors, and a prompt stop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -225,3 +227,212 @@ async def test_verify_now_runs_at_full_speed_beside_a_slow_background_pass(store
     assert tally.entries == 4 and tally.damaged == 1 and tally.digest_checked == 3
     assert [p["key"] for p in tally.problems] == ["http://o/3.tar"]
     assert scrubber.stats.corrupt == 1  # found once, not by both passes
+
+
+async def _verified(scrubber: Scrubber) -> scrub.Tally:
+    """Run an on-demand pass to its end (or fail after 10 s)."""
+    tally, _ = scrubber.verify_now()
+    await _until(lambda: tally.finished_at is not None)
+    return tally
+
+
+def _failing_open(monkeypatch: pytest.MonkeyPatch, path: Path, exc: OSError) -> None:
+    """Make the scrub's `os.open` of `path` (only) raise `exc`."""
+    real_open = os.open
+
+    def fake_open(file: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if os.fspath(file) == os.fspath(path):
+            raise exc
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(scrub.os, "open", fake_open)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EACCES, errno.ELOOP],
+    ids=errno.errorcode.get,
+)
+async def test_a_resource_error_at_open_skips_the_entry_and_keeps_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    """Attack on the daemon (`ulimit -n 120`, 200 idle connections): every entry was dropped
+    as "corrupt: cannot open its file: Too many open files". No fd is not damage."""
+    body = os.urandom(100 * KiB)
+    busy = _put(store, "http://o/busy.tar", body)
+    _put(store, "http://o/fine.tar", body)
+    _failing_open(monkeypatch, busy, OSError(code, os.strerror(code)))
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.damaged == 0 and tally.problems == []
+    assert tally.entries == 1 and tally.skipped == 1  # not counted as checked
+    assert scrubber.stats.corrupt == 0 and scrubber.stats.skipped == 1
+    assert scrubber.status()["skipped"] == 1
+    monkeypatch.undo()  # (os.open is the store's too) the next pass checks it
+    assert _read(store, "http://o/busy.tar") == body
+    scrubber = Scrubber(store, 0)
+    try:
+        again = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert again.entries == 2 and again.skipped == 0 and again.digest_checked == 2
+
+
+@pytest.mark.parametrize("code", [errno.EIO, errno.EBADMSG, errno.EUCLEAN], ids=errno.errorcode.get)
+async def test_a_media_error_at_open_is_damage(
+    store: Store, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    body = os.urandom(10 * KiB)
+    bad = _put(store, "http://o/bad.tar", body)
+    _failing_open(monkeypatch, bad, OSError(code, os.strerror(code)))
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.damaged == 1 and tally.skipped == 0
+    assert tally.problems[0]["kind"] == "corrupt" and tally.problems[0]["dropped"] is True
+    assert _read(store, "http://o/bad.tar") is None
+
+
+async def test_a_resource_error_from_pread_skips_and_eio_drops(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = os.urandom(100 * KiB)
+    short = _put(store, "http://o/enomem.tar", body)
+    broken = _put(store, "http://o/eio.tar", body)
+    failing = {os.stat(short).st_ino: errno.ENOMEM, os.stat(broken).st_ino: errno.EIO}
+    real_pread = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        code = failing.get(os.fstat(fd).st_ino)
+        if code is not None:
+            raise OSError(code, os.strerror(code))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(scrub.os, "pread", pread)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.skipped == 1 and tally.damaged == 1
+    assert [p["key"] for p in tally.problems] == ["http://o/eio.tar"]
+    monkeypatch.undo()
+    assert _read(store, "http://o/enomem.tar") == body
+    assert _read(store, "http://o/eio.tar") is None
+
+
+async def test_a_fifo_in_place_of_an_entry_file_is_damage_and_does_not_hang(
+    store: Store,
+) -> None:
+    """Attack: a FIFO where an entry's file was hung the scrub thread in `open` (no writer
+    ever comes), so `verify` never finished and the daemon never exited after SIGTERM."""
+    path = _put(store, "http://o/fifo.tar", os.urandom(10 * KiB))
+    _put(store, "http://o/fine.tar", b"fine")
+    os.unlink(path)
+    os.mkfifo(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        with contextlib.suppress(OSError):  # (before the fix) a writer frees the stuck open
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        await scrubber.aclose()
+    assert tally.entries == 2 and tally.damaged == 1 and tally.digest_checked == 1
+    assert tally.problems[0]["key"] == "http://o/fifo.tar"
+    assert tally.problems[0]["kind"] == "corrupt" and tally.problems[0]["dropped"] is True
+    assert "not a regular file" in str(tally.problems[0]["detail"])
+    assert not os.path.lexists(path)  # the drop removed it
+    assert _read(store, "http://o/fifo.tar") is None
+
+
+async def test_close_gives_up_on_a_read_stuck_in_the_kernel_and_its_thread_is_a_daemon(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that never returns (a hung disk, NFS) must not keep the daemon from exiting:
+    `aclose` waits SHUTDOWN_WAIT_S, and the thread stuck in it does not hold up the exit
+    (Python joins a ThreadPoolExecutor's threads at exit, so SIGTERM logged "stopped" and
+    the process stayed until kill -9)."""
+    _put(store, "http://o/stuck.tar", os.urandom(10 * KiB))
+    never = threading.Event()
+    stuck: list[threading.Thread] = []
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        stuck.append(threading.current_thread())
+        never.wait()  # set only to let the thread go once the test is done
+        return b""
+
+    monkeypatch.setattr(scrub.os, "pread", pread)
+    monkeypatch.setattr(scrub, "SHUTDOWN_WAIT_S", 0.2)
+    scrubber = Scrubber(store, 0)
+    try:
+        scrubber.verify_now()
+        await _until(lambda: stuck)
+        async with asyncio.timeout(2):
+            await scrubber.aclose()
+        assert stuck[0].is_alive() and stuck[0].daemon
+    finally:
+        never.set()
+
+
+async def test_an_entry_whose_file_was_deleted_is_damage_and_its_row_is_dropped(
+    store: Store,
+) -> None:
+    """Attack: a deleted entry file was taken for an eviction ("gone") and its row stayed,
+    a hit that can only fail, listed as no problem."""
+    path = _put(store, "http://o/lost.tar", os.urandom(10 * KiB))
+    os.unlink(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.entries == 1 and tally.damaged == 1 and scrubber.stats.corrupt == 1
+    (problem,) = tally.problems
+    assert problem["key"] == "http://o/lost.tar" and problem["kind"] == "missing"
+    assert problem["dropped"] is True and problem["detail"] == "its file is missing"
+    assert store.entries_after(0, 10) == []
+
+
+async def test_an_entry_refilled_as_its_file_is_opened_is_not_missing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _put(store, "http://o/a.tar", b"old")
+    real_open = os.open
+    refilled: list[bool] = []
+
+    def refilled_first(file: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if os.fspath(file) == os.fspath(path) and not refilled:
+            refilled.append(True)
+            _put(store, "http://o/a.tar", b"new")  # a re-fill removes the old file
+        return real_open(file, flags, *args)
+
+    monkeypatch.setattr(scrub.os, "open", refilled_first)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    monkeypatch.undo()
+    assert tally.damaged == 0 and tally.problems == [] and tally.entries == 0
+    assert _read(store, "http://o/a.tar") == b"new"
+
+
+async def test_a_directory_in_place_of_an_entry_file_is_dropped_and_removed(
+    store: Store,
+) -> None:
+    path = _put(store, "http://o/dir.tar", os.urandom(10 * KiB))
+    os.unlink(path)
+    os.mkdir(path)
+    scrubber = Scrubber(store, 0)
+    try:
+        tally = await _verified(scrubber)
+    finally:
+        await scrubber.aclose()
+    assert tally.damaged == 1 and tally.problems[0]["dropped"] is True
+    assert tally.problems[0]["detail"] == "not a regular file: a directory"
+    assert not os.path.lexists(path)  # empty: removed with its row
