@@ -161,7 +161,8 @@ ALLOWED: dict[str, set[str]] = {
     },
     "status_text": {"units"},
     "verify": {"store", "checksums", "errors"},
-    "scrub": {"store", "checksums", "errors", "verify"},
+    "scrub": {"store", "errors", "scrub_check"},
+    "scrub_check": {"store", "checksums", "errors", "verify"},
     "__init__": set(),
     "__main__": {"cli"},
 }
