@@ -368,7 +368,7 @@ def _verify_live(
     if args.json:
         document = {"directory": str(directory), "daemon": daemon, **tally}
         print(json.dumps(document | {"clean": not damaged}, indent=2))
-        return 1 if damaged else 0
+        return 1 if damaged else 2 if tally.get("skipped", 0) else 0
     print(
         f"{directory} (checked by the daemon at {daemon}): {tally['entries']} entries, "
         f"{format_size(tally['checked_bytes'])} read; {tally['digest_checked']} checked "
@@ -377,8 +377,11 @@ def _verify_live(
     for problem in tally["problems"]:
         dropped = "dropped" if problem["dropped"] else "NOT dropped: see the daemon's log"
         print(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})")
+    skipped = tally.get("skipped", 0)
+    if skipped:  # not damage, not checked either: say so, and do not call the cache clean
+        print(f"{skipped} could not be read now (not damage; the daemon's log says why)")
     print(f"{damaged} damaged, dropped: refetched on next read" if damaged else "no damage found")
-    return 1 if damaged else 0
+    return 1 if damaged else 2 if skipped else 0
 
 
 def _serve(
