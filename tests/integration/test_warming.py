@@ -78,6 +78,10 @@ def test_a_look_ahead_wait_says_why_and_emptying_the_queue_releases_it(
     wait_for("the budget wait", lambda: waiting() is not None)
     assert "look-ahead budget" in str(waiting())
     daemon.wait_for_log("prefetch waits for the look-ahead budget")
+    # Admitted is not yet pinned: on a loaded machine the first shards may still be arriving.
+    wait_for(
+        "a look-ahead shard to be pinned", lambda: daemon.get_json("/_/prefetch")[1]["unread_bytes"]
+    )
     request = urllib.request.Request(daemon.url + "/_/prefetch", method="DELETE")
     with urllib.request.urlopen(request, timeout=10) as response:
         emptied = response.read()
