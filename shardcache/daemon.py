@@ -375,6 +375,7 @@ class Daemon:
             stats.corrupt,
             stats.passes,
             stats.last_full_pass_at,
+            stats.skipped,
         )
 
     def _check_ready(self) -> str | None:

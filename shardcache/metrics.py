@@ -202,6 +202,7 @@ class ScrubGauges:
     corrupt: int
     passes: int
     last_full_pass_at: float | None
+    skipped: int = 0
 
 
 class _ScrubCollector(Collector):
@@ -225,6 +226,12 @@ class _ScrubCollector(Collector):
             "Cached entries the scrub found damaged (digest mismatch, wrong size, read error) "
             "and dropped, to be refetched on their next read",
             value=state.corrupt,
+        )
+        yield CounterMetricFamily(
+            "shardcache_scrub_skipped",
+            "Cached entries the scrub could not read for want of resources (EMFILE, ENOMEM, "
+            "EACCES…): not damage, not checked either; read again next pass",
+            value=state.skipped,
         )
         yield CounterMetricFamily(
             "shardcache_scrub_passes",

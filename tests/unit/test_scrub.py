@@ -436,3 +436,16 @@ async def test_a_directory_in_place_of_an_entry_file_is_dropped_and_removed(
     assert tally.damaged == 1 and tally.problems[0]["dropped"] is True
     assert tally.problems[0]["detail"] == "not a regular file: a directory"
     assert not os.path.lexists(path)  # empty: removed with its row
+
+
+def test_skipped_entries_are_a_metric_apart_from_damage() -> None:
+    """Entries the scrub could not read now (EMFILE…) are counted, and not as corrupt."""
+    from prometheus_client import CollectorRegistry
+
+    from shardcache.metrics import Metrics, ScrubGauges
+
+    metrics = Metrics(CollectorRegistry(), ["o"])
+    metrics.watch_scrub(lambda: ScrubGauges(1 << 25, 10, 2, 0, 1, None, skipped=3))
+    text = metrics.render().decode()
+    assert "shardcache_scrub_skipped_total 3.0" in text.splitlines()
+    assert "shardcache_scrub_corrupt_total 0.0" in text.splitlines()
