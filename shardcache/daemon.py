@@ -46,7 +46,7 @@ from shardcache.scrub import Scrubber
 from shardcache.segments import RetryPolicy
 from shardcache.server import InFlight, make_app
 from shardcache.status import build_status
-from shardcache.store import AdmissionState, Store
+from shardcache.store import LAYOUT_VERSION, AdmissionState, Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
@@ -163,7 +163,11 @@ class Daemon:
             settings.readahead,
         )
         self.metrics.watch_cache(self._gauges)
-        self.scrub = Scrubber(self.store, settings.scrub_rate)
+        self.scrub = Scrubber(
+            self.store,
+            settings.scrub_rate,
+            position_file=settings.cache_dir / LAYOUT_VERSION / "scrub-position.json",
+        )
         self.state["scrub"] = self.scrub  # POST /_/verify
         self.metrics.watch_scrub(self._scrub_gauges)
         access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -449,3 +451,42 @@ def test_skipped_entries_are_a_metric_apart_from_damage() -> None:
     text = metrics.render().decode()
     assert "shardcache_scrub_skipped_total 3.0" in text.splitlines()
     assert "shardcache_scrub_corrupt_total 0.0" in text.splitlines()
+
+
+async def test_the_background_pass_resumes_where_the_last_daemon_left_it(
+    store: Store, tmp_path: Path
+) -> None:
+    """A daemon restarted more often than a pass takes must still reach the tail of its
+    cache: the pass's place is kept in a file and taken up again, then forgotten at its end."""
+    keys = [f"http://o/{n}.tar" for n in range(3)]
+    for key in keys:
+        _put(store, key, os.urandom(64 * KiB))
+    rowids = [e.rowid for e in store.entries_after(0, 10)]
+    position = tmp_path / "scrub-position.json"
+    position.write_text(json.dumps({"started_at": time.time(), "rowid": rowids[1]}))
+    scrubber = Scrubber(
+        store, 1 << 30, sleep=lambda seconds: None, pass_pause_s=60, position_file=position
+    )
+    scrubber.start()
+    try:
+        await _until(lambda: scrubber.stats.passes >= 1)
+    finally:
+        await scrubber.aclose()
+    assert scrubber.stats.checked_entries == 1  # the third entry only: the first two were done
+    assert not position.exists()  # a pass that ended leaves no place to resume
+
+
+async def test_a_broken_position_file_starts_the_pass_over(store: Store, tmp_path: Path) -> None:
+    for n in range(2):
+        _put(store, f"http://o/{n}.tar", os.urandom(64 * KiB))
+    position = tmp_path / "scrub-position.json"
+    position.write_text("{not json")
+    scrubber = Scrubber(
+        store, 1 << 30, sleep=lambda seconds: None, pass_pause_s=60, position_file=position
+    )
+    scrubber.start()
+    try:
+        await _until(lambda: scrubber.stats.passes >= 1)
+    finally:
+        await scrubber.aclose()
+    assert scrubber.stats.checked_entries == 2
