@@ -93,7 +93,7 @@ async def delete_object(request: web.Request) -> web.Response:
 async def post_prefetch(request: web.Request) -> web.Response:
     queue = request.app[PREFETCH_KEY]
     _refuse_when_full(queue, None)  # before waiting for a turn
-    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    timeout_s = request.app[STATE_KEY].client_body_timeout_s
     async with request.app[TURNS_KEY].turn(timeout_s):
         _refuse_when_full(queue, None)  # the posts ahead of it may have filled the queue
         raw = await _read_body(request)
@@ -132,7 +132,7 @@ async def _read_body(request: web.Request) -> bytes:
     announced = request.content_length
     if announced is not None and announced > MAX_BODY_BYTES:
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=announced)
-    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    timeout_s = request.app[STATE_KEY].client_body_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()  # aiohttp answers 413 past client_max_size
@@ -175,7 +175,7 @@ async def post_plan(request: web.Request) -> web.Response:
     plans = cache.store.plans
     if plans is None:
         raise PlansOff("plans are off (--eviction lru): nothing would use this plan")
-    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    timeout_s = request.app[STATE_KEY].client_body_timeout_s
     async with request.app[TURNS_KEY].turn(timeout_s):
         raw = await _read_body(request)
 
@@ -246,7 +246,7 @@ async def delete_prefetch(request: web.Request) -> web.Response:
 
 
 def _scrubber(request: web.Request) -> Scrubber:
-    scrub = request.app[STATE_KEY].get("scrub")
+    scrub = request.app[STATE_KEY].scrub
     if not isinstance(scrub, Scrubber):  # an app without a store (tests of other routes)
         raise CacheError("this daemon has no cache to verify")
     return scrub
@@ -257,7 +257,7 @@ async def post_verify(request: web.Request) -> web.Response:
     dropped); or join the check under way. The body is empty or `{}`. Answers 202 with the
     pass's tally; `GET /_/verify` shows its progress until `is_finished`."""
     scrub = _scrubber(request)
-    timeout_s = request.app[STATE_KEY]["client_body_timeout_s"]
+    timeout_s = request.app[STATE_KEY].client_body_timeout_s
     async with request.app[TURNS_KEY].turn(timeout_s):
         raw = await _read_body(request)
         if raw.strip():
@@ -278,8 +278,8 @@ async def get_verify(request: web.Request) -> web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return web.json_response(redacted(await asyncio.to_thread(state["status"])))
+    return web.json_response(redacted(await asyncio.to_thread(state.status)))
 
 
 async def get_origins(request: web.Request) -> web.Response:
-    return web.json_response({"origins": request.app[STATE_KEY]["origin_urls"]})
+    return web.json_response({"origins": request.app[STATE_KEY].origin_urls})

@@ -19,7 +19,6 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -44,7 +43,8 @@ from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.scrub import Scrubber
 from shardcache.segments import RetryPolicy
-from shardcache.server import InFlight, make_app
+from shardcache.server import make_app
+from shardcache.server_state import InFlight, ServerState
 from shardcache.status import build_status
 from shardcache.store import LAYOUT_VERSION, AdmissionState, Store
 from shardcache.units import format_size
@@ -121,18 +121,17 @@ class Daemon:
             ),
             on_close=self._count_closed_connection,
         )
-        self.state: dict[str, Any] = {
-            "is_shutting_down": False,
-            "read_timeout_s": settings.origin_read_timeout,
-            "min_bytes_per_s": settings.origin_min_speed,
-            "client_body_timeout_s": settings.client_body_timeout,
-            "client_send_timeout_s": settings.client_send_timeout,
-            "check_ready": self._check_ready,
-            "status": self._status,
-            "origin_urls": self.origin_urls,
-            "origins_with_upstreams": {o.name for o in settings.origins if o.has_upstreams},
-            "in_flight": self.in_flight,
-        }
+        self.state = ServerState(
+            read_timeout_s=settings.origin_read_timeout,
+            min_bytes_per_s=settings.origin_min_speed,
+            client_body_timeout_s=settings.client_body_timeout,
+            client_send_timeout_s=settings.client_send_timeout,
+            check_ready=self._check_ready,
+            status=self._status,
+            origin_urls=self.origin_urls,
+            origins_with_upstreams={o.name for o in settings.origins if o.has_upstreams},
+            in_flight=self.in_flight,
+        )
 
     async def start(self) -> None:
         """Open the store and start serving; raise ConfigError for a bad cache dir or port."""
@@ -168,7 +167,7 @@ class Daemon:
             settings.scrub_rate,
             position_file=settings.cache_dir / LAYOUT_VERSION / "scrub-position.json",
         )
-        self.state["scrub"] = self.scrub  # POST /_/verify
+        self.state.scrub = self.scrub  # POST /_/verify
         self.metrics.watch_scrub(self._scrub_gauges)
         access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
         app = make_app(self.cache, self.prefetch, self.metrics, self.state, access, self.guard)
@@ -240,7 +239,7 @@ class Daemon:
         flight finish within the grace period (or until `stop_now`), (3) stop listening,
         (4) discard unfinished fills, (5) close origins and the store."""
         notify("STOPPING=1")
-        self.state["is_shutting_down"] = True
+        self.state.is_shutting_down = True
         if hasattr(self, "scrub"):
             self.scrub.stop()  # at its next chunk: SIGTERM never waits for a scrub pass
         # Nothing new is fetched for the rest of the drain: queued and read-ahead shards would
@@ -312,9 +311,7 @@ class Daemon:
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
-        self.state["origins_with_upstreams"] = {
-            n for n, o in new_origins.items() if o.has_upstreams
-        }
+        self.state.origins_with_upstreams = {n for n, o in new_origins.items() if o.has_upstreams}
         restart_needed = [
             f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
         ]

@@ -41,6 +41,7 @@ from shardcache.keys import ERROR_KIND_HEADER
 from shardcache.logs import FailureLog, redact
 from shardcache.metrics import Metrics
 from shardcache.prefetch import PrefetchQueue
+from shardcache.server_state import ServerState
 
 log = logging.getLogger("shardcache.server")
 _BODY_HEADERS = {"content-type", "content-length"}
@@ -48,7 +49,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CACHE_KEY = web.AppKey("cache", ShardCache)
 PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
 METRICS_KEY = web.AppKey("metrics", Metrics)
-STATE_KEY = web.AppKey("state", dict)
+STATE_KEY = web.AppKey("state", ServerState)
 ACCESS_KEY = web.AppKey("access", AccessPolicy)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 FAILURES_KEY = web.AppKey("failures", FailureLog)

@@ -24,7 +24,6 @@ import contextlib
 import logging
 import socket
 import struct
-from typing import Any
 
 from aiohttp import web
 
@@ -79,37 +78,10 @@ from shardcache.middleware import (
 )
 from shardcache.prefetch import PrefetchQueue
 from shardcache.ranges import ByteRange, parse_range
+from shardcache.server_state import ServerState
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
-
-
-class InFlight:
-    """Counts shard responses under way, so shutdown can wait for them to finish."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def __enter__(self) -> InFlight:
-        self.count += 1
-        self._idle.clear()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self._idle.set()
-
-    async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no response is in flight; return False if `timeout_s` ran out first."""
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
-        except TimeoutError:
-            return False
-        return True
 
 
 def _abort(request: web.Request, discard_unsent: bool = False) -> None:
@@ -163,9 +135,9 @@ def object_response(
 
 
 async def get_object(request: web.Request) -> web.StreamResponse:
-    if request.app[STATE_KEY].get("is_shutting_down"):
+    if request.app[STATE_KEY].is_shutting_down:
         raise ShuttingDown("the daemon is shutting down")
-    with request.app[STATE_KEY]["in_flight"]:
+    with request.app[STATE_KEY].in_flight:
         return await _get_object(request)
 
 
@@ -175,18 +147,15 @@ def _refuse_tier_loop(request: web.Request) -> None:
     must not be each other's mirror. Logged once per origin."""
     origin = request.match_info["origin"]
     state = request.app[STATE_KEY]
-    if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.get(
-        "origins_with_upstreams", ()
-    ):
+    if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.origins_with_upstreams:
         return
     problem = (
         f"origin {origin!r} was asked by another shardcache (as a tier member or mirror), but "
         "has a tier or mirrors here too: a tier member's or mirror's config must list neither "
         "(a request loop)"
     )
-    logged = state.setdefault("tier_loops_logged", set())
-    if origin not in logged:
-        logged.add(origin)
+    if origin not in state.tier_loops_logged:
+        state.tier_loops_logged.add(origin)
         log.error("%s; answering such requests 508", problem)
     raise TierLoop(problem)
 
@@ -208,7 +177,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
         if start == end:  # an empty object (ranges of it are 416)
-            await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY]["read_timeout_s"])
+            await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY].read_timeout_s)
         response = object_response(
             lease.result,
             lease.size_bytes,
@@ -229,7 +198,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         # an "error", not the miss it started as (its first byte's time is a miss's, though).
         metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
         state = request.app[STATE_KEY]
-        sender = FileSender(request.transport, response.write, state["client_send_timeout_s"])
+        sender = FileSender(request.transport, response.write, state.client_send_timeout_s)
         is_counted = False  # under the result, once the body is out: the client may see it end
         try:
             await _send_body(lease, sender, start, end, request, metrics)
@@ -337,10 +306,10 @@ async def _send_body(
             sender.write,
             start,
             end,
-            state["read_timeout_s"],
+            state.read_timeout_s,
             on_wait,
             sender.count_written,
-            state["min_bytes_per_s"],
+            state.min_bytes_per_s,
         )
 
 
@@ -360,9 +329,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    if state.get("is_shutting_down"):
+    if state.is_shutting_down:
         return json_error(503, "shutting down")
-    problem = await asyncio.to_thread(state["check_ready"])
+    problem = await asyncio.to_thread(state.check_ready)
     if problem:
         return json_error(503, problem)
     return web.json_response({"status": "ready"})
@@ -404,13 +373,11 @@ def make_app(
     cache: ShardCache,
     prefetch: PrefetchQueue,
     metrics: Metrics,
-    state: dict[str, Any],
+    state: ServerState,
     access: AccessPolicy | None = None,
     guard: ConnectionGuard | None = None,
 ) -> web.Application:
-    """Return the aiohttp application; `state` holds `read_timeout_s`, `client_body_timeout_s`,
-    `client_send_timeout_s`, `check_ready()`, `status()`, `origin_urls` and the
-    `is_shutting_down` flag the daemon sets."""
+    """Return the aiohttp application; `state` is what its handlers read of the daemon."""
     app = web.Application(
         middlewares=[track_connection, errors_as_json, admit_request],
         client_max_size=MAX_BODY_BYTES,

@@ -116,7 +116,9 @@ ALLOWED: dict[str, set[str]] = {
         "logs",
         "metrics",
         "prefetch",
+        "server_state",
     },
+    "server_state": {"scrub"},
     "admin": {"errors", "middleware", "plans", "prefetch", "scrub"},
     "server": {
         "access",
@@ -132,6 +134,7 @@ ALLOWED: dict[str, set[str]] = {
         "middleware",
         "prefetch",
         "ranges",
+        "server_state",
     },
     "access": set(),
     "admission": set(),
