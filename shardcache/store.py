@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 import uuid
@@ -191,8 +192,15 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         return value.size_bytes, MODE_BINARY, filename, None
 
     def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
-        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss.
-        return os.open(os.path.join(self._directory, filename), os.O_RDONLY | os.O_CLOEXEC)
+        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss. O_NONBLOCK
+        # and the S_ISREG check: a FIFO left where an entry's file was would block this open
+        # (and the response, and the daemon's exit) for ever; it is a miss, refetched, instead.
+        path = os.path.join(self._directory, filename)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+        return fd
 
 
 class Store:

@@ -169,3 +169,19 @@ def test_a_fifo_in_place_of_an_entry_file_neither_hangs_verify_nor_the_exit(
     assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
     started = time.monotonic()
     assert daemon.stop() == 0 and time.monotonic() - started < 10
+
+
+def test_a_fifo_where_an_entry_was_is_a_miss_not_a_hang(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """Review attack: a hit on an entry whose file was replaced by a FIFO blocked in `open`
+    for ever (curl timed out), and the daemon then could not exit. It is a miss now, refetched,
+    and the daemon stops."""
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    data, path = _cached(daemon, origin, "shards/fifo-000.tar", MiB + 3)
+    path.unlink()
+    os.mkfifo(path)
+    again = curl(f"{daemon.url}/o/shards/fifo-000.tar", "--max-time", "10")
+    assert again.exit_code == 0 and again.sha256 == sha256(data)
+    assert again.headers["x-shardcache"] == "miss"
+    assert daemon.stop() == 0
