@@ -389,29 +389,26 @@ def _serve(
     extra_origins: Sequence[str] = (),
     on_ready: Callable[[], None] | None = None,
 ) -> int:
-    # Until the daemon's loop takes the signals over, a stop is a clean exit (0), not a
-    # traceback or the signal's default death: systemd may stop a unit still starting.
+    # Until the daemon's loop takes the signals over, a stop is only noted, then honoured as a
+    # clean stop (exit 0) as soon as it can be: an exception raised from a handler would land
+    # in whatever code ran then (a background task swallowed it and the daemon served on, or
+    # an import wrapped it in a RuntimeError). systemd may stop a unit that is still starting.
+    stops: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _stop_before_ready)
-    try:
-        from shardcache import daemon, logs  # imported here so `--help` stays fast
+        signal.signal(signum, lambda signum, frame: stops.append(signum))
+    from shardcache import daemon, logs  # imported here so `--help` stays fast
 
-        flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
-        settings = config.load_settings(flags, os.environ)
-        logs.configure(settings.log_level, settings.log_format)
-        daemon.run(settings, lambda: config.load_settings(flags, os.environ), on_ready)
-    except _StoppedBeforeReady:
+    flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
+    settings = config.load_settings(flags, os.environ)
+    logs.configure(settings.log_level, settings.log_format)
+    if stops:
         return 0
+
+    def reload() -> config.Settings:
+        return config.load_settings(flags, os.environ)
+
+    daemon.run(settings, reload, on_ready, stop_requested=lambda: bool(stops))
     return 0
-
-
-class _StoppedBeforeReady(BaseException):
-    """SIGTERM/SIGINT before the daemon's loop handles them (a BaseException, as
-    KeyboardInterrupt is, so no `except Exception` on the way swallows it)."""
-
-
-def _stop_before_ready(signum: int, frame: object) -> None:
-    raise _StoppedBeforeReady
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -555,6 +555,7 @@ async def serve(
     settings: Settings,
     reload_settings: Callable[[], Settings] | None = None,
     on_ready: Callable[[], None] | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> None:
     """Serve until SIGTERM/SIGINT (drain, then exit); SIGHUP reloads. Raises ConfigError for a
     bad cache dir, origin or port. `on_ready()` runs once the port is bound and serving."""
@@ -571,6 +572,8 @@ async def serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_stop_signal)
+    if stop_requested():  # a signal the caller noted before these handlers took over
+        stop.set()
     await daemon.start()
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
     gc.collect()  # what start-up built stays: full collections (issue 23, item 7) skip it
@@ -585,6 +588,8 @@ def run(
     settings: Settings,
     reload_settings: Callable[[], Settings] | None = None,
     on_ready: Callable[[], None] | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Run the daemon on uvloop until it is told to stop."""
-    uvloop.run(serve(settings, reload_settings, on_ready))
+    """Run the daemon on uvloop until it is told to stop (or `stop_requested()` says a stop
+    signal came before the loop handled them)."""
+    uvloop.run(serve(settings, reload_settings, on_ready, stop_requested))

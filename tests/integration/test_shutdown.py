@@ -112,14 +112,8 @@ def test_prefetch_with_a_config_warms_the_daemon_that_config_listens_on(
     assert hit.headers["x-shardcache"] == "hit" and hit.sha256 == sha256(data)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
-def test_a_stop_during_start_up_is_a_clean_exit(tmp_path: Path, signum: int) -> None:
-    """Review attack: a stop before the daemon was ready died of the signal (143), or with a
-    KeyboardInterrupt traceback; systemd may stop a unit that is still starting. Signalled as
-    soon as start-up made the cache dir (before the interpreter reached `main`, ~0.15 s after
-    exec, a signal still has its default effect: nothing of the daemon exists yet)."""
-    cache_dir = tmp_path / "cache"
-    process = subprocess.Popen(
+def _serve_process(cache_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -136,6 +130,32 @@ def test_a_stop_during_start_up_is_a_clean_exit(tmp_path: Path, signum: int) -> 
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+@pytest.mark.parametrize("after_s", [0.2, 0.3, 0.4])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_stop_at_any_moment_of_start_up_is_honoured(
+    tmp_path: Path, signum: int, after_s: float
+) -> None:
+    """Re-attack: a signal in the handover from the CLI's handler to the loop's was lost (the
+    daemon served on; 3 of 62 tries near 0.3 s) or came out as a RuntimeError from an import.
+    Whenever it comes after the interpreter reached `main`, the daemon exits 0, promptly."""
+    process = _serve_process(tmp_path / "cache")
+    time.sleep(after_s)
+    process.send_signal(signum)
+    output, _ = process.communicate(timeout=15)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_a_stop_during_start_up_is_a_clean_exit(tmp_path: Path, signum: int) -> None:
+    """Review attack: a stop before the daemon was ready died of the signal (143), or with a
+    KeyboardInterrupt traceback; systemd may stop a unit that is still starting. Signalled as
+    soon as start-up made the cache dir (before the interpreter reached `main`, ~0.15 s after
+    exec, a signal still has its default effect: nothing of the daemon exists yet)."""
+    cache_dir = tmp_path / "cache"
+    process = _serve_process(cache_dir)
     wait_for("start-up to make the cache dir", cache_dir.exists)
     process.send_signal(signum)
     output, _ = process.communicate(timeout=30)
