@@ -19,8 +19,10 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +42,7 @@ SHUTDOWN_WAIT_S = 5.0  # for the entry being read when the daemon stops (one chu
 MAX_LISTED_PROBLEMS = 1000  # an on-demand report lists this many damaged keys at most
 NICE = 10  # the scrub thread's niceness: fills and hits come first (CFQ/BFQ derive I/O priority)
 
+MAX_POSITION_BYTES = 4096  # the kept place is a line of JSON
 SKIP_WARNING_EVERY_S = 60.0  # a skipped entry is a WARNING at most this often, else DEBUG
 
 
@@ -185,7 +188,7 @@ class Scrubber:
 
     async def _run(self) -> None:
         pacer = Pacer(self.rate_bytes_per_s, sleep=self._sleep)
-        resumed = await asyncio.to_thread(self._position.read)
+        resumed = await self._on_thread(self._position.read)  # the daemon thread: never hangs exit
         while not self._stopping.is_set():
             started_at, cursor = resumed or (self._wall(), 0)
             resumed = None
@@ -369,21 +372,37 @@ class _Position:
         self._path = path
 
     def read(self) -> tuple[float, int] | None:
+        """The kept place, or None to start over: anything but a small regular file holding a
+        sane place (a FIFO would block, /dev/zero never end, a row id past SQLite's range
+        would kill the pass) is ignored."""
         if self._path is None:
             return None
         try:
-            document = json.loads(self._path.read_text())
+            fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                text = os.read(fd, MAX_POSITION_BYTES)
+            finally:
+                os.close(fd)
+            document = json.loads(text)
             started_at, rowid = float(document["started_at"]), int(document["rowid"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             return None
-        return (started_at, rowid) if rowid >= 0 else None
+        sane = 0 <= rowid < 2**63 and math.isfinite(started_at) and started_at <= time.time()
+        return (started_at, rowid) if sane else None
 
     def write(self, started_at: float, rowid: int) -> None:
         if self._path is None:
             return
         with contextlib.suppress(OSError):  # a full or read-only disk: the store says so
             partial = self._path.with_suffix(".tmp")
-            partial.write_text(json.dumps({"started_at": started_at, "rowid": rowid}))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_NOFOLLOW
+            fd = os.open(partial, flags | os.O_CLOEXEC, 0o644)  # a FIFO there: ENXIO, not a hang
+            try:
+                os.write(fd, json.dumps({"started_at": started_at, "rowid": rowid}).encode())
+            finally:
+                os.close(fd)
             os.replace(partial, self._path)
 
     def clear(self) -> None:

@@ -490,3 +490,33 @@ async def test_a_broken_position_file_starts_the_pass_over(store: Store, tmp_pat
     finally:
         await scrubber.aclose()
     assert scrubber.stats.checked_entries == 2
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ["huge-rowid", "fifo", "endless"],
+)
+async def test_a_hostile_position_file_starts_the_pass_over(
+    store: Store, tmp_path: Path, plant: str
+) -> None:
+    """Re-attack: a row id past SQLite's range killed the pass for good (OverflowError); a
+    FIFO blocked the read (and the daemon's exit); a link to /dev/zero never ended."""
+    for n in range(2):
+        _put(store, f"http://o/{n}.tar", os.urandom(64 * KiB))
+    position = tmp_path / "scrub-position.json"
+    if plant == "huge-rowid":
+        position.write_text(json.dumps({"started_at": time.time(), "rowid": 10**24}))
+    elif plant == "fifo":
+        os.mkfifo(position)
+    else:
+        position.symlink_to("/dev/zero")
+    scrubber = Scrubber(
+        store, 1 << 30, sleep=lambda seconds: None, pass_pause_s=60, position_file=position
+    )
+    scrubber.start()
+    try:
+        async with asyncio.timeout(10):
+            await _until(lambda: scrubber.stats.passes >= 1)
+    finally:
+        await scrubber.aclose()
+    assert scrubber.stats.checked_entries == 2
