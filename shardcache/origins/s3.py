@@ -82,11 +82,12 @@ def map_botocore_errors(url: str) -> Iterator[None]:
 
 
 def _refuses_the_part(exc: botocore.exceptions.ClientError) -> bool:
-    """Whether a HEAD with PartNumber was refused for the part itself (no such part: 416 or
-    400 InvalidPartNumber; PartNumber not supported: 400/501), which says the layout cannot be
-    derived, not that the store is failing (403, 429 and 5xx are raised as errors)."""
+    """Whether a HEAD with PartNumber was refused for the part itself (no such part: 416, 404
+    or 400 InvalidPartNumber; PartNumber not supported: 400/501), which says the layout cannot
+    be derived, not that the store is failing (401, 403, 408, 429 and 5xx are raised as
+    errors). An object deleted meanwhile is then found missing by its GET."""
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return status == 501 or (400 <= status < 500 and status not in (401, 403, 404, 408, 429))
+    return status == 501 or (400 <= status < 500 and status not in (401, 403, 408, 429))
 
 
 def _info(response: Mapping[str, Any], found: tuple[checksums.Checksum, ...]) -> ObjectInfo:
