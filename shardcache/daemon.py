@@ -33,7 +33,7 @@ from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
-from shardcache.metrics import CacheGauges, Metrics, ScrubGauges
+from shardcache.metrics import CacheGauges, Metrics
 from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.capped import CappedOrigin
@@ -42,6 +42,7 @@ from shardcache.origins.upstreams import FailoverOrigin
 from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.scrub import Scrubber
+from shardcache.scrub_metrics import ScrubGauges
 from shardcache.segments import RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState

@@ -16,13 +16,12 @@ takes it out of the flights at the moment it is given up, so no reader can join 
 Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
 response*, which waits for VERIFIED: full length, every later response proven the first one's
 version (the same strong ETag or checksum: `ObjectInfo.proves_same_version`), and every
-published checksum matched. A fill that fails
-therefore never completes anyone's response, whole object or range: a reader that gets an
-error aborts its connection, and the client sees a failed transfer. Checksums come from the
-first response when it was the whole object, else from a HEAD (with the fill's retries); when
-the HEAD fails for good, so does the fill: "no checksums" is only believed from an origin
-that answered and published none (then the length is all that is checked). A body that fails
-the cheapest checksum gets a second opinion from the others (`second_opinion`).
+published checksum matched. A fill that fails therefore never completes anyone's response,
+whole object or range: a reader that gets an error aborts its connection (a failed transfer).
+Checksums come from the first response when it was the whole object, else from a HEAD (with
+the fill's retries); when the HEAD fails for good, so does the fill: "no checksums" is only
+believed from an origin that answered and published none (then the length is all that is
+checked). A body failing the cheapest checksum gets a second opinion (`second_opinion`).
 
 The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
 resuming on its own after a failure); a second task hashes the contiguous prefix in order for
@@ -178,27 +177,27 @@ class Fill:
     # -- who wants it ----------------------------------------------------------------------
 
     def hold(self) -> None:
-        """A reader wants this fill's bytes: call it in the same step as joining or starting
-        the fill (no await between), and `let_go()` once, when its response ends."""
+        """A reader wants the bytes: call it in the step that joins or starts the fill (no
+        await between), and `let_go()` once, when its response ends."""
         self._holders += 1
 
     def let_go(self) -> None:
         """A reader is done (served, gone, or failed); the last one out tells the owner when
         nothing else wants the fill (see the module docstring)."""
         self._holders -= 1
-        if self._holders == 0 and not self._kept_unread and self._on_unwanted is not None:
-            if self.is_fetching or self._passthrough is not None:
-                self._on_unwanted(self)
+        self._tell_owner_if_unwanted()
 
     def keep_unread(self) -> None:
         """The prefetch queue started or joined this fill: finish it with no reader left."""
         self._kept_unread = True
 
     def forget_unread(self) -> None:
-        """The prefetch queue no longer wants this fill (the daemon is stopping): with no
-        reader holding it, it stops now, as if its last reader had let go."""
+        """The daemon is stopping: with no reader holding it, the fill stops now."""
         self._kept_unread = False
-        if self._holders == 0 and self._on_unwanted is not None:
+        self._tell_owner_if_unwanted()
+
+    def _tell_owner_if_unwanted(self) -> None:
+        if self._on_unwanted is not None and not (self._holders or self._kept_unread):
             if self.is_fetching or self._passthrough is not None:
                 self._on_unwanted(self)
 
@@ -385,14 +384,12 @@ class Fill:
 
     async def _learn_checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
         """The object's usable published checksums (`checksum_trust`), all kept for a second
-        opinion: from the first response when it was the whole object, otherwise from a HEAD
-        (a ranged response carries none for the object).
+        opinion: from the first response when it was the whole object, else from a HEAD.
 
         Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
         not said it publishes no checksum, so the fill must not go on unverified (one that
-        answers 405/501, HEAD unsupported, has said so: length only). Raises
-        OriginChanged when the HEAD describes another version than the first response.
-        """
+        answers 405/501 has said so: length only). Raises OriginChanged when the HEAD
+        describes another version than the first response."""
         found = info.checksums
         if not found and self.known_info and info.differs_from(self.known_info) is None:
             found = self.known_info.checksums  # the prefetch's HEAD, same version
@@ -441,11 +438,7 @@ class Fill:
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
-            log.info(
-                "%s (%d bytes) is larger than the cache: streaming it through",
-                self.cache_key,
-                size_bytes,
-            )
+            log.info("%s (%d bytes) is over the cache size: streamed", self.cache_key, size_bytes)
             return False
         try:
             self._reservation = await asyncio.to_thread(

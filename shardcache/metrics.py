@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from shardcache import __version__
 from shardcache.breaker import BreakerState, Health
 from shardcache.checksums import ALGORITHMS
+from shardcache.scrub_metrics import ScrubCollector, ScrubGauges
 from shardcache.stall import StallClock
 from shardcache.status import Snapshot
 
@@ -190,65 +191,6 @@ class _StateCollector(Collector):
             "1 when the cached entries stopped serving hits (the workload moved on)",
             value=state.resident_set_stale,
         )
-
-
-@dataclass(frozen=True, slots=True)
-class ScrubGauges:
-    """The online scrub's totals (`shardcache.scrub`), read at scrape time."""
-
-    rate_bytes_per_s: int
-    checked_bytes: int
-    checked_entries: int
-    corrupt: int
-    passes: int
-    last_full_pass_at: float | None
-    skipped: int = 0
-
-
-class _ScrubCollector(Collector):
-    def __init__(self, read: Callable[[], ScrubGauges]) -> None:
-        self._read = read
-
-    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        state = self._read()
-        yield CounterMetricFamily(
-            "shardcache_scrub_bytes",
-            "Bytes of cached entries the scrub re-read and hashed",
-            value=state.checked_bytes,
-        )
-        yield CounterMetricFamily(
-            "shardcache_scrub_entries",
-            "Cached entries the scrub checked (by digest, or by length when none was kept)",
-            value=state.checked_entries,
-        )
-        yield CounterMetricFamily(
-            "shardcache_scrub_corrupt",
-            "Cached entries the scrub found damaged (digest mismatch, wrong size, read error) "
-            "and dropped, to be refetched on their next read",
-            value=state.corrupt,
-        )
-        yield CounterMetricFamily(
-            "shardcache_scrub_skipped",
-            "Cached entries the scrub could not read for want of resources (EMFILE, ENOMEM, "
-            "EACCES…): not damage, not checked either; read again next pass",
-            value=state.skipped,
-        )
-        yield CounterMetricFamily(
-            "shardcache_scrub_passes",
-            "Background scrub passes completed over every entry",
-            value=state.passes,
-        )
-        yield GaugeMetricFamily(
-            "shardcache_scrub_rate_bytes_per_second",
-            "The background scrub's read rate bound (--scrub-rate; 0: off)",
-            value=state.rate_bytes_per_s,
-        )
-        if state.last_full_pass_at is not None:
-            yield GaugeMetricFamily(
-                "shardcache_scrub_last_pass_timestamp_seconds",
-                "When the last background scrub pass ended (Unix time)",
-                value=state.last_full_pass_at,
-            )
 
 
 UpstreamRows = Callable[[], Iterable[tuple[str, str, Health]]]  # (origin, role, health)
@@ -480,7 +422,7 @@ class Metrics:
         self.registry.register(_StateCollector(read))
 
     def watch_scrub(self, read: Callable[[], ScrubGauges]) -> None:
-        self.registry.register(_ScrubCollector(read))
+        self.registry.register(ScrubCollector(read))
 
     def watch_upstreams(self, read: UpstreamRows) -> None:
         self.registry.register(_UpstreamCollector(read))

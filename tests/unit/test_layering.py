@@ -104,7 +104,8 @@ ALLOWED: dict[str, set[str]] = {
         "checksums",
     },
     "body": {"fill", "checksums", "errors", "origins.base"},
-    "metrics": {"__init__", "breaker", "checksums", "stall", "status"},
+    "metrics": {"__init__", "breaker", "checksums", "scrub_metrics", "stall", "status"},
+    "scrub_metrics": set(),
     "stall": set(),
     "status": set(),
     "middleware": {
@@ -173,7 +174,7 @@ VENDORS = {
     "boto3": {"origins.s3"},
     "botocore": {"origins.s3"},
     "diskcache": {"store"},
-    "prometheus_client": {"metrics", "daemon"},
+    "prometheus_client": {"metrics", "scrub_metrics", "daemon"},
     "uvloop": {"daemon"},
 }
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}
