@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,11 +44,21 @@ class Process:
     def __init__(
         self, argv: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None
     ) -> None:
+        self.log = log
         self.log_file = log.open("wb")
         self.process = subprocess.Popen(
             argv, stdout=self.log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-        wait_http(ready_url, self.process)
+        try:
+            wait_http(ready_url, self.process)
+        except RuntimeError as error:
+            # Say why in the message (the process's own last words), not just an exit status
+            # after a long argv, and leave nothing running behind a failed start.
+            self.stop()
+            tail = log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(
+                f"did not start: {error}; its log ({log}) ends: " + (" | ".join(tail) or "(empty)")
+            ) from None
 
     @property
     def pid(self) -> int:
@@ -106,7 +117,11 @@ class Shardcache(Process):
         *extra: str,
         env: dict[str, str] | None = None,
         cache_size: str = "40GiB",
+        receivers: int | None = None,
     ) -> None:
+        """`receivers`: the receiver pool's size (`--receivers`); None passes nothing, so the
+        daemon's own default (or SHARDCACHE_RECEIVERS) applies, and a daemon without the
+        option still starts."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cache_dir = workdir / f"shardcache-{self.port}"
@@ -125,6 +140,7 @@ class Shardcache(Process):
             "warning",
             "--readahead",
             "0",
+            *([] if receivers is None else ["--receivers", str(receivers)]),
             *extra,
         ]
         for name, url in origins.items():
@@ -255,8 +271,7 @@ class Nginx(Process):
         )
 
     def worker_pids(self) -> list[int]:
-        children = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split()
-        return [self.pid, *map(int, children)]
+        return [self.pid, *descendants(self.pid)]
 
     def stop(self) -> None:
         super().stop()
@@ -293,14 +308,95 @@ def self_signed(workdir: Path) -> tuple[Path, Path]:
     return cert, key
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (so [0] is field 3, the state)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of `pids` (and their waited-for children), from /proc."""
+    """User + system CPU time of `pids` themselves (all their threads), from /proc: not their
+    children, live or exited (see `cpu_snapshot` for those)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = _stat(pid)
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children, …), read from
+    /proc/PID/task/TID/children of each thread: a child is listed under the thread that forked
+    it, so reading only the main thread's file misses children spawned from other threads.
+    Processes that exit while the tree is walked are skipped, not an error."""
+    found: list[int] = []
+    parents = [pid]
+    while parents:
+        parent = parents.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:  # gone
+            continue
+        for task in tasks:
+            try:
+                children = [int(child) for child in (task / "children").read_text().split()]
+            except OSError:  # the thread or the process is gone
+                continue
+            for child in children:
+                if child not in found:
+                    found.append(child)
+                    parents.append(child)
+    return found
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds of some root processes and of everything below them, at one moment.
+
+    Descendants come and go (a receiver pool may spawn lazily or replace a worker), so each is
+    keyed by (pid, start time): a pid reused by a new process is a new process. A descendant
+    that exits and is waited for by a root between two snapshots is not lost: the kernel adds
+    its whole lifetime's CPU (its own and its waited-for children's) to the root's cutime and
+    cstime, which `reaped` holds.
+    """
+
+    own: float  # the roots' user + system time
+    reaped: float  # the roots' cutime + cstime: descendants that exited and were waited for
+    below: dict[tuple[int, int], float]  # (pid, start time) -> user+system+cutime+cstime
+
+
+def cpu_snapshot(roots: list[int]) -> CpuSnapshot:
+    """CPU of `roots` (which must be alive) and of every descendant alive (or a zombie) now."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    own = reaped = 0.0
+    for pid in roots:
+        fields = _stat(pid)
+        own += (int(fields[11]) + int(fields[12])) / ticks
+        reaped += (int(fields[13]) + int(fields[14])) / ticks
+    below: dict[tuple[int, int], float] = {}
+    for root in roots:
+        for pid in descendants(root):
+            if pid in roots:
+                continue  # counted as a root (nginx: the workers are the master's children)
+            try:
+                fields = _stat(pid)
+            except OSError:  # exited and reaped since the tree was read: `reaped` has it
+                continue
+            below[pid, int(fields[19])] = sum(int(f) for f in fields[11:15]) / ticks
+    return CpuSnapshot(own, reaped, below)
+
+
+def cpu_between(before: CpuSnapshot, after: CpuSnapshot) -> tuple[float, float]:
+    """CPU seconds spent between two snapshots of the same roots: (the roots themselves, their
+    descendants). A descendant seen at both counts its growth; one born since counts all it
+    has; one gone by `after` counts what it spent after `before` through the roots' `reaped`
+    (its lifetime total there, less what `before` had already seen of it). Not counted: what
+    a descendant spent after the last snapshot that saw it, when something other than a root
+    or a seen descendant waited for it (re-parented to init), and a process born and gone
+    between the snapshots that way too."""
+    grown = sum(cpu - before.below.get(key, 0.0) for key, cpu in after.below.items())
+    gone = sum(cpu for key, cpu in before.below.items() if key not in after.below)
+    return after.own - before.own, grown + (after.reaped - before.reaped) - gone
 
 
 def rss_bytes(pid: int) -> int:

@@ -2,6 +2,7 @@
 
     python benchmarks/run.py            # the full suite (several minutes, ~20 GiB of disk)
     python benchmarks/run.py --quick    # every scenario, tiny sizes, one run: a smoke test
+    python benchmarks/run.py --only scaling  # not in the default list: needs `serve --receivers`
 
 Absolute figures on a shared 2-core machine are noisy, so every comparison is a ratio of two
 measurements taken back to back in the same run; rows give the median over runs with min-max.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import datetime
 import json
 import os
@@ -31,7 +33,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,7 +42,9 @@ from benchmarks.peers import (  # noqa: E402
     Nginx,
     Shardcache,
     SimOrigin,
-    cpu_seconds,
+    cpu_between,
+    cpu_snapshot,
+    descendants,
     rss_bytes,
     self_signed,
 )
@@ -66,6 +70,8 @@ class Sizes:
     tier_shard: int = 32 * MiB
     tier_nodes: int = 6
     tier_members: int = 3
+    scaling_streams: int = 8  # the receiver-pool scenario: cold HTTPS shards at once
+    scaling_shard: int = 128 * MiB  # per stream: 1 GiB a measurement at eight
 
 
 FULL = Sizes(
@@ -91,6 +97,7 @@ QUICK = Sizes(
     tier_shard=MiB,
     tier_nodes=2,
     tier_members=2,
+    scaling_shard=2 * MiB,
 )
 
 
@@ -140,26 +147,41 @@ def ensure_tools() -> None:
     import webdataset  # noqa: F401  (installed with the test extras)
 
 
-def curl(url: str, *extra: str, output: str = "/dev/null") -> tuple[float, int, float]:
-    """Run curl as a loader does; return (seconds, bytes, time to first byte)."""
-    result = subprocess.run(
-        [
-            "curl",
-            "-s",
-            "-f",
-            "-o",
-            output,
-            "-w",
-            "%{time_total} %{size_download} %{time_starttransfer}",
-            *extra,
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    seconds, size, ttfb = result.stdout.split()
-    return float(seconds), int(size), float(ttfb)
+class Fetched(NamedTuple):
+    """One curl download as curl reports it, and curl's own CPU."""
+
+    seconds: float
+    size: int
+    ttfb: float  # time to first byte
+    cpu: float  # curl's user + system seconds
+
+
+def curl(url: str, *extra: str, output: str = "/dev/null") -> Fetched:
+    """Run curl as a loader does. Its CPU comes from `os.wait4` on its own pid rather than a
+    RUSAGE_CHILDREN delta, which would also take in any other child reaped meanwhile (the
+    concurrent curls of the pair and scaling scenarios, a stopped daemon)."""
+    argv = [
+        "curl",
+        "-s",
+        "-f",
+        "-o",
+        output,
+        "-w",
+        "%{time_total} %{size_download} %{time_starttransfer}",
+        *extra,
+        url,
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        assert process.stdout is not None and process.stderr is not None
+        # Both pipes read in turn, not with communicate(), which would reap curl before
+        # wait4 could: with -s, curl writes nothing to stderr that could fill its pipe.
+        out, err = process.stdout.read(), process.stderr.read()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, argv, out, err)
+    seconds, size, ttfb = out.decode().split()
+    return Fetched(float(seconds), int(size), float(ttfb), usage.ru_utime + usage.ru_stime)
 
 
 def gbps(size: int, seconds: float) -> float:
@@ -183,67 +205,197 @@ def settle_disk(rewarm: tuple[Path, ...] = ()) -> None:
                 pass
 
 
+@dataclass
+class Transfer:
+    """One timed download: GB/s, and the CPU seconds per GB of each process on its path."""
+
+    rate: float
+    server: float  # the serving processes themselves (the daemon; nginx's master and workers)
+    below: float  # their descendants (the daemon's receivers), live or exited meanwhile
+    origin: float  # the origin's processes, when they are not the server's own
+    client: float  # curl
+
+    @property
+    def served(self) -> float:
+        """All of the server's processes: what a host gives to serving, receivers included."""
+        return self.server + self.below
+
+
 def timed_transfer(
-    url: str, size: int, pids: list[int], rewarm: tuple[Path, ...] | None = (), *curl_args: str
-) -> tuple[float, float]:
-    """GB/s and CPU seconds per GB of `pids` for one curl download of `url`; the page cache
-    is settled first (rewarming `rewarm`) unless `rewarm` is None (hits: keep it warm)."""
+    url: str,
+    size: int,
+    pids: list[int],
+    rewarm: tuple[Path, ...] | None = (),
+    *curl_args: str,
+    origin: list[int] | None = None,
+) -> Transfer:
+    """One curl download of `url`: GB/s, CPU per GB of `pids` and (apart) of their
+    descendants, of `origin`'s processes (with theirs), and of curl. The page cache is settled
+    first (rewarming `rewarm`) unless `rewarm` is None (hits: keep it warm). The descendants
+    are found at both ends of the transfer, so a receiver spawned or gone meanwhile counts."""
     if rewarm is not None:
         settle_disk(rewarm)
-    cpu_before = cpu_seconds(pids)
-    seconds, received, _ = curl(url, *curl_args)
-    if received != size:
-        raise RuntimeError(f"{url}: {received} bytes, expected {size}")
-    return gbps(size, seconds), (cpu_seconds(pids) - cpu_before) / (size / 1e9)
+    server_before, origin_before = cpu_snapshot(pids), cpu_snapshot(origin or [])
+    fetched = curl(url, *curl_args)
+    server_after, origin_after = cpu_snapshot(pids), cpu_snapshot(origin or [])
+    if fetched.size != size:
+        raise RuntimeError(f"{url}: {fetched.size} bytes, expected {size}")
+    gb = size / 1e9
+    server, below = cpu_between(server_before, server_after)
+    return Transfer(
+        gbps(size, fetched.seconds),
+        server / gb,
+        below / gb,
+        sum(cpu_between(origin_before, origin_after)) / gb,
+        fetched.cpu / gb,
+    )
+
+
+def pin_tree(pid: int, cpus: str) -> int:
+    """Pin `pid` and every process below it, all their threads (`taskset -a -p -c CPUS`), and
+    return how many processes were pinned. Pinning only the daemon's pid would leave its
+    receivers on every core; children spawned later inherit the affinity of the thread that
+    spawns them, so re-pinning right before each measurement covers those too."""
+    pinned = 0
+    for target in [pid, *descendants(pid)]:
+        done = subprocess.run(
+            ["taskset", "-a", "-p", "-c", cpus, str(target)], capture_output=True, text=True
+        )
+        if done.returncode == 0:
+            pinned += 1
+        elif target == pid or Path(f"/proc/{target}").exists():  # a descendant may just exit
+            raise RuntimeError(f"taskset -a -p -c {cpus} {target}: {done.stderr.strip()}")
+    return pinned
+
+
+WARM_BYTES = MiB  # the warming request's file: a small, real fill
+
+
+def warm_receivers(url: str) -> None:
+    """One small cold request through the daemon (`url`, a tiny file at the origin about to be
+    measured), so that a receiver pool spawned on first use exists before a measurement:
+    its start-up otherwise lands in the first run's CPU and time, and a pinning done before
+    it would miss the receivers."""
+    curl(url)
+
+
+def by_process_rows(
+    label: str, through: list[Transfer], direct: list[Transfer], how: str
+) -> list[Row]:
+    """The CPU of one cold miss, per process on its path, medians over runs: the daemon's
+    serving process, its receivers, the two together, the origin's nginx workers, the client
+    curl; the last two against the same processes when curl fetches straight from the origin,
+    and the whole path's total in a note."""
+
+    def ratio(a: list[float], b: list[float]) -> list[float]:
+        return [x / y for x, y in zip(a, b, strict=True) if y]
+
+    def row(measure: str, ours: list[float], peer: list[float], peer_name: str) -> Row:
+        return Row(
+            label,
+            f"CPU s/GB: {measure}",
+            ours,
+            peer,
+            peer_name,
+            "report",
+            how,
+            ratio=ratio(ours, peer) if peer else [],
+        )
+
+    path_total = [t.served + t.origin + t.client for t in through]
+    direct_total = [t.origin + t.client for t in direct]
+    rows = [
+        row("serving process (the daemon's pid)", [t.server for t in through], [], "-"),
+        row("receivers (the daemon's descendants)", [t.below for t in through], [], "-"),
+        row("all of the daemon's processes", [t.served for t in through], [], "-"),
+        row(
+            "nginx, the origin's workers",
+            [t.origin for t in through],
+            [t.origin for t in direct],
+            "the origin's workers serving curl directly",
+        ),
+        row(
+            "curl, the client",
+            [t.client for t in through],
+            [t.client for t in direct],
+            "curl fetching directly from the origin",
+        ),
+    ]
+    rows[-1].note = (
+        f"all processes on the path, CPU s/GB: through shardcache {median_range(path_total)}, "
+        f"curl directly from the origin {median_range(direct_total)}"
+    )
+    return rows
 
 
 # -- scenarios ----------------------------------------------------------------------------
 
+# How the "CPU per GB served" rows count: every process of the server, so that a daemon whose
+# receivers run in child processes is not flattered by leaving them out.
+SERVED_HOW = (
+    "user+system time of the serving processes (shardcache: the daemon and its descendants; "
+    "nginx: master and workers) over the transfers above"
+)
+
 
 def hit_and_miss(work: Path, sizes: Sizes) -> list[Row]:
     """Hit and unthrottled-miss throughput and CPU/GB, shardcache vs nginx proxy_cache; the
-    origin is nginx's own static server, serving a file from the page cache."""
+    origin is nginx's own static server, serving a file from the page cache. shardcache's CPU
+    is its daemon's and the daemon's descendants' (receivers); the cold miss's CPU is also
+    given per process, against curl fetching straight from the origin."""
     static = work / "static"
     static.mkdir()
     base = static / "base.tar"
     with base.open("wb") as out:
         out.write(os.urandom(sizes.shard))
+    (static / "warm.bin").write_bytes(os.urandom(WARM_BYTES))
     for run in range(sizes.runs):
         for who in ("sc", "ng"):
             os.link(base, static / f"miss_{run}_{who}.tar")
     ceiling, hit_sc, hit_ng, miss_sc, miss_ng = [], [], [], [], []
     cpu_hit_sc, cpu_hit_ng, cpu_miss_sc, cpu_miss_ng = [], [], [], []
+    through: list[Transfer] = []  # the daemon's cold misses
+    direct: list[Transfer] = []  # curl straight from the origin, page cache settled the same
     nginx = Nginx(work, None, static)  # the proxy's origin is nginx's own static server
     try:
         daemon = Shardcache(work, {"o": nginx.static_url})
         try:
             ng_pids = nginx.worker_pids()
+            warm_receivers(f"{daemon.url}/o/warm.bin")
             for run in range(sizes.runs):
-                rate, cpu = timed_transfer(
-                    f"{daemon.url}/o/miss_{run}_sc.tar", sizes.shard, [daemon.pid], (base,)
+                miss = timed_transfer(
+                    f"{daemon.url}/o/miss_{run}_sc.tar",
+                    sizes.shard,
+                    [daemon.pid],
+                    (base,),
+                    origin=ng_pids,
                 )
-                miss_sc.append(rate)
-                cpu_miss_sc.append(cpu)
-                rate, cpu = timed_transfer(
+                through.append(miss)
+                miss_sc.append(miss.rate)
+                cpu_miss_sc.append(miss.served)
+                miss = timed_transfer(
                     f"{nginx.proxy_url}/miss_{run}_ng.tar", sizes.shard, ng_pids, (base,)
                 )
-                miss_ng.append(rate)
-                cpu_miss_ng.append(cpu)
+                miss_ng.append(miss.rate)
+                cpu_miss_ng.append(miss.served)
+                direct.append(
+                    timed_transfer(
+                        f"{nginx.static_url}/base.tar", sizes.shard, [], (base,), origin=ng_pids
+                    )
+                )
             for url in (f"{daemon.url}/o/miss_0_sc.tar", f"{nginx.proxy_url}/miss_0_ng.tar"):
                 curl(url)  # hits, bringing both caches' files back into the page cache
             for _ in range(sizes.runs):  # the first keys again, now cached: hits
-                rate, cpu = timed_transfer(
+                hit = timed_transfer(
                     f"{daemon.url}/o/miss_0_sc.tar", sizes.shard, [daemon.pid], None
                 )
-                hit_sc.append(rate)
-                cpu_hit_sc.append(cpu)
-                rate, cpu = timed_transfer(
-                    f"{nginx.proxy_url}/miss_0_ng.tar", sizes.shard, ng_pids, None
-                )
-                hit_ng.append(rate)
-                cpu_hit_ng.append(cpu)
+                hit_sc.append(hit.rate)
+                cpu_hit_sc.append(hit.served)
+                hit = timed_transfer(f"{nginx.proxy_url}/miss_0_ng.tar", sizes.shard, ng_pids, None)
+                hit_ng.append(hit.rate)
+                cpu_hit_ng.append(hit.served)
                 ceiling.append(
-                    timed_transfer(f"{nginx.static_url}/base.tar", sizes.shard, ng_pids, None)[0]
+                    timed_transfer(f"{nginx.static_url}/base.tar", sizes.shard, ng_pids, None).rate
                 )
         finally:
             daemon.stop()
@@ -279,7 +431,7 @@ def hit_and_miss(work: Path, sizes: Sizes) -> list[Row]:
             cpu_hit_ng,
             "nginx",
             "report",
-            "user+system time of the serving processes over the transfers above",
+            SERVED_HOW,
             ratio=[a / b for a, b in zip(cpu_hit_sc, cpu_hit_ng, strict=True) if b],
         ),
         Row(
@@ -289,8 +441,14 @@ def hit_and_miss(work: Path, sizes: Sizes) -> list[Row]:
             cpu_miss_ng,
             "nginx",
             "report",
-            "user+system time of the serving processes over the transfers above",
+            SERVED_HOW,
             ratio=[a / b for a, b in zip(cpu_miss_sc, cpu_miss_ng, strict=True) if b],
+        ),
+        *by_process_rows(
+            "CPU per GB, cold plain HTTP miss, by process",
+            through,
+            direct,
+            "user+system time per process over the misses above, from /proc (curl: wait4)",
         ),
     ]
 
@@ -299,13 +457,17 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
     """Cold misses from an HTTPS origin: nginx serving a file over TLS 1.3 from the page cache,
     with a certificate made here and trusted by each client (shardcache: SSL_CERT_FILE; nginx:
     proxy_ssl_trusted_certificate; curl: --cacert). shardcache vs nginx proxy_cache (HTTPS
-    upstream) vs direct curl, CPU per GB of the serving processes, and two cold shards at once
-    (HTTPS, then plain HTTP from the same nginx) with the daemon pinned to one core, then two."""
+    upstream) vs direct curl, CPU per GB of the serving processes (shardcache's daemon with its
+    descendants, and per process against direct curl), and two cold shards at once (HTTPS, then
+    plain HTTP from the same nginx) with the daemon and its descendants pinned to one core,
+    then two."""
     static = work / "static"
     static.mkdir()
     base = static / "base.tar"
     with base.open("wb") as out:
         out.write(os.urandom(sizes.shard))
+    warm = static / "warm.bin"
+    warm.write_bytes(os.urandom(WARM_BYTES))
     names = [f"tls_{run}_{who}.tar" for run in range(sizes.runs) for who in ("sc", "ng")]
     names += [
         f"pair_{scheme}_{run}_{cores}_{i}.tar"
@@ -316,41 +478,57 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
     ]
     for name in names:
         os.link(base, static / name)
+    for scheme in ("tls", "plain"):  # each pair measurement warms with its own cold small file
+        for run in range(sizes.runs):
+            for cores in (1, 2):
+                os.link(warm, static / f"warm_{scheme}_{run}_{cores}.bin")
     cert, key = self_signed(work)
     nginx = Nginx(work, None, static, tls=(cert, key))
     daemon = Shardcache(
         work, {"o": nginx.tls_url, "p": nginx.static_url}, env={"SSL_CERT_FILE": str(cert)}
     )
     sc, ng, direct, cpu_sc, cpu_ng = [], [], [], [], []
+    through: list[Transfer] = []  # the daemon's cold misses
+    straight: list[Transfer] = []  # curl --cacert straight from the origin
     pair: dict[tuple[str, int], list[float]] = {
         (scheme, cores): [] for scheme in ("o", "p") for cores in (1, 2)
     }
+    pinned: list[int] = []  # processes pinned per pair measurement: the daemon and receivers
     try:
         ng_pids = nginx.worker_pids()
+        warm_receivers(f"{daemon.url}/o/warm.bin")
         for run in range(sizes.runs):
-            rate, cpu = timed_transfer(
-                f"{daemon.url}/o/tls_{run}_sc.tar", sizes.shard, [daemon.pid], (base,)
+            miss = timed_transfer(
+                f"{daemon.url}/o/tls_{run}_sc.tar",
+                sizes.shard,
+                [daemon.pid],
+                (base,),
+                origin=ng_pids,
             )
-            sc.append(rate)
-            cpu_sc.append(cpu)
-            rate, cpu = timed_transfer(
+            through.append(miss)
+            sc.append(miss.rate)
+            cpu_sc.append(miss.served)
+            miss = timed_transfer(
                 f"{nginx.proxy_url}/tls_{run}_ng.tar", sizes.shard, ng_pids, (base,)
             )
-            ng.append(rate)
-            cpu_ng.append(cpu)
-            direct.append(
-                timed_transfer(
-                    f"{nginx.tls_url}/base.tar", sizes.shard, [], (base,), "--cacert", str(cert)
-                )[0]
+            ng.append(miss.rate)
+            cpu_ng.append(miss.served)
+            miss = timed_transfer(
+                f"{nginx.tls_url}/base.tar",
+                sizes.shard,
+                [],
+                (base,),
+                "--cacert",
+                str(cert),
+                origin=ng_pids,
             )
+            straight.append(miss)
+            direct.append(miss.rate)
             for (origin, cores), rates in pair.items():
-                subprocess.run(
-                    ["taskset", "-a", "-p", "-c", "0" if cores == 1 else "0,1", str(daemon.pid)],
-                    check=True,
-                    capture_output=True,
-                )
-                settle_disk((base,))
                 scheme = "tls" if origin == "o" else "plain"
+                warm_receivers(f"{daemon.url}/{origin}/warm_{scheme}_{run}_{cores}.bin")
+                settle_disk((base,))
+                pinned.append(pin_tree(daemon.pid, "0" if cores == 1 else "0,1"))
                 urls = [
                     f"{daemon.url}/{origin}/pair_{scheme}_{run}_{cores}_{i}.tar" for i in (0, 1)
                 ]
@@ -393,8 +571,14 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
             cpu_ng,
             "nginx",
             "report",
-            "user+system time of the serving processes over the transfers above",
+            SERVED_HOW,
             ratio=[a / b for a, b in zip(cpu_sc, cpu_ng, strict=True) if b],
+        ),
+        *by_process_rows(
+            "CPU per GB, cold HTTPS miss, by process",
+            through,
+            straight,
+            "user+system time per process over the misses above, from /proc (curl: wait4)",
         ),
     ] + [
         Row(
@@ -404,8 +588,12 @@ def tls_miss(work: Path, sizes: Sizes) -> list[Row]:
             pair[origin, 1],
             "the daemon pinned to one core (taskset)",
             "report",
-            "two curl -s -f at once; taskset -a -p -c 0 (or 0,1) DAEMON_PID",
+            "two curl -s -f at once; a small cold fetch first, then taskset -a -p -c 0 (or "
+            "0,1) on DAEMON_PID and each of its descendants",
             ratio=[a / b for a, b in zip(pair[origin, 2], pair[origin, 1], strict=True)],
+            note=f"processes pinned per measurement (daemon + descendants): {sorted(set(pinned))}"
+            if origin == "p"
+            else "",
         )
         for origin, label in (("o", "HTTPS"), ("p", "plain HTTP"))
     ]
@@ -1071,6 +1259,113 @@ def six_nodes_over_a_tier(work: Path, sizes: Sizes) -> list[Row]:
     return rows
 
 
+RECEIVER_COUNTS = (1, 2, 4, 8)
+
+
+def require_receivers() -> None:
+    """Stop at once, saying why, when this tree's daemon has no `serve --receivers` (the
+    receiver pool is not in it yet): otherwise the scaling scenario would fail only when its
+    first daemon refused the option, after any scenarios run before it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardcache", "serve", "--help"], capture_output=True, text=True
+    )
+    if "--receivers" not in done.stdout:
+        raise SystemExit(
+            "the scaling scenario starts daemons with `shardcache serve --receivers R`, and "
+            f"this shardcache ({sys.executable} -m shardcache, from {Path.cwd()}) has no such "
+            "option: run it on a tree with the receiver pool"
+        )
+
+
+def receiver_scaling(work: Path, sizes: Sizes) -> list[Row]:
+    """N cold HTTPS shards at once (N = `sizes.scaling_streams`) from the local nginx through
+    one daemon started with `--receivers R`, for R in 1, 2, 4, 8 up to this machine's cores:
+    aggregate GB/s and the CPU per GB of all of the daemon's processes. Receiving processes
+    exist to take TLS decryption off one process's GIL, so throughput should grow with R until
+    the cores (shared with nginx and the curls) run out; R above the core count cannot show
+    more. Runs alternate the pool sizes, each with a fresh daemon warmed by one small fetch."""
+    counts = [r for r in RECEIVER_COUNTS if r <= (os.cpu_count() or 1)]
+    streams, shard = sizes.scaling_streams, sizes.scaling_shard
+    static = work / "static"
+    static.mkdir()
+    base = static / "base.tar"
+    with base.open("wb") as out:
+        out.write(os.urandom(shard))
+    warm = static / "warm.bin"
+    warm.write_bytes(os.urandom(WARM_BYTES))
+    for run in range(sizes.runs):
+        for receivers in counts:
+            os.link(warm, static / f"warm_{run}_{receivers}.bin")
+            for i in range(streams):
+                os.link(base, static / f"scale_{run}_{receivers}_{i}.tar")
+    cert, key = self_signed(work)
+    nginx = Nginx(work, None, static, tls=(cert, key))
+    rates: dict[int, list[float]] = {r: [] for r in counts}
+    cpu: dict[int, list[float]] = {r: [] for r in counts}
+    processes: dict[int, set[int]] = {r: set() for r in counts}  # daemon + descendants seen
+    try:
+        for run in range(sizes.runs):
+            for receivers in counts:
+                daemon = Shardcache(
+                    work,
+                    {"o": nginx.tls_url},
+                    env={"SSL_CERT_FILE": str(cert)},
+                    receivers=receivers,
+                )
+                try:
+                    warm_receivers(f"{daemon.url}/o/warm_{run}_{receivers}.bin")
+                    settle_disk((base,))
+                    urls = [
+                        f"{daemon.url}/o/scale_{run}_{receivers}_{i}.tar" for i in range(streams)
+                    ]
+                    before = cpu_snapshot([daemon.pid])
+                    started = time.perf_counter()
+                    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+                        received = list(pool.map(lambda url: curl(url).size, urls))
+                    wall = time.perf_counter() - started
+                    after = cpu_snapshot([daemon.pid])
+                    if received != [shard] * streams:
+                        raise RuntimeError(f"{streams} cold shards: received {received}")
+                    rates[receivers].append(gbps(streams * shard, wall))
+                    cpu[receivers].append(sum(cpu_between(before, after)) / (streams * shard / 1e9))
+                    processes[receivers].add(1 + len(after.below))
+                finally:
+                    daemon.stop()
+    finally:
+        nginx.stop()
+    label = (
+        f"{streams} cold HTTPS shards at once through one daemon, by receiver pool size "
+        f"({os.cpu_count()} cores)"
+    )
+    how = f"{streams} curl -s -f at once; shardcache serve --receivers R"
+    rows = []
+    for receivers in counts:
+        one = receivers == 1
+        for measure, values in (
+            (f"GB/s in all ({streams} × {shard // MiB} MiB)", rates),
+            ("CPU s/GB, all of the daemon's processes", cpu),
+        ):
+            rows.append(
+                Row(
+                    label,
+                    f"{measure}, --receivers {receivers}",
+                    values[receivers],
+                    [] if one else values[1],
+                    "-" if one else "--receivers 1",
+                    "report",
+                    how,
+                    ratio=[]
+                    if one
+                    else [a / b for a, b in zip(values[receivers], values[1], strict=True)],
+                )
+            )
+        rows[-1].note = (
+            f"--receivers {receivers}: processes at the end of the transfers (daemon + "
+            f"descendants): {sorted(processes[receivers])}"
+        )
+    return rows
+
+
 SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "hit-miss": hit_and_miss,
     "tls": tls_miss,
@@ -1082,6 +1377,10 @@ SCENARIOS: dict[str, Callable[[Path, Sizes], list[Row]]] = {
     "webdataset": webdataset_epoch,
     "loader": multi_worker_epoch,
     "tier": six_nodes_over_a_tier,
+}
+# Selectable with --only, not run by default: it needs a daemon with `serve --receivers`.
+OPTIONAL: dict[str, Callable[[Path, Sizes], list[Row]]] = {
+    "scaling": receiver_scaling,
 }
 
 
@@ -1144,22 +1443,42 @@ def write_report(path: Path, table: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run")
-    parser.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="some scenarios")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        choices=sorted({**SCENARIOS, **OPTIONAL}),
+        help="some scenarios (scaling: only this way)",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument(
+        "--scaling-streams",
+        type=int,
+        default=Sizes.scaling_streams,
+        metavar="N",
+        help=f"cold shards at once in the scaling scenario (default {Sizes.scaling_streams})",
+    )
     args = parser.parse_args()
+    names = args.only or list(SCENARIOS)
+    if "scaling" in names:
+        require_receivers()
     ensure_tools()
-    sizes = QUICK if args.quick else FULL
+    sizes = dataclasses.replace(QUICK if args.quick else FULL, scaling_streams=args.scaling_streams)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="shardcache-bench-") as tmp:
-        for name in args.only or SCENARIOS:
+        for name in names:
             print(f"scenario {name}…", file=sys.stderr, flush=True)
             work = Path(tmp) / name
             work.mkdir()
-            rows += SCENARIOS[name](work, sizes)
+            rows += {**SCENARIOS, **OPTIONAL}[name](work, sizes)
     command = (
         "python benchmarks/run.py"
         + (" --quick" if args.quick else "")
         + (f" --only {' '.join(args.only)}" if args.only else "")
+        + (
+            f" --scaling-streams {args.scaling_streams}"
+            if args.scaling_streams != Sizes.scaling_streams
+            else ""
+        )
     )
     table = render(rows, args.quick, command)
     write_report(args.output, table)
