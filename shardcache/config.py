@@ -102,6 +102,7 @@ class Settings:
     origin_connections: int = 8
     segment_size: int = 16 << 20
     worker_threads: int = 64
+    receivers: int = 0  # receiving processes; 0: one per core available (origins.receivers)
     shutdown_grace: float = 30.0
     client_idle_timeout: float = 60.0
     client_header_timeout: float = 15.0
@@ -181,6 +182,19 @@ def _parse_workers(value: Any) -> int:
     number = _parse_count(value)
     if number == 0:
         raise ValueError("must be at least 1")
+    return number
+
+
+MAX_RECEIVERS = 256  # receiving processes; past the cores, more only cost memory
+
+
+def _parse_receivers(value: Any) -> int:
+    """`auto` (0: one per core this process may run on, at most 16) or a number, 1 or more."""
+    if str(value).strip().lower() == "auto":
+        return 0
+    number = _parse_workers(value)
+    if number > MAX_RECEIVERS:
+        raise ValueError(f"must be at most {MAX_RECEIVERS}")
     return number
 
 
@@ -338,6 +352,14 @@ OPTIONS: tuple[Option, ...] = (
         _parse_workers,
         64,
         "threads for blocking work (disk writes, S3 reads, the index)",
+        "N",
+    ),
+    Option(
+        "receivers",
+        _parse_receivers,
+        "auto",
+        "processes that receive misses from origins (TLS, writing, CRC): a miss's bytes use "
+        "this many cores; auto = one per core available, at most 16",
         "N",
     ),
     Option(

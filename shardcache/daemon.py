@@ -38,6 +38,8 @@ from shardcache.notify import monotonic_usec, notify
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.file import FileOrigin
+from shardcache.origins.receivers import configure as configure_receivers
+from shardcache.origins.receivers import receiver_pool
 from shardcache.origins.upstreams import FailoverOrigin
 from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
@@ -110,6 +112,10 @@ class Daemon:
         self.started_at = time.monotonic()
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
+        # The process's receiving processes: every HTTP(S) and S3 transport sends through
+        # them; sized and started in `start`, restarted by a reload, let go at the end.
+        self.receivers = receiver_pool()
+        self.metrics.watch_receivers(self.receivers.status)
         self._store_watch: asyncio.Task[None] | None = None
         self._stop_now = asyncio.Event()  # a second stop signal: the grace is over
         self._listener: asyncio.Server | None = None
@@ -142,6 +148,8 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
         )
+        self.receivers = configure_receivers(settings.receivers)
+        self.receivers.start()
         self.store = await asyncio.to_thread(open_store, settings, self.metrics)
         if self.store.swept_partials:
             log.info(
@@ -306,6 +314,8 @@ class Daemon:
             notify("READY=1")
             return
         logs.configure(new.log_level, new.log_format)
+        # New requests go to new receivers (of the new size); the old ones finish theirs.
+        self.receivers.restart(new.receivers)
         self.origins.clear()
         self.origins.update(built)
         self.cache.replace_origins(built)  # closes the replaced ones once their fills end
@@ -343,6 +353,7 @@ class Daemon:
                     await origin.aclose()
         if hasattr(self, "store"):
             await asyncio.to_thread(self.store.close)
+        self.receivers.close()  # each exits once its open requests end (none are left)
 
     def _count_closed_connection(self, reason: str) -> None:
         if reason == "limit":
@@ -419,6 +430,7 @@ class Daemon:
             origins=dict(self.origin_urls),
             upstreams=_upstreams_status(self._upstream_rows()),
             scrub=self.scrub.status(),
+            receivers=self.receivers.status(),
             unusable_checksums=self.cache.checksum_trust.status(),
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 from shardcache import __version__
 from shardcache.breaker import BreakerState, Health
 from shardcache.checksums import ALGORITHMS
+from shardcache.receiver_metrics import ReceiverCollector
 from shardcache.scrub_metrics import ScrubCollector, ScrubGauges
 from shardcache.stall import StallClock
 from shardcache.status import Snapshot
@@ -423,6 +425,9 @@ class Metrics:
 
     def watch_scrub(self, read: Callable[[], ScrubGauges]) -> None:
         self.registry.register(ScrubCollector(read))
+
+    def watch_receivers(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(ReceiverCollector(read))
 
     def watch_upstreams(self, read: UpstreamRows) -> None:
         self.registry.register(_UpstreamCollector(read))

@@ -40,6 +40,7 @@ def build_status(
     upstreams: dict[str, list[dict[str, object]]] | None = None,
     unusable_checksums: dict[str, list[dict[str, str]]] | None = None,
     scrub: dict[str, Any] | None = None,
+    receivers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the status document; ratios are None until there is traffic. An origin's
     `unusable_checksums` (only when there are some) names the kinds of checksum it publishes
@@ -91,4 +92,5 @@ def build_status(
         "prefetch": prefetch,
         "origins": per_origin,
         **({"scrub": scrub} if scrub is not None else {}),
+        **({"receivers": receivers} if receivers is not None else {}),
     }

@@ -31,6 +31,17 @@ def _scrub_line(scrub: dict[str, Any] | None) -> str:
     )
 
 
+def _receivers_line(receivers: dict[str, Any] | None) -> str:
+    """The receiving processes: how many, busy with what, replaced how often."""
+    if not receivers:
+        return "receivers      -"
+    return (
+        f"receivers      {receivers['alive']} of {receivers['size']} processes, "
+        f"{receivers['in_flight']} origin requests in flight, "
+        f"{receivers['replaced']} died and were replaced"
+    )
+
+
 def format_status(document: dict[str, Any]) -> str:
     """Render `/_/status` as a short table for people."""
 
@@ -56,6 +67,7 @@ def format_status(document: dict[str, Any]) -> str:
         f"{format_size(prefetch['unread_bytes'])} unread, "
         f"{_concurrency(prefetch)}",
         _scrub_line(document.get("scrub")),
+        _receivers_line(document.get("receivers")),
         "",
         f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
         f"{'from cache':>13}{'from origin':>13}  origin errors",

@@ -1,16 +1,13 @@
-"""Blocking origin I/O on worker threads, cancellable from the event loop.
+"""Blocking origin I/O on threads, and the bounds on it.
 
-One event loop is one core: with TLS, decrypting a miss's bytes there capped a node near
-0.3 GB/s however many segments ran. On a thread, a blocking socket's `recv_into` (and OpenSSL's
-`SSL_read`), `pwrite` and the CRC run without the GIL, so each origin connection can use its
-own core (see `origins.http`).
-
+A receiving process (`origins.receiver`) runs each request on a thread with a blocking socket.
 A thread cannot be cancelled, but its socket can be shut down: `Abort` holds the socket of
-the request in flight, and `run_blocking` fires it when the awaiting task is cancelled.
+the request in flight, and firing it (the daemon's `abort`) ends a blocked `recv` at once.
 
 The threads are shared by every origin; a `Share` bounds what one origin may hold of them
 (every request from its sending to its body's end), so that an origin whose answers hang or
-drip cannot take the threads another origin needs (issue 23, item 4).
+drip cannot take the threads another origin needs (issue 23, item 4). It is taken on the
+daemon's event loop and may be given back from any thread.
 """
 
 from __future__ import annotations
@@ -18,28 +15,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
-T = TypeVar("T")
 
-# Threads for origin requests, shared by every origin. Each holds one request at a time, so
-# this bounds the origin requests in flight; the fill's own limits (segment connections, the
-# shared extra connections, caps) and each origin's `Share` keep far fewer busy. Idle threads
-# cost no CPU, and their stacks are address space, not memory, until used.
+# Requests in flight at once in one receiving process (`origins.receiver`), each on a thread
+# of its own: each origin's `Share` keeps far fewer busy. Idle threads cost no CPU, and their
+# stacks are address space, not memory, until used.
 MAX_THREADS = 512
-
-_executor: ThreadPoolExecutor | None = None
-_executor_lock = threading.Lock()
-
-
-def executor() -> ThreadPoolExecutor:
-    global _executor
-    with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="shardcache-origin")
-        return _executor
 
 
 class Share:
@@ -122,49 +103,4 @@ def _shut_down(sock: socket.socket) -> None:
         pass  # already closed, or never connected
 
 
-async def run_blocking(
-    work: Callable[[Abort], T],
-    abort: Abort | None = None,
-    *,
-    wait_when_cancelled: bool = False,
-    orphaned: Callable[[T], None] | None = None,
-) -> T:
-    """Run `work(abort)` on an origin thread and return its result.
-
-    Cancelled, the abort is fired. With `wait_when_cancelled` the task then waits for the
-    thread to stop (work that writes to a file descriptor must be over before its owner
-    closes it); otherwise it returns at once, and a result the thread still produces is given
-    to `orphaned` (to close its connection), on the thread.
-    """
-    abort = abort or Abort()
-    future = asyncio.get_running_loop().run_in_executor(executor(), work, abort)
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        abort.fire()
-        if wait_when_cancelled:
-            await _wait_out(future)
-        elif orphaned is not None:
-            future.add_done_callback(lambda done: _hand_over(done, orphaned))
-        raise
-
-
-async def _wait_out(future: asyncio.Future[T]) -> None:
-    """Wait for `future` to finish, through further cancellations (the socket is shut down:
-    the thread is at most one write from its end)."""
-    while not future.done():
-        try:
-            await asyncio.wait([future])
-        except asyncio.CancelledError:
-            continue
-    if not future.cancelled():
-        future.exception()  # retrieved: an abandoned request's error is no one's to see
-
-
-def _hand_over(done: asyncio.Future[T], orphaned: Callable[[T], None]) -> None:
-    if done.cancelled() or done.exception() is not None:
-        return
-    orphaned(done.result())
-
-
-__all__ = ["Abort", "Aborted", "Share", "executor", "run_blocking"]
+__all__ = ["MAX_THREADS", "Abort", "Aborted", "Share"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,9 @@ from shardcache import errors
 from shardcache.breaker import BreakerState, CircuitBreaker
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
-from shardcache.origins import Timeouts, http, threads
+from shardcache.origins import Timeouts, http, receivers
 from shardcache.origins.http import HttpOrigin, HttpTransport
+from shardcache.origins.receivers import ReceiverPool
 from shardcache.origins.upstreams import FailoverOrigin, Upstream
 from shardcache.segments import Segment
 
@@ -177,19 +177,28 @@ async def _land(transport: HttpTransport, url: str, path: Path) -> None:
         os.close(fd)
 
 
-@pytest.fixture
-def few_threads(monkeypatch: pytest.MonkeyPatch) -> ThreadPoolExecutor:
-    """The origin threads and each transport's share scaled down (16 and 4, against 512 and
-    64), their ratio kept. MAX_ASKING is the name the share had before it bounded receiving."""
-    pool = ThreadPoolExecutor(16)
-    monkeypatch.setattr(threads, "_executor", pool)
+def _small_receivers(monkeypatch: pytest.MonkeyPatch, threads: int) -> ReceiverPool:
+    """One receiving process with `threads` request threads (against 512) as the process's
+    pool, and each transport's share 4 (against 64)."""
+    pool = ReceiverPool(1, threads)
+    monkeypatch.setattr(receivers, "_pool", pool)
     monkeypatch.setattr(http, "MAX_IN_USE", 4, raising=False)
     monkeypatch.setattr(http, "MAX_ASKING", 4, raising=False)
     return pool
 
 
+@pytest.fixture
+def few_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReceiverPool]:
+    """The receiving threads and each transport's share scaled down (16 and 4, against 512
+    and 64), their ratio kept. MAX_ASKING is the name the share had before it bounded
+    receiving."""
+    pool = _small_receivers(monkeypatch, 16)
+    yield pool
+    pool.kill_all()
+
+
 async def test_one_origin_receiving_slowly_cannot_take_another_origins_threads(
-    few_threads: ThreadPoolExecutor, tmp_path: Path
+    few_threads: ReceiverPool, tmp_path: Path
 ) -> None:
     """Item 4: 40 fills of an origin whose bodies stall after their headers, then a read
     from a healthy origin: answered at once. The share bounded only the requests waiting for
@@ -220,7 +229,6 @@ async def test_one_origin_receiving_slowly_cannot_take_another_origins_threads(
             await asyncio.gather(*landing, return_exceptions=True)
             await hung.aclose()
             await healthy.aclose()
-            few_threads.shutdown(wait=False)
 
 
 async def test_waiting_for_a_share_is_not_the_upstreams_time(
@@ -247,23 +255,13 @@ async def test_waiting_for_a_share_is_not_the_upstreams_time(
     assert bodies == [b"ok", b"ok"]
 
 
-async def _pool_is_busy(pool: ThreadPoolExecutor) -> bool:
-    """Whether a no-op sent to `pool` waits 0.1 s for a thread (it runs when one frees)."""
-    probe = asyncio.wrap_future(pool.submit(lambda: None))
-    done, _ = await asyncio.wait({probe}, timeout=0.1)
-    return not done
-
-
 async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Item 4: every origin thread busy (here, more origins hung than the threads cover), a
-    healthy home waits for one past its read timeout: a local 503, not the home's 504, and
+    """Item 4: every receiving thread busy (here, more origins hung than the threads cover),
+    a healthy home waits for one past its read timeout: a local 503, not the home's 504, and
     its breaker stays up (in the issue the healthy home was marked down)."""
-    pool = ThreadPoolExecutor(4)
-    monkeypatch.setattr(threads, "_executor", pool)
-    monkeypatch.setattr(http, "MAX_IN_USE", 4, raising=False)
-    monkeypatch.setattr(http, "MAX_ASKING", 4, raising=False)
+    pool = _small_receivers(monkeypatch, 4)
     async with RawOrigin(_drip) as slow, RawOrigin(_drip) as home_server:
         hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0))
         home = HttpOrigin(OriginSpec("web", home_server.url("")), Timeouts(1.0, 0.3))
@@ -275,12 +273,16 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
         try:
             while sum(map(len, slow.connections)) < 4:
                 await asyncio.sleep(0.01)
-            # Connected is not yet landing (each landing takes its thread again for the
-            # body): wait until every thread is busy, i.e. a no-op sent to the pool waits.
-            while not await _pool_is_busy(pool):
-                await asyncio.sleep(0.01)
-            with pytest.raises(errors.LocalBusy):
-                await failover.open("ok")
+            # Answered is not yet landing (each landing takes a thread again for the body),
+            # so the home may still get a thread at first: ask until it waits for one.
+            deadline = time.monotonic() + 2.0
+            local_busy = None
+            while local_busy is None and time.monotonic() < deadline:
+                try:
+                    await (await failover.open("ok")).aclose()
+                except errors.LocalBusy as exc:
+                    local_busy = exc
+            assert local_busy is not None, "the home always found a receiving thread"
             health = breaker.health()
             assert (health.state, health.failures_total) == (BreakerState.CLOSED, 0)
         finally:
@@ -289,4 +291,4 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
             await asyncio.gather(*landing, return_exceptions=True)
             await hung.aclose()
             await failover.aclose()
-            pool.shutdown(wait=False)
+            pool.kill_all()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,9 @@ from aiohttp.test_utils import TestServer
 
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
-from shardcache.origins import Timeouts, http, pool, threads
+from shardcache.origins import Timeouts, http, pool, receivers
 from shardcache.origins.http import HttpTransport
+from shardcache.origins.receivers import ReceiverPool
 from shardcache.segments import Segment
 
 BODY = b"x" * (8 << 20)
@@ -307,8 +307,8 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
     answers, then one to a healthy origin: it is answered at once, not after a hung request's
     read timeout frees a thread. The pool and the cap are scaled down here (16 threads, 4
     waiting per transport, against 512 and 64), their ratio kept."""
-    executor = ThreadPoolExecutor(16)
-    monkeypatch.setattr(threads, "_executor", executor)
+    small = ReceiverPool(1, threads=16)
+    monkeypatch.setattr(receivers, "_pool", small)
     monkeypatch.setattr(http, "MAX_IN_USE", 4)
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -338,4 +338,4 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
             await healthy.aclose()
             hung_server.close()
             await asyncio.sleep(0.2)  # the handlers see their clients go
-            executor.shutdown(wait=False)
+            small.kill_all()

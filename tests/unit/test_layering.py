@@ -53,9 +53,29 @@ ALLOWED: dict[str, set[str]] = {
         "origins",
         "origins.base",
         "origins.pool",
+        "origins.receivers",
         "origins.responses",
         "origins.threads",
         "checksums",
+    },
+    # The receive path: the daemon's pool and its wire, and the receiving process, which
+    # imports only what lands a body (no cache, no config, no event loop).
+    "origins.wire": {"errors"},
+    "origins.receivers": {"errors", "origins.wire", "origins.threads"},
+    "origins.landing": {
+        "checksums",
+        "errors",
+        "origins.base",
+        "origins.pool",
+        "origins.responses",
+    },
+    "origins.receiver": {
+        "errors",
+        "origins.landing",
+        "origins.pool",
+        "origins.responses",
+        "origins.threads",
+        "origins.wire",
     },
     "origins.s3": {
         "config",
@@ -104,8 +124,17 @@ ALLOWED: dict[str, set[str]] = {
         "checksums",
     },
     "body": {"fill", "checksums", "errors", "origins.base"},
-    "metrics": {"__init__", "breaker", "checksums", "scrub_metrics", "stall", "status"},
+    "metrics": {
+        "__init__",
+        "breaker",
+        "checksums",
+        "receiver_metrics",
+        "scrub_metrics",
+        "stall",
+        "status",
+    },
     "scrub_metrics": set(),
+    "receiver_metrics": set(),
     "stall": set(),
     "status": set(),
     "middleware": {
@@ -174,7 +203,7 @@ VENDORS = {
     "boto3": {"origins.s3"},
     "botocore": {"origins.s3"},
     "diskcache": {"store"},
-    "prometheus_client": {"metrics", "scrub_metrics", "daemon"},
+    "prometheus_client": {"metrics", "receiver_metrics", "scrub_metrics", "daemon"},
     "uvloop": {"daemon"},
 }
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}

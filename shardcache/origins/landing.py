@@ -1,0 +1,179 @@
+"""One answer's body, received on a blocking socket in a receiving process (`origins.receiver`):
+held to exactly the length its headers announced, and written into the fill's file or handed
+over in chunks.
+
+A body running past its announced length, or ending before it, raises OriginUnavailable;
+nothing beyond it is ever written or handed over. A body read to its end gives its connection
+back to the process's pool for the next request. It knows nothing of objects or fills: the
+daemon checked the answer's headers and says how many bytes to skip and expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+from shardcache.checksums import crc32c
+from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
+from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
+from shardcache.origins.pool import Exchange
+from shardcache.origins.responses import map_http_errors
+
+LAND_BYTES = 1 << 20  # a landing thread's buffer: the most one write takes
+GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
+
+# `progress(count, crc)`: `count` more bytes are written, and `crc` is the running CRC-32C of
+# every byte this landing wrote.
+Progress = Callable[[int, int], None]
+
+
+class Body:
+    """The body of `exchange`'s answer: `body_bytes` long, of which the first `skip` are
+    dropped (a server that answered a Range request with 200)."""
+
+    def __init__(self, exchange: Exchange, skip: int, body_bytes: int, read_s: float) -> None:
+        self._exchange = exchange
+        self._skip = skip
+        self._left = body_bytes
+        self._buffer_drained = False
+        self._read_s = read_s
+
+    def next_chunk(self, read_s: float) -> bytes | None:
+        """The next bytes (at most CHUNK_BYTES), or None at the body's end."""
+        self._read_s = read_s
+        buffer = bytearray(CHUNK_BYTES)
+        with self._mapping_errors():
+            while True:
+                self._exchange.abort.check()
+                received = self._receive(memoryview(buffer))
+                if received is None:
+                    return None
+                if received:
+                    return bytes(received)
+
+    def land(
+        self,
+        fd: int,
+        position: int,
+        end: int,
+        crc: int,
+        read_s: float,
+        min_bytes_per_s: float,
+        progress: Progress,
+    ) -> None:
+        """Write the body at `position` of `fd` until `end`, reporting each write; raise
+        OriginTimeout when no byte comes for `read_s`, OriginTooSlow under the floor,
+        OriginUnavailable when it ends before `end`."""
+        self._read_s = read_s
+        buffer = memoryview(bytearray(LAND_BYTES))
+        floor = SpeedFloor(min_bytes_per_s, read_s)
+        label = self._exchange.label
+        with self._mapping_errors():
+            while position < end:
+                self._exchange.abort.check()
+                received = self._receive(buffer)
+                if received is None:
+                    raise OriginUnavailable(
+                        f"{label}: body ended at byte {position}, expected {end}"
+                    )
+                floor.passed(len(received), label)
+                piece = received[: end - position]  # it may run past its segment
+                if piece:
+                    _write_at(fd, piece, position)
+                    crc = crc32c(bytes(piece), crc)  # the C extension takes bytes only
+                    position += len(piece)
+                    progress(len(piece), crc)
+            if self._left == 0:
+                self._receive(buffer)  # the body's end: its connection goes back to the pool
+
+    @contextlib.contextmanager
+    def _mapping_errors(self) -> Iterator[None]:
+        try:
+            with map_http_errors(self._exchange.label):
+                yield
+        except OriginTooSlow:
+            raise  # it says how slow; the rewording below is for a socket's silence
+        except OriginTimeout as exc:
+            raise OriginTimeout(f"{self._exchange.label}: no byte for {self._read_s:g}s") from exc
+
+    def _receive(self, buffer: memoryview) -> memoryview | None:
+        """The next bytes of the body, with what a 200 to a Range request sent before the
+        range dropped (possibly none); None once the body is complete. Raises
+        OriginUnavailable when it ends early or runs long."""
+        label = self._exchange.label
+        if self._left == 0:
+            if self._runs_past_its_end():
+                raise OriginUnavailable(f"{label}: body longer than announced")
+            self._exchange.finish(complete=True)
+            return None
+        count = self._read_some(buffer[: min(len(buffer), self._left)])
+        if count == 0:
+            raise OriginUnavailable(f"{label}: body ended {self._left} bytes short")
+        if count > self._left:
+            raise OriginUnavailable(f"{label}: body longer than announced")
+        self._left -= count
+        received = buffer[:count]
+        if self._skip:
+            dropped = min(self._skip, count)
+            self._skip -= dropped
+            received = received[dropped:]
+        return received
+
+    def _runs_past_its_end(self) -> bool:
+        """Whether a body with no Content-Length (chunked, or ended by closing) goes on past
+        what was announced; it must end right there."""
+        response = self._exchange.response
+        if response.chunked:
+            return bool(response.read1(1))
+        if response.length is None:
+            assert response.fp is not None
+            return bool(response.fp.read1(1))
+        return False  # http.client and `_left` hold it to its Content-Length
+
+    def _read_some(self, buffer: memoryview) -> int:
+        """Block until some bytes came, then take what else comes within GATHER_S, up to the
+        buffer: few large writes (and progress reports) on a fast origin, no waiting for a
+        full buffer on a slow one (a reader streams what has landed).
+
+        Past what http.client buffered with the headers, a body with a Content-Length is
+        read from the socket itself: one call per TLS record (16 KiB) is the floor, and each
+        layer above it (the buffered reader, SocketIO) took the GIL again."""
+        response = self._exchange.response
+        if response.chunked:  # rare for object stores; http.client decodes the chunks
+            data = response.read1(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        assert response.fp is not None
+        if not self._buffer_drained:
+            self._buffer_drained = True
+            data = response.fp.read1(len(buffer))  # what came with the headers, or one read
+            buffer[: len(data)] = data
+            return len(data)
+        sock = self._exchange.sock
+        sock.settimeout(self._read_s)
+        count = sock.recv_into(buffer)
+        limit = len(buffer)
+        if 0 < count < limit:
+            sock.settimeout(GATHER_S)
+            try:
+                while count < limit:
+                    more = sock.recv_into(buffer[count:])
+                    if not more:
+                        break
+                    count += more
+            except TimeoutError:
+                pass  # nothing more for now: write what came
+            finally:
+                sock.settimeout(self._read_s)
+        return count
+
+
+def _write_at(fd: int, chunk: memoryview, offset: int) -> None:
+    while chunk:
+        written = os.pwrite(fd, chunk, offset)
+        offset += written
+        chunk = chunk[written:]
+
+
+__all__ = ["Body", "Progress"]

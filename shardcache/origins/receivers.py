@@ -1,0 +1,503 @@
+"""The daemon's pool of receiving processes (`origins.receiver`), and the handle of one request
+sent through it (`RemoteExchange`).
+
+Why processes: a miss's bytes cost CPU per byte (TLS decryption, `pwrite`, CRC-32C), and on
+threads of the serving process each 16 KiB TLS record took the interpreter's lock again, so a
+node's misses ran at one core's worth however many it had (issue 25). Each receiver is its
+own interpreter: the pool's size is the cores a node's misses may use.
+
+The serving process keeps every decision: an answer's status and headers come back here and
+are checked by the transport (`origins.http`) before a body byte is taken; a body is landed in
+the fill's file through a descriptor passed with the `land` message, and each write is
+reported back (`progress`, with the running CRC-32C), so readers stream what landed as before.
+
+A receiver that dies fails only its requests in flight, with OriginUnavailable (retried by the
+fill like a dropped connection); it is counted and replaced at once. No write of a dead
+receiver can follow its death being seen: its socket reads EOF only once the process is gone.
+
+Sends from the event loop never block (MSG_DONTWAIT): a receiver that stops reading its
+socket is killed, and its requests fail. Each receiver's answers are read on a thread of its
+own, which settles the awaiting futures on their event loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from shardcache.errors import OriginUnavailable
+from shardcache.origins.threads import MAX_THREADS
+from shardcache.origins.wire import (
+    Message,
+    error_from,
+    receive,
+    send_message,
+    socket_pair,
+)
+
+MAX_RECEIVERS = 16  # the default's cap: past this, one origin's network is the bound
+ABORT_GRACE_S = 10.0  # a receiver that has not stopped an aborted request by then is killed
+
+Progress = Callable[[int, int], None]  # (bytes written, running CRC-32C), on any thread
+
+
+def default_size() -> int:
+    """The cores this process may run on, at most MAX_RECEIVERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_RECEIVERS))
+
+
+@dataclass(slots=True)
+class _Call:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    on_started: Callable[[], None] | None = None
+    on_progress: Progress | None = None
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+class Receiver:
+    """One receiving process, as the daemon sees it."""
+
+    def __init__(self, on_death: Callable[[Receiver], None], threads: int) -> None:
+        ours, theirs = socket_pair()
+        self._sock = ours
+        command = ["-m", "shardcache.origins.receiver", str(theirs.fileno()), str(threads)]
+        self.process = subprocess.Popen(
+            [sys.executable, *command],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        self.pid = self.process.pid
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Call] = {}
+        self.open: set[int] = set()  # requests asked and not yet finished
+        self.is_dead = False
+        self.is_retired = False  # takes no new request; closed once `open` is empty
+        self._on_death = on_death
+        self._reader = threading.Thread(
+            target=self._read, name=f"shardcache-receiver-{self.pid}", daemon=True
+        )
+        self._reader.start()
+
+    def call(
+        self,
+        message: Message,
+        fd: int | None = None,
+        on_started: Callable[[], None] | None = None,
+        on_progress: Progress | None = None,
+    ) -> asyncio.Future[Any]:
+        """Send `message` and return the future of its answer (on the running loop)."""
+        loop = asyncio.get_running_loop()
+        call = _Call(loop, loop.create_future(), on_started, on_progress)
+        call_id = int(message["id"])
+        with self._lock:
+            if self.is_dead:
+                raise self._gone()
+            self._pending[call_id] = call
+        try:
+            self.send(message, fd)
+        except BaseException:
+            with self._lock:
+                self._pending.pop(call_id, None)
+            raise
+        return call.future
+
+    def send(self, message: Message, fd: int | None = None) -> None:
+        """Send without waiting; raises OriginUnavailable when the receiver is gone, or kills
+        it when its socket is full (it stopped reading)."""
+        try:
+            send_message(self._sock, message, fd=fd, flags=socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            self.kill()
+            raise OriginUnavailable(f"receiver process {self.pid} stopped reading") from None
+        except OSError:
+            raise self._gone() from None
+
+    def finish(self, call_id: int, complete: bool) -> None:
+        """End request `call_id` in the receiver (its connection kept or closed)."""
+        with self._lock:
+            self.open.discard(call_id)
+            closing = self.is_retired and not self.open
+        try:
+            self.send({"op": "finish", "id": call_id, "complete": complete})
+        except OriginUnavailable:
+            pass  # gone: nothing of the request is left there
+        if closing:
+            self.close()
+
+    def retire(self) -> None:
+        """Take no new request; close once the open ones are finished."""
+        with self._lock:
+            self.is_retired = True
+            closing = not self.open
+        if closing:
+            self.close()
+
+    def close(self) -> None:
+        """Close the daemon's end: the receiver reads EOF and exits."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+
+    def kill(self) -> None:
+        try:
+            self.process.send_signal(signal.SIGKILL)
+        except OSError:
+            pass  # already gone
+
+    def _gone(self) -> OriginUnavailable:
+        return OriginUnavailable(f"receiver process {self.pid} {self._how_it_ended()}")
+
+    def _how_it_ended(self) -> str:
+        code = self.process.poll()
+        if code is None:
+            return "is closing"
+        if code < 0:
+            return f"died ({signal.Signals(-code).name})"
+        return f"exited ({code})"
+
+    # -- on the reader thread ------------------------------------------------------------------
+
+    def _read(self) -> None:
+        while True:
+            try:
+                received = receive(self._sock)
+            except (OSError, ValueError):
+                received = None
+            if received is None:
+                break
+            message, payload, fd = received
+            if fd is not None:
+                os.close(fd)  # a receiver sends none
+            self._deliver(message, payload)
+        self._ended()
+
+    def _deliver(self, message: Message, payload: memoryview) -> None:
+        op, call_id = message.get("op"), message.get("id")
+        if not isinstance(call_id, int):
+            return
+        with self._lock:
+            call = self._pending.get(call_id)
+            if call is None:
+                return
+            if op not in ("started", "progress"):
+                del self._pending[call_id]
+        if op == "started":
+            if call.on_started is not None:
+                call.loop.call_soon_threadsafe(call.on_started)
+            return
+        if op == "progress":
+            if call.on_progress is not None:
+                call.on_progress(int(message["bytes"]), int(message["crc"]))
+            return
+        outcome: Any
+        if op == "error":
+            outcome = error_from(message)
+        elif op == "chunk":
+            outcome = bytes(payload)
+        elif op == "answer":
+            outcome = message
+        else:  # "landed", "end"
+            outcome = None
+        self._post(call, outcome)
+
+    def _post(self, call: _Call, outcome: Any) -> None:
+        try:
+            call.loop.call_soon_threadsafe(_settle, call.future, outcome)
+        except RuntimeError:
+            pass  # its loop is closed: nobody awaits it
+
+    def _ended(self) -> None:
+        self._sock.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its socket closed, yet it lives: end it
+            self.kill()
+            self.process.wait()
+        with self._lock:
+            self.is_dead = True
+            calls, self._pending = list(self._pending.values()), {}
+            self.open.clear()
+        gone = self._gone()
+        for call in calls:
+            self._post(call, OriginUnavailable(str(gone)))
+        self._on_death(self)
+
+
+class RemoteExchange:
+    """One request sent through a receiver, from its answer's headers to `finish`: its body
+    is landed or read there. `on_end` (the transport's share) is called once, when it ends."""
+
+    def __init__(
+        self,
+        receiver: Receiver,
+        call_id: int,
+        answer: Message,
+        on_end: Callable[[], None],
+    ) -> None:
+        self._receiver = receiver
+        self._id = call_id
+        self.status = int(answer["status"])
+        pairs = answer.get("headers") or []
+        self.headers = CIMultiDictProxy(CIMultiDict((str(k), str(v)) for k, v in pairs))
+        self._on_end: Callable[[], None] | None = on_end
+
+    def expect_body(self, skip: int, body_bytes: int) -> None:
+        """The body is `body_bytes` long, and its first `skip` bytes are not wanted."""
+        self._receiver.send({"op": "body", "id": self._id, "skip": skip, "bytes": body_bytes})
+
+    async def land(
+        self,
+        fd: int,
+        position: int,
+        end: int,
+        crc: int,
+        read_s: float,
+        min_bytes_per_s: float,
+        on_progress: Progress,
+    ) -> None:
+        message = {
+            "op": "land",
+            "id": self._id,
+            "position": position,
+            "end": end,
+            "crc": crc,
+            "read_s": read_s,
+            "min_bytes_per_s": min_bytes_per_s,
+        }
+        await self._until_done(self._receiver.call(message, fd, on_progress=on_progress))
+
+    async def read(self, read_s: float) -> bytes | None:
+        """The next chunk of the body, or None at its end."""
+        message = {"op": "read", "id": self._id, "read_s": read_s}
+        chunk: bytes | None = await self._until_done(self._receiver.call(message))
+        return chunk
+
+    def finish(self, complete: bool) -> None:
+        on_end, self._on_end = self._on_end, None
+        if on_end is None:
+            return
+        try:
+            self._receiver.finish(self._id, complete)
+        finally:
+            on_end()
+
+    def close(self) -> None:
+        self.finish(complete=False)
+
+    async def _until_done(self, future: asyncio.Future[Any]) -> Any:
+        """Await `future`; cancelled, abort the work and wait until the receiver says it
+        stopped (it writes into a file its caller will close, rename or reuse), killing it
+        when it does not within ABORT_GRACE_S."""
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            try:
+                self._receiver.send({"op": "abort", "id": self._id})
+            except OriginUnavailable:
+                pass  # gone: the future fails with it
+            await _wait_out(future, self._receiver)
+            raise
+
+
+async def _wait_out(future: asyncio.Future[Any], receiver: Receiver) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ABORT_GRACE_S
+    while not future.done():
+        try:
+            await asyncio.wait([future], timeout=max(0.0, deadline - loop.time()))
+        except asyncio.CancelledError:
+            continue
+        if not future.done() and loop.time() >= deadline:
+            receiver.kill()  # its reader thread fails the future once the process is gone
+            deadline = float("inf")
+    if not future.cancelled():
+        future.exception()  # retrieved: an abandoned request's error is no one's to see
+
+
+class ReceiverPool:
+    """`size` receiving processes, started on first use (or `start`), each request sent to
+    the one with the fewest open. Shared by every transport of the process."""
+
+    def __init__(self, size: int = 0, threads: int = MAX_THREADS) -> None:
+        """`threads`: each receiver's, for requests in flight (asking or landing)."""
+        self.size = size or default_size()
+        self._threads = threads
+        self.replaced = 0  # receivers that died and were replaced
+        self._lock = threading.Lock()
+        self._receivers: list[Receiver] = []
+        self._ids = itertools.count(1)
+        self._transports = itertools.count(1)
+        self._closed = False
+
+    def new_transport(self) -> int:
+        """An id for one transport's connections (they are kept apart in each receiver)."""
+        return next(self._transports)
+
+    def start(self) -> None:
+        with self._lock:
+            self._closed = False
+            self._fill_up()
+
+    def restart(self, size: int = 0) -> None:
+        """Let the current receivers go once their open requests end, and start `size` new
+        ones (0: `default_size()`), for a reload."""
+        with self._lock:
+            old, self._receivers = self._receivers, []
+            self.size = size or default_size()
+            self._closed = False
+            self._fill_up()
+        for receiver in old:
+            receiver.retire()
+
+    def forget(self, transport: int) -> None:
+        """Close a transport's idle connections in every receiver, and stop its requests
+        still waiting for an answer."""
+        for receiver in self.alive():
+            try:
+                receiver.send({"op": "forget", "transport": transport})
+            except OriginUnavailable:
+                pass  # gone: its connections with it
+
+    def alive(self) -> list[Receiver]:
+        with self._lock:
+            return [r for r in self._receivers if not r.is_dead]
+
+    def in_flight(self) -> int:
+        return sum(len(r.open) for r in self.alive())
+
+    async def ask(
+        self,
+        request: Message,
+        on_started: Callable[[], None],
+        on_end: Callable[[], None],
+    ) -> RemoteExchange:
+        """Send `request` (method, url, label, headers, timeouts, transport) to a receiver and
+        return the answer's exchange. `on_end` is called exactly once: when the exchange is
+        finished, or when no exchange comes of it (an error, or the caller cancelled)."""
+        try:
+            receiver = self._pick()
+            call_id = next(self._ids)
+            with receiver._lock:
+                receiver.open.add(call_id)
+            future = receiver.call({**request, "op": "ask", "id": call_id}, on_started=on_started)
+        except BaseException:
+            on_end()
+            raise
+        try:
+            answer = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(lambda done: _orphaned(done, receiver, call_id, on_end))
+            try:
+                receiver.send({"op": "abort", "id": call_id})
+            except OriginUnavailable:
+                pass  # gone: the future fails with it
+            raise
+        except BaseException:
+            receiver.finish(call_id, complete=False)
+            on_end()
+            raise
+        return RemoteExchange(receiver, call_id, answer, on_end)
+
+    def close(self) -> None:
+        """Let every receiver go once its open requests end; a later request starts anew."""
+        with self._lock:
+            old, self._receivers = self._receivers, []
+            self._closed = True
+        for receiver in old:
+            receiver.retire()
+
+    def kill_all(self) -> None:
+        """End every receiver now (the daemon's last step, after its fills stopped)."""
+        with self._lock:
+            old, self._receivers = self._receivers, []
+            self._closed = True
+        for receiver in old:
+            receiver.close()
+            receiver.kill()
+
+    def status(self) -> dict[str, Any]:
+        alive = self.alive()
+        return {
+            "size": self.size,
+            "alive": len(alive),
+            "pids": [r.pid for r in alive],
+            "in_flight": sum(len(r.open) for r in alive),
+            "replaced": self.replaced,
+        }
+
+    def _pick(self) -> Receiver:
+        with self._lock:
+            self._closed = False
+            self._fill_up()
+            return min(self._receivers, key=lambda r: len(r.open))
+
+    def _fill_up(self) -> None:
+        """Start receivers until `size` are alive (holding the lock)."""
+        self._receivers = [r for r in self._receivers if not r.is_dead]
+        while len(self._receivers) < self.size:
+            self._receivers.append(Receiver(self._died, self._threads))
+
+    def _died(self, receiver: Receiver) -> None:
+        """On `receiver`'s reader thread, once it is gone: replace it, unless it was let go."""
+        with self._lock:
+            if receiver not in self._receivers:
+                return  # retired or closed: its end was asked for
+            self.replaced += 1
+            if not self._closed:
+                self._fill_up()
+
+
+def _orphaned(
+    done: asyncio.Future[Any], receiver: Receiver, call_id: int, on_end: Callable[[], None]
+) -> None:
+    """An answer (or error) came for a request whose caller had left: end it there."""
+    receiver.finish(call_id, complete=False)
+    on_end()
+    if not done.cancelled():
+        done.exception()  # retrieved
+
+
+_pool: ReceiverPool | None = None
+_pool_lock = threading.Lock()
+
+
+def receiver_pool() -> ReceiverPool:
+    """The process's pool (its size set by `configure`, else `default_size()`)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ReceiverPool()
+        return _pool
+
+
+def configure(size: int) -> ReceiverPool:
+    """Size the process's pool (0: `default_size()`), restarting it if it runs."""
+    pool = receiver_pool()
+    if pool.size != (size or default_size()) or not pool.alive():
+        pool.restart(size)
+    return pool
+
+
+__all__ = ["RemoteExchange", "Receiver", "ReceiverPool", "configure", "receiver_pool"]
