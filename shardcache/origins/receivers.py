@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import signal
 import socket
@@ -32,6 +33,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -52,9 +54,17 @@ ABORT_GRACE_S = 10.0  # a receiver that has not stopped an aborted request by th
 Progress = Callable[[int, int], None]  # (bytes written, running CRC-32C), on any thread
 
 
-def default_size() -> int:
-    """The cores this process may run on, at most MAX_RECEIVERS."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_RECEIVERS))
+def default_size(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """The cores this process may use, at most MAX_RECEIVERS: the CPUs it may run on, or
+    fewer when its cgroup's CPU quota (a container's CPU limit) allows less, rounded up."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota to read: the affinity is the bound
+    return max(1, min(cores, MAX_RECEIVERS))
 
 
 @dataclass(slots=True)
@@ -239,10 +249,10 @@ class Receiver:
             self.is_dead = True
             calls, self._pending = list(self._pending.values()), {}
             self.open.clear()
+        self._on_death(self)  # counted and replaced before its callers hear of it
         gone = self._gone()
         for call in calls:
             self._post(call, OriginUnavailable(str(gone)))
-        self._on_death(self)
 
 
 class RemoteExchange:

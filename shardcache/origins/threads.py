@@ -16,7 +16,6 @@ import asyncio
 import socket
 import threading
 
-
 # Requests in flight at once in one receiving process (`origins.receiver`), each on a thread
 # of its own: each origin's `Share` keeps far fewer busy. Idle threads cost no CPU, and their
 # stacks are address space, not memory, until used.

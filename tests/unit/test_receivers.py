@@ -1,0 +1,182 @@
+"""The receive path's parts with real processes and sockets, no daemon: the wire's messages,
+the pool's size, a receiver that dies or stops reading, and the bytes a landing writes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from shardcache import errors
+from shardcache.origins import Timeouts
+from shardcache.origins.http import HttpTransport
+from shardcache.origins.receivers import ReceiverPool, default_size
+from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair
+from shardcache.segments import Segment
+from tests.unit.test_http_exchanges import RawOrigin, response
+
+
+def test_a_message_carries_its_payload_and_descriptor(tmp_path: Path) -> None:
+    ours, theirs = socket_pair()
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        send_message(ours, {"op": "land", "id": 7}, b"\0payload\0", fd)
+        received = receive(theirs)
+        assert received is not None
+        message, payload, passed = received
+        assert (message, bytes(payload)) == ({"op": "land", "id": 7}, b"\0payload\0")
+        assert passed is not None and os.fstat(passed).st_ino == os.fstat(fd).st_ino
+        os.close(passed)
+        ours.close()
+        assert receive(theirs) is None  # the other end closed
+    finally:
+        os.close(fd)
+        theirs.close()
+
+
+def test_an_error_crosses_as_its_own_class_with_its_attributes() -> None:
+    sent = errors.OriginBusy("web: booked", 2.5)
+    rebuilt = error_from(error_message(3, sent))
+    assert type(rebuilt) is errors.OriginBusy
+    assert (str(rebuilt), rebuilt.retry_after_s, rebuilt.status) == ("web: booked", 2.5, 503)
+    other = error_from(error_message(3, ZeroDivisionError("boom")))
+    assert type(other) is errors.OriginUnavailable and "ZeroDivisionError: boom" in str(other)
+    forged = error_from({"op": "error", "class": "SystemExit", "message": "x"})
+    assert type(forged) is errors.OriginUnavailable  # only the error tree is rebuilt
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [("max 100000\n", None), ("150000 100000\n", 2), ("50000 100000\n", 1), ("garbage", None)],
+)
+def test_the_default_size_follows_the_cgroups_cpu_quota(
+    tmp_path: Path, cpu_max: str, expected: int | None
+) -> None:
+    cores = min(len(os.sched_getaffinity(0)), 16)
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    assert default_size(path) == (cores if expected is None else min(cores, expected))
+    assert default_size(tmp_path / "absent") == cores
+
+
+async def _land(transport: HttpTransport, url: str, path: Path, size: int) -> Segment:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        stream = await transport.get(url, url, 0, None, None)
+        segment = Segment(0, size)
+        try:
+            await stream.land(fd, segment, lambda count: None, 3.0)
+        finally:
+            await stream.aclose()
+        return segment
+    finally:
+        os.close(fd)
+
+
+async def test_a_body_lands_exact_with_its_crc_through_a_receiver(tmp_path: Path) -> None:
+    from shardcache.checksums import crc32c
+
+    body = os.urandom(3 << 20)
+
+    async def answer(method: str, path: str) -> bytes:
+        return response(body)
+
+    pool = ReceiverPool(1)
+    async with RawOrigin(answer) as origin:
+        transport = HttpTransport(Timeouts(1.0, 5.0), receivers=pool)
+        try:
+            segment = await _land(transport, origin.url("/a"), tmp_path / "a", len(body))
+        finally:
+            await transport.aclose()
+            pool.kill_all()
+    assert (tmp_path / "a").read_bytes() == body
+    assert (segment.done_bytes, segment.crc32c) == (len(body), crc32c(body))
+
+
+async def test_a_receiver_killed_mid_body_fails_the_landing_and_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """Headers and half the body, then nothing: the receiver is SIGKILLed while it waits.
+    The landing fails with OriginUnavailable at once (not at the read timeout), the dead one
+    is counted and replaced, and the next request is served by the new one."""
+    half = asyncio.Event()
+
+    async def answer(method: str, path: str) -> bytes | None:
+        if path == "/stall":
+            half.set()
+            return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 1000\r\n\r\n' + b"x" * 500
+        return response(b"ok")
+
+    pool = ReceiverPool(1)
+    async with RawOrigin(answer) as origin:
+        transport = HttpTransport(Timeouts(1.0, 30.0), receivers=pool)
+        try:
+            landing = asyncio.create_task(
+                _land(transport, origin.url("/stall"), tmp_path / "s", 1000)
+            )
+            await half.wait()
+            await asyncio.sleep(0.3)  # the 500 bytes landed; the receiver waits for more
+            (victim,) = pool.alive()
+            os.kill(victim.pid, signal.SIGKILL)
+            async with asyncio.timeout(5):
+                with pytest.raises(errors.OriginUnavailable, match="died .SIGKILL."):
+                    await landing
+            assert pool.replaced == 1
+            assert (tmp_path / "s").read_bytes() == b"x" * 500  # nothing past what landed
+            assert await _land(transport, origin.url("/ok"), tmp_path / "ok", 2)
+            assert (tmp_path / "ok").read_bytes() == b"ok"
+            assert [r.pid for r in pool.alive()] != [victim.pid]
+        finally:
+            await transport.aclose()
+            pool.kill_all()
+
+
+async def test_a_cancelled_landing_waits_until_the_receiver_stopped_writing(
+    tmp_path: Path,
+) -> None:
+    """A landing cancelled mid-body returns only once the receiver said it stopped: the fill
+    may then close, rename or reuse its file, and no late write of the receiver lands in it."""
+    started = asyncio.Event()
+
+    async def answer(method: str, path: str) -> bytes | None:
+        started.set()
+        return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 100000\r\n\r\n' + b"y" * 10
+
+    pool = ReceiverPool(1)
+    async with RawOrigin(answer) as origin:
+        transport = HttpTransport(Timeouts(1.0, 30.0), receivers=pool)
+        try:
+            path = tmp_path / "c"
+            landing = asyncio.create_task(_land(transport, origin.url("/c"), path, 100000))
+            await started.wait()
+            await asyncio.sleep(0.3)
+            landing.cancel()
+            async with asyncio.timeout(5):
+                with pytest.raises(asyncio.CancelledError):
+                    await landing
+            assert pool.in_flight() == 0
+            assert path.read_bytes() == b"y" * 10
+        finally:
+            await transport.aclose()
+            pool.kill_all()
+
+
+def test_a_receiver_that_stops_reading_is_killed_not_waited_for() -> None:
+    """Sends from the event loop never block: a receiver whose socket is full (SIGSTOPped)
+    is killed, and the send fails with OriginUnavailable."""
+    pool = ReceiverPool(1)
+    try:
+        pool.start()
+        (receiver,) = pool.alive()
+        os.kill(receiver.pid, signal.SIGSTOP)
+        with pytest.raises(errors.OriginUnavailable, match="stopped reading"):
+            for number in range(1_000_000):
+                receiver.send({"op": "forget", "transport": number, "pad": "p" * 4000})
+        assert receiver.process.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        pool.kill_all()
