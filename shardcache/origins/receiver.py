@@ -17,6 +17,7 @@ closes: the daemon stopped, or died.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -94,6 +95,8 @@ class Receiver:
             self._work.submit(
                 self._read, call_id, self._requests[call_id], float(message["read_s"])
             )
+        elif op == "ping":  # the daemon's heartbeat: this process still reads and answers
+            self._send({"op": "pong"})
         elif op == "abort":
             request_or_none = self._requests.get(call_id)
             if request_or_none is not None:
@@ -143,7 +146,10 @@ class Receiver:
         request.exchange = exchange
         headers = [[k, v] for k, v in exchange.response.getheaders()]
         answer = {"op": "answer", "id": call_id, "status": exchange.response.status}
-        if sum(len(k) + len(v) for k, v in headers) > MAX_HEADER_BYTES:
+        answer["headers"] = headers
+        # Bounded as encoded (JSON writes a byte of 0x80-0xff as six): a message too large
+        # for the daemon's read would be cut short and end this process.
+        if len(json.dumps(answer)) > MAX_HEADER_BYTES:
             exchange.close()
             with self._lock:
                 self._requests.pop(call_id, None)
@@ -151,7 +157,7 @@ class Receiver:
                 call_id, OriginUnavailable(f"{message['label']}: answer headers too large")
             )
             return
-        self._send({**answer, "headers": headers})
+        self._send(answer)
 
     def _exchange(self, abort: Abort, message: Message) -> Exchange:
         """One request on one connection of this process's pool for the daemon's transport."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import os
 import signal
@@ -31,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,13 @@ from shardcache.origins.wire import (
 
 MAX_RECEIVERS = 16  # the default's cap: past this, one origin's network is the bound
 ABORT_GRACE_S = 10.0  # a receiver that has not stopped an aborted request by then is killed
+# Each receiver is pinged every HEARTBEAT_S; one that says nothing at all for SILENCE_LIMIT_S
+# (stopped, wedged) is killed: its requests fail and are retried on the others, and it is
+# replaced. A receiver enforces each request's own timeouts; this catches one that cannot.
+HEARTBEAT_S = 1.0
+SILENCE_LIMIT_S = 10.0
+
+log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (bytes written, running CRC-32C), on any thread
 
@@ -103,6 +112,7 @@ class Receiver:
         self.open: set[int] = set()  # requests asked and not yet finished
         self.is_dead = False
         self.is_retired = False  # takes no new request; closed once `open` is empty
+        self.last_heard = time.monotonic()  # when it last said anything (the heartbeat)
         self._on_death = on_death
         self._reader = threading.Thread(
             target=self._read, name=f"shardcache-receiver-{self.pid}", daemon=True
@@ -197,6 +207,7 @@ class Receiver:
                 received = None
             if received is None:
                 break
+            self.last_heard = time.monotonic()
             message, payload, fd = received
             if fd is not None:
                 os.close(fd)  # a receiver sends none
@@ -249,8 +260,10 @@ class Receiver:
             self.is_dead = True
             calls, self._pending = list(self._pending.values()), {}
             self.open.clear()
-        self._on_death(self)  # counted and replaced before its callers hear of it
         gone = self._gone()
+        if not self.is_retired:
+            log.warning("%s; its %d requests in flight fail and are retried", gone, len(calls))
+        self._on_death(self)  # counted and replaced before its callers hear of it
         for call in calls:
             self._post(call, OriginUnavailable(str(gone)))
 
@@ -360,6 +373,7 @@ class ReceiverPool:
         self._ids = itertools.count(1)
         self._transports = itertools.count(1)
         self._closed = False
+        self._watchdog: threading.Thread | None = None
 
     def new_transport(self) -> int:
         """An id for one transport's connections (they are kept apart in each receiver)."""
@@ -464,10 +478,44 @@ class ReceiverPool:
             return min(self._receivers, key=lambda r: len(r.open))
 
     def _fill_up(self) -> None:
-        """Start receivers until `size` are alive (holding the lock)."""
+        """Start receivers until `size` are alive (holding the lock). One that cannot be
+        started (EMFILE, EAGAIN) is tried again at the next request; with none alive, the
+        request fails with OriginUnavailable."""
         self._receivers = [r for r in self._receivers if not r.is_dead]
         while len(self._receivers) < self.size:
-            self._receivers.append(Receiver(self._died, self._threads))
+            try:
+                self._receivers.append(Receiver(self._died, self._threads))
+            except OSError as exc:
+                log.warning("cannot start a receiving process: %s", exc.strerror or exc)
+                if not self._receivers:
+                    raise OriginUnavailable(
+                        f"no receiving process: cannot start one ({exc.strerror or exc})"
+                    ) from None
+                break
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(
+                target=self._watch, name="shardcache-receivers-watchdog", daemon=True
+            )
+            self._watchdog.start()
+
+    def _watch(self) -> None:
+        """Ping every receiver each HEARTBEAT_S; kill one silent for SILENCE_LIMIT_S."""
+        while True:
+            time.sleep(HEARTBEAT_S)
+            now = time.monotonic()
+            for receiver in self.alive():
+                if now - receiver.last_heard > SILENCE_LIMIT_S:
+                    log.warning(
+                        "receiver process %d said nothing for %.0f s: killed",
+                        receiver.pid,
+                        now - receiver.last_heard,
+                    )
+                    receiver.kill()
+                    continue
+                try:
+                    receiver.send({"op": "ping"})
+                except OriginUnavailable:
+                    pass  # gone, or killed for not reading: its reader thread sees it end
 
     def _died(self, receiver: Receiver) -> None:
         """On `receiver`'s reader thread, once it is gone: replace it, unless it was let go."""
@@ -476,7 +524,10 @@ class ReceiverPool:
                 return  # retired or closed: its end was asked for
             self.replaced += 1
             if not self._closed:
-                self._fill_up()
+                try:
+                    self._fill_up()
+                except OriginUnavailable:
+                    pass  # logged; the next request tries again
 
 
 def _orphaned(

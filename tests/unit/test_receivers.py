@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import errors
-from shardcache.origins import Timeouts
+from shardcache.origins import Timeouts, receivers
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool, default_size
 from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair
@@ -180,3 +180,77 @@ def test_a_receiver_that_stops_reading_is_killed_not_waited_for() -> None:
         assert receiver.process.wait(timeout=5) == -signal.SIGKILL
     finally:
         pool.kill_all()
+
+
+async def test_a_stopped_receiver_is_killed_for_its_silence_and_its_landing_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP mid-body (a wedged receiver: its own timeouts cannot run): the heartbeat finds
+    it silent, kills it, and the landing fails (to be retried) instead of hanging its fill.
+    The silence limit is 1.5 s here (10 s in the daemon)."""
+    monkeypatch.setattr(receivers, "SILENCE_LIMIT_S", 1.5)
+    started = asyncio.Event()
+
+    async def answer(method: str, path: str) -> bytes | None:
+        started.set()
+        return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: 100000\r\n\r\n' + b"z" * 10
+
+    pool = ReceiverPool(1)
+    async with RawOrigin(answer) as origin:
+        transport = HttpTransport(Timeouts(1.0, 60.0), receivers=pool)
+        try:
+            landing = asyncio.create_task(
+                _land(transport, origin.url("/z"), tmp_path / "z", 100000)
+            )
+            await started.wait()
+            await asyncio.sleep(0.3)
+            (victim,) = pool.alive()
+            os.kill(victim.pid, signal.SIGSTOP)
+            async with asyncio.timeout(8):  # not the 60 s read timeout
+                with pytest.raises(errors.OriginUnavailable, match="SIGKILL"):
+                    await landing
+            assert pool.replaced == 1 and victim.pid not in [r.pid for r in pool.alive()]
+        finally:
+            await transport.aclose()
+            pool.kill_all()
+
+
+async def test_huge_non_ascii_headers_fail_their_request_only(tmp_path: Path) -> None:
+    """Five headers of 50,000 bytes 0xff: under the header bound in characters, six times
+    over it as JSON. The request fails with a clear error; the receiver lives on and serves
+    the next request (before, the daemon read a cut message and took the receiver for dead,
+    failing every request on it)."""
+
+    async def answer(method: str, path: str) -> bytes | None:
+        if path == "/huge":
+            junk = b"".join(b"X-Junk-%d: %s\r\n" % (i, b"\xff" * 50_000) for i in range(5))
+            return b"HTTP/1.1 200 OK\r\n" + junk + b"Content-Length: 2\r\n\r\nhi"
+        return response(b"ok")
+
+    pool = ReceiverPool(1)
+    async with RawOrigin(answer) as origin:
+        transport = HttpTransport(Timeouts(1.0, 5.0), receivers=pool)
+        try:
+            with pytest.raises(errors.OriginUnavailable, match="answer headers too large"):
+                await _land(transport, origin.url("/huge"), tmp_path / "h", 2)
+            await _land(transport, origin.url("/ok"), tmp_path / "ok", 2)
+            assert (tmp_path / "ok").read_bytes() == b"ok"
+            assert pool.replaced == 0
+        finally:
+            await transport.aclose()
+            pool.kill_all()
+
+
+async def test_a_receiver_that_cannot_be_started_fails_the_request_clearly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_process(*args: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(receivers, "Receiver", no_process)
+    pool = ReceiverPool(1)
+    transport = HttpTransport(Timeouts(1.0, 5.0), receivers=pool)
+    with pytest.raises(errors.OriginUnavailable, match="cannot start one .Too many open files"):
+        await transport.head("http://127.0.0.1:9/a", "a")
+    await asyncio.sleep(0)  # a turn is given back through the loop (`Share.give_back`)
+    assert transport.share.in_use == 0
