@@ -20,7 +20,9 @@ from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
 from shardcache.origins.pool import Exchange
 from shardcache.origins.responses import map_http_errors
 
-LAND_BYTES = 1 << 20  # a landing thread's buffer: the most one write takes
+LAND_BYTES = 256 << 10  # a landing thread's buffer: the most one write (and report) takes; each
+# landing in flight holds one, so this times the landings bounds a receiver's memory
+REPORT_BYTES = 1 << 20  # bytes written between two progress reports, while they keep coming
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
 
 # `progress(count, crc)`: `count` more bytes are written, and `crc` is the running CRC-32C of
@@ -69,6 +71,7 @@ class Body:
         buffer = memoryview(bytearray(LAND_BYTES))
         floor = SpeedFloor(min_bytes_per_s, read_s)
         label = self._exchange.label
+        unreported = 0
         with self._mapping_errors():
             while position < end:
                 self._exchange.abort.check()
@@ -83,7 +86,14 @@ class Body:
                     _write_at(fd, piece, position)
                     crc = crc32c(bytes(piece), crc)  # the C extension takes bytes only
                     position += len(piece)
-                    progress(len(piece), crc)
+                    unreported += len(piece)
+                # Reported every REPORT_BYTES on a fast origin (each report costs the serving
+                # process a message), at once when the origin paused (a reader waits on it).
+                if unreported and (unreported >= REPORT_BYTES or len(received) < len(buffer)):
+                    progress(unreported, crc)
+                    unreported = 0
+            if unreported:
+                progress(unreported, crc)
             if self._left == 0:
                 self._receive(buffer)  # the body's end: its connection goes back to the pool
 
