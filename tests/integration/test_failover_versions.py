@@ -73,6 +73,8 @@ def test_a_resume_that_cannot_prove_its_version_is_never_spliced(
     clean = {hashlib.sha256(v).hexdigest() for pair in versions.values() for v in pair}
     results = _read_all(daemon, KEYS, 3)
     spliced = [(code, digest) for code, digest in results if code == 0 and digest not in clean]
+    failed = sum(1 for code, _ in results if code != 0)
+    print(f"{liar}: {len(spliced)} splices, {failed} visible failures in {len(results)} reads")
     assert not spliced, f"{len(spliced)} of {len(results)} reads were a splice of two versions"
     # Whatever was committed is one version whole: hits say so too.
     for code, digest in _read_all(daemon, KEYS, 1):
@@ -117,6 +119,7 @@ def test_the_homes_checksum_judges_what_a_mirror_sends(
             if result.exit_code == 0:
                 assert "md5" in result.headers.get("x-shardcache-verified", "").lower()
     corrupt = [r for r in results if r[1] == 0 and r[2] != expected[r[0]]]
+    print(f"{mirror_says}: {len(corrupt)} corrupt clean reads of {len(results)}")
     assert not corrupt, f"{len(corrupt)} of {len(results)} reads handed over the mirror's bytes"
     assert sum(home.heads.values()) >= 1  # the checksum was asked of the home
 
@@ -170,6 +173,7 @@ def test_a_lying_tier_member_is_judged_by_the_homes_checksum(
             results.append((key, result.exit_code, result.sha256))
     assert sum(member.gets.values()) >= 1  # the member was asked for bodies
     corrupt = [r for r in results if r[1] == 0 and r[2] != expected[r[0]]]
+    print(f"lying tier member: {len(corrupt)} corrupt clean reads of {len(results)}")
     assert not corrupt, f"{len(corrupt)} of {len(results)} reads handed over the member's bytes"
 
 
@@ -194,6 +198,7 @@ def test_a_dripping_upstream_is_failed_over_from_mid_object(
     began = time.monotonic()
     result = curl(f"{daemon.url}/o/drip.tar", "--max-time", "60")
     waited_s = time.monotonic() - began
+    print(f"dripping mirror: the client had the object exact after {waited_s:.1f} s")
     assert (result.exit_code, result.sha256) == (0, hashlib.sha256(data).hexdigest())
     assert home.gets["drip.tar"] >= 1
     _, status = daemon.get_json("/_/status")

@@ -84,6 +84,7 @@ def test_fills_every_client_left_stop_and_other_origins_are_answered_at_once(
     started = time.monotonic()
     healthy = curl(f"{daemon.url}/h/a.tar")
     healthy_s = time.monotonic() - started
+    print(f"healthy origin answered 4 MiB in {healthy_s:.3f} s beside {SLOW_FILLS} slow fills")
     assert healthy.exit_code == 0 and healthy_s < 2.0, healthy_s
     upstreams = daemon.get_json("/_/status")[1]["origins"]["s"]["upstreams"]  # type: ignore[index]
     assert upstreams[1]["state"] == "up" and upstreams[1]["failures"] == 0, upstreams

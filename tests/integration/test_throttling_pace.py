@@ -74,6 +74,7 @@ def test_a_throttling_origin_is_used_near_its_limit(origin, start_daemon) -> Non
     assert ended - began > 2.0, (began, ended)
     accepted = sum(1 for at in origin.accepted_at if began <= at <= ended)
     used = accepted / (ended - began) / LIMIT_RPS
+    print(f"throttled origin: {used:.0%} of the allowed {LIMIT_RPS}/s used in steady state")
     assert used >= 0.8, f"used {used:.0%} of the allowed rate"
     assert daemon.metric("shardcache_origin_throttled_total", origin="o") == len(origin.refused_at)
     # One line per change of state, not one per refusal.
@@ -111,7 +112,9 @@ def test_a_turn_further_off_than_the_read_timeout_is_shed(origin, start_daemon) 
     assert all(h["X-Shardcache-Error"] == "throttled" for h in shed), shed[:3]
     # A shed request waited for its turn at most the read timeout (2 s); it may also have
     # been refused by the origin and backed off before that.
-    assert max(seconds for _, _, seconds in answers.values()) < 8.0
+    longest_s = max(seconds for _, _, seconds in answers.values())
+    print(f"shed: {len(shed)} of {len(keys)} answered 503; longest wait {longest_s:.2f} s")
+    assert longest_s < 8.0
 
 
 @pytest.fixture
