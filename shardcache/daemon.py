@@ -40,7 +40,7 @@ from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.file import FileOrigin
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
-from shardcache.origins.upstreams import FailoverOrigin
+from shardcache.origins.upstreams import FailoverOrigin, redact_url
 from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.scrub import Scrubber
@@ -108,7 +108,7 @@ class Daemon:
         self._reload_settings = reload_settings
         self.origins = build_origins(settings)  # the cache owns (and closes) them once built
         self.metrics = Metrics(CollectorRegistry(), self.origins)
-        self.metrics.watch_upstreams(self._upstream_rows)
+        self.metrics.watch_upstreams(self._upstream_rows, self._lone_homes)
         self.started_at = time.monotonic()
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
@@ -442,6 +442,11 @@ class Daemon:
             if isinstance(inner, FailoverOrigin):
                 rows += [(name, role, health) for role, health in inner.health()]
         return rows
+
+    def _lone_homes(self) -> dict[str, str]:
+        """Origin → its URL, for origins with one (no mirror, no tier): their home upstream."""
+        specs = self._origin_specs().values()
+        return {o.name: redact_url(o.url) for o in specs if not o.has_upstreams}
 
 
 def _upstreams_status(rows: list[tuple[str, str, Health]]) -> dict[str, list[dict[str, object]]]:

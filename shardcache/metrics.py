@@ -9,7 +9,7 @@ cache and prefetch state gauges are read at scrape time through callbacks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,13 +196,17 @@ class _StateCollector(Collector):
 
 
 UpstreamRows = Callable[[], Iterable[tuple[str, str, Health]]]  # (origin, role, health)
+LoneHomes = Callable[[], Mapping[str, str]]  # origin → its one URL (no mirror, no tier)
 
 
 class _UpstreamCollector:
-    """Each upstream's breaker, read at scrape time (`origins.upstreams`)."""
+    """Each upstream's breaker, read at scrape time (`origins.upstreams`), and the home of
+    each origin with one URL: the dashboard's upstream panel then shows every origin, not
+    only those with a tier or mirrors."""
 
-    def __init__(self, read: UpstreamRows) -> None:
+    def __init__(self, read: UpstreamRows, lone_homes: LoneHomes) -> None:
         self._read = read
+        self._lone_homes = lone_homes
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["origin", "upstream", "role"]
@@ -221,6 +225,10 @@ class _UpstreamCollector:
             row = [origin, health.upstream, role]
             up.add_metric(row, 1 if health.state is BreakerState.CLOSED else 0)
             failures.add_metric(row, health.failures_total)
+        for origin, url in self._lone_homes().items():
+            # No breaker: with nothing to fail over to it is never skipped, so always up.
+            up.add_metric([origin, url, "home"], 1)
+            failures.add_metric([origin, url, "home"], 0)
         yield up
         yield failures
 
@@ -429,8 +437,8 @@ class Metrics:
     def watch_receivers(self, read: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(ReceiverCollector(read))
 
-    def watch_upstreams(self, read: UpstreamRows) -> None:
-        self.registry.register(_UpstreamCollector(read))
+    def watch_upstreams(self, read: UpstreamRows, lone_homes: LoneHomes) -> None:
+        self.registry.register(_UpstreamCollector(read, lone_homes))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -122,7 +122,8 @@ def test_require_token_for_reads(origin: OriginServer, start_daemon, tmp_path: P
     for method, path in OPEN:
         assert _send(daemon, method, path)[0] == 200, path
 
-    # The README's recipe: a header file, and `url --pipe --curl-header` to use it.
+    # The recipe of docs/integrity-and-security.md (Security): a header file, and
+    # `url --pipe --curl-header` to use it.
     header_file = tmp_path / "header"
     header_file.write_text(f"Authorization: Bearer {TOKEN}\n")
     env = {"SHARDCACHE_URL": daemon.url, "SHARDCACHE_ADMIN_TOKEN_FILE": str(token_file)}

@@ -1,6 +1,6 @@
-"""README, Beyond one node: "Nodes over an S3-compatible cluster store", over SeaweedFS.
+"""docs/beyond-one-node.md: "Nodes over an S3-compatible cluster store", over SeaweedFS.
 
-Laid out as the README says: every node daemon has the same TOML origin, `url =
+Laid out as that page says: every node daemon has the same TOML origin, `url =
 "s3://bucket/laion"` with the store's `endpoint_url`, and the store's credentials from the
 environment (whose `AWS_ENDPOINT_URL` points nowhere: the file's endpoint must win). The shards
 are uploaded as users upload them (s3transfer: multipart above its threshold). A real

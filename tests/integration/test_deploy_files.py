@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -19,7 +20,8 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from shardcache.config import Settings, load_settings
+from shardcache import __version__
+from shardcache.config import OPTIONS, Settings, load_settings
 from shardcache.units import parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,3 +282,132 @@ def test_dockerfile_lint() -> None:
                 assert (ROOT / source).exists(), f"COPY of missing {source}"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert "tests" in ignored and ".git" in ignored
+
+
+DOCS_DEPLOYING = ROOT / "docs" / "deploying.md"
+IMAGE_PLACEHOLDER = "REGISTRY/shardcache:VERSION"
+
+
+def _section(page: Path, heading: str) -> str:
+    """The text of `## heading` in `page`, up to the next `## `."""
+    text = page.read_text()
+    assert f"\n## {heading}\n" in text, f"{page.name} has no section {heading!r}"
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _sh_blocks(text: str) -> list[str]:
+    return re.findall(r"```sh\n(.*?)```", text, re.DOTALL)
+
+
+def test_the_install_instructions_name_what_exists() -> None:
+    """shardcache is not on the package index: nothing may tell a user to `pip install
+    shardcache`; the unit's install line is the one docs/deploying.md gives, and installs the
+    clone (`.`) with the tested pins into the venv whose shardcache ExecStart runs."""
+    from_index = re.compile(r"pip3? install\s+(?:-[-\w]+\s+)*shardcache(?![\w./-])")
+    shipped = [ROOT / "README.md", ROOT / "docker-compose.yml", *ROOT.glob("docs/*.md")]
+    shipped += [p for p in DEPLOY.rglob("*") if p.is_file()]
+    offenders = [str(p.relative_to(ROOT)) for p in shipped if from_index.search(p.read_text())]
+    assert offenders == [], f"`pip install shardcache` (not on the index) in {offenders}"
+
+    unit = (DEPLOY / "systemd" / "shardcache.service").read_text()
+    installs = [
+        line.lstrip("# ").strip() for line in unit.splitlines() if "bin/pip install" in line
+    ]
+    install = (
+        "python3 -m venv /opt/shardcache && /opt/shardcache/bin/pip install -c constraints.txt ."
+    )
+    assert installs == [install], installs
+    systemd = _sh_blocks(_section(DOCS_DEPLOYING, "systemd"))
+    assert install in systemd[0].splitlines()
+    assert "ExecStart=/opt/shardcache/bin/shardcache serve" in unit  # the venv's entry point
+    assert (ROOT / "constraints.txt").is_file() and (ROOT / "pyproject.toml").is_file()
+    wheel = next(b for b in systemd if "pip wheel" in b)  # the wheel route installs what it built
+    built = f"dist/shardcache-{__version__}-py3-none-any.whl"  # what `pip wheel -w dist .` writes
+    assert "pip wheel --no-deps -w dist ." in wheel
+    assert wheel.split("pip install", 1)[1].split() == ["-c", "constraints.txt", built]
+
+
+def _shardcache_containers(documents: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    found = []
+    for document in documents:
+        spec = document.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec)
+        found += [c for c in pod.get("containers", []) if c["name"] == "shardcache"]
+    return found
+
+
+def _kubernetes_documents(folder: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [
+        d for f in sorted(folder.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d
+    ]
+
+
+def test_the_kubernetes_image_is_the_one_the_docs_build_and_push(tmp_path: Path) -> None:
+    """Every manifest runs `REGISTRY/shardcache:VERSION` until the user sets theirs, and the
+    docs' own commands build it from deploy/docker/Dockerfile, push it, and write it into
+    every manifest that names it. Docker cannot run here: `docker` is a shell function that
+    records what it was asked (the image build itself is tested elsewhere)."""
+    containers = _shardcache_containers(_kubernetes_documents(DEPLOY / "kubernetes"))
+    assert len(containers) == 3  # the DaemonSet, the tier's StatefulSet, the sidecar example
+    assert {c["image"] for c in containers} == {IMAGE_PLACEHOLDER}
+
+    [steps] = _sh_blocks(_section(DOCS_DEPLOYING, "Building and pushing the image"))
+    work = tmp_path / "clone"
+    shutil.copytree(DEPLOY / "kubernetes", work / "deploy" / "kubernetes")
+    script = 'docker() { echo "$*" >> docker.calls; }\n' + steps
+    subprocess.run(["bash", "-euc", script], cwd=work, check=True)
+    image = re.search(r"^IMAGE=(\S+)", steps, re.MULTILINE)
+    assert image, steps
+    calls = (work / "docker.calls").read_text().splitlines()
+    assert calls == [f"build -f deploy/docker/Dockerfile -t {image[1]} .", f"push {image[1]}"]
+    assert (DEPLOY / "docker" / "Dockerfile").is_file()
+    rewritten = _shardcache_containers(_kubernetes_documents(work / "deploy" / "kubernetes"))
+    assert [c["image"] for c in rewritten] == [image[1]] * 3
+    leftovers = [
+        f.name
+        for f in (work / "deploy" / "kubernetes").glob("*")
+        if IMAGE_PLACEHOLDER in f.read_text()
+    ]
+    assert leftovers == []
+
+
+def test_compose_publishes_every_port_on_this_machine_only() -> None:
+    """Grafana (anonymous Admin), Prometheus, MinIO's console and shardcache: 127.0.0.1 only."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = {
+        f"{name}: {port}"
+        for name, service in compose["services"].items()
+        for port in service.get("ports", [])
+    }
+    assert {p.split(": ")[0] for p in published} >= {"shardcache", "grafana", "prometheus", "minio"}
+    wide = sorted(p for p in published if not str(p.split(": ", 1)[1]).startswith("127.0.0.1:"))
+    assert wide == [], f"published beyond this machine: {wide}"
+
+
+# What an example config is for: where to listen, how big, where, how to log, the token.
+EXAMPLE_SETS = {"listen", "cache_size", "cache_dir", "log_format", "admin_token_file"}
+
+
+def test_example_configs_pin_no_setting_away_from_its_default(tmp_path: Path) -> None:
+    """A copied example must not silently fix a tuned setting (`prefetch_concurrency = 4`
+    while the default is `auto`): every other key it writes says the default."""
+    examples = {
+        "deploy/systemd/shardcache.toml": (DEPLOY / "systemd" / "shardcache.toml").read_text(),
+        "deploy/compose/shardcache.toml": (DEPLOY / "compose" / "shardcache.toml").read_text(),
+        "deploy/compose/tier.toml": (DEPLOY / "compose" / "tier.toml").read_text(),
+    }
+    for name in ("configmap.yaml", "tier.yaml"):
+        for document in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()):
+            if document and document["kind"] == "ConfigMap":
+                examples[f"deploy/kubernetes/{name}"] = document["data"]["shardcache.toml"]
+    defaults = _settings_from("", tmp_path)
+    options = {o.name for o in OPTIONS}
+    pinned = []
+    for where, text in examples.items():
+        settings = _settings_from(text, tmp_path)
+        for key in tomllib.loads(text).keys() & options - EXAMPLE_SETS:
+            if getattr(settings, key) != getattr(defaults, key):
+                pinned.append(f"{where}: {key}")
+    assert pinned == [], f"example configs pin settings away from their defaults: {pinned}"
+    systemd = tomllib.loads(examples["deploy/systemd/shardcache.toml"])
+    assert systemd["prefetch_concurrency"] == "auto"

@@ -283,6 +283,65 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     assert len(rules) == 5 and all(r["health"] == "ok" for r in rules), rules
 
 
+def _dashboard_panels() -> list[tuple[str, str | None, list[str]]]:
+    """(title, its "no value" text or None, its PromQL expressions) of every graph panel."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        (
+            panel["title"],
+            panel.get("fieldConfig", {}).get("defaults", {}).get("noValue"),
+            [
+                t["expr"].replace("$instance", ".*").replace("$__rate_interval", "1m")
+                for t in panel["targets"]
+            ],
+        )
+        for panel in dashboard["panels"]
+        if panel.get("targets")
+    ]
+
+
+def test_every_panel_has_data_or_says_why_on_a_plain_daemon(
+    start_daemon, prometheus_for, tmp_path: Path
+) -> None:
+    """A first daemon as most users run it: one file origin, no tier, no mirrors, no plans.
+    Every dashboard panel shows data, or (plans) a text saying why it has none: the origin's
+    one URL is its home upstream, up; the plan panel says "no plans posted"."""
+    root = tmp_path / "shards"
+    root.mkdir()
+    for i in range(3):
+        (root / f"s_{i}.tar").write_bytes(bytes([i]) * 100_000)
+    daemon = start_daemon({"files": f"file://{root}"}, "--readahead", "0")
+    prometheus = prometheus_for(f"127.0.0.1:{daemon.port}")
+    for i in (0, 1, 2, 0):
+        assert curl(f"{daemon.url}/files/s_{i}.tar").exit_code == 0
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=10) as response:
+        scrape = response.read().decode()
+    home = f'{{origin="files",role="home",upstream="file://{root}"}}'
+    assert f"shardcache_upstream_up{home} 1.0" in scrape.splitlines()
+    assert f"shardcache_upstream_failures_total{home} 0.0" in scrape.splitlines()
+    assert "shardcache_plan_predicted_hit_ratio{" not in scrape  # no plan: no series
+
+    deadline = time.monotonic() + 30
+    while True:  # the reads scraped, then two more scrapes for rate()
+        total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
+        if total and float(total[0]["value"][1]) == 4:  # type: ignore[index]
+            break
+        assert time.monotonic() < deadline, "Prometheus never saw the reads"
+        time.sleep(0.5)
+    time.sleep(2.5)
+    upstream = prometheus.query('shardcache_upstream_up{origin="files"}')
+    assert [u["metric"]["upstream"] for u in upstream] == [f"file://{root}"]  # type: ignore[index]
+
+    silent: list[str] = []
+    for title, no_value, expressions in _dashboard_panels():
+        empty = [expr for expr in expressions if not prometheus.query(expr)]
+        if empty and not no_value:
+            silent.append(f"{title!r}: {empty}")
+    assert silent == [], f"panels with no data and nothing saying why: {silent}"
+    texts = {title: text for title, text, _ in _dashboard_panels() if text}
+    assert texts == {"Plans: predicted vs measured hit ratio": "no plans posted"}
+
+
 def test_promtool_checks_rules_and_a_scrape(origin: OriginServer, start_daemon) -> None:
     promtool = _tool("promtool")
     checked = subprocess.run(
