@@ -6,6 +6,7 @@ A bad setting prints one line naming it on stderr and exits 2; never a traceback
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -230,7 +231,8 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
     if batch["total"] == 0:
         print("nothing to wait for: every shard was cached or in flight already", file=sys.stderr)
         return 0
-    if sys.stderr.isatty():
+    # No bar without tqdm (the loader-only install has none): the lines a log file gets.
+    if sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
         batch = _follow_with_bar(batch_id, daemon, batch["total"])
     else:
         batch = _follow_with_lines(batch_id, daemon, batch["total"])
@@ -412,6 +414,7 @@ def _serve(
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from shardcache import daemon  # noqa: F401  (first: no shards written where it cannot run)
     from shardcache.sample import write_sample_shards
 
     directory = Path(args.sample_dir).resolve()
@@ -458,6 +461,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except client.ClientError as exc:
         print(f"shardcache: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if not exc.name or exc.name.partition(".")[0] == "shardcache":
+            raise
+        # The loader-only install (`pip install shardcache`) has the client commands, not the
+        # daemon's dependencies: say what to install, not a traceback.
+        print(
+            f"shardcache: error: `shardcache {args.command}` needs the daemon's dependencies "
+            f"({exc.name} is not installed): pip install 'shardcache[daemon]' "
+            "(from a checkout: pip install '.[daemon]')",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

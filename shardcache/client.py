@@ -1,6 +1,7 @@
 """Talking to a running daemon from a training job: local URLs, prefetch, status.
 
-Stdlib only (plus brace patterns): this runs inside dataloader workers. The daemon's address is
+Stdlib only: this runs inside dataloader workers, installed without the daemon's dependencies
+(`pip install shardcache`, no extra). The daemon's address is
 an argument or `SHARDCACHE_URL`, default `http://127.0.0.1:8470`. A daemon with an admin token
 gets it from `SHARDCACHE_ADMIN_TOKEN` or the file named by `SHARDCACHE_ADMIN_TOKEN_FILE`, sent
 as `Authorization: Bearer …` with every request this module makes.

@@ -4,6 +4,7 @@ Walks every module's imports with `ast`, so a stray import fails here, not in re
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "shardcache"
@@ -174,7 +175,7 @@ ALLOWED: dict[str, set[str]] = {
     "lanes": set(),
     "tuning": set(),
     "patterns": {"errors"},
-    "client": {"patterns"},
+    "client": set(),
     "webdataset": {"client"},
     "logs": set(),
     "sample": set(),
@@ -207,7 +208,12 @@ VENDORS = {
     "uvloop": {"daemon"},
 }
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}
-LOADER_SIDE = {"client", "webdataset"}  # run in dataloader workers: stdlib only
+# Run in dataloader workers, and all the loader-only install (`pip install shardcache`, no
+# extra) can run: stdlib and each other only.
+LOADER_SIDE = {"client", "webdataset", "sample"}
+# What the `shardcache` command imports before it knows the subcommand: the loader-only install
+# runs `url`, `prefetch` and `stats` with it, so its module-level closure is stdlib only too.
+LIGHT_ENTRY_POINTS = {"__init__", "__main__", "cli", *LOADER_SIDE}
 
 
 def _module_name(path: Path) -> str:
@@ -254,4 +260,62 @@ def test_every_module_imports_only_what_its_layer_allows() -> None:
                 problems.append(f"{module} imports {name}")
             if module in LOADER_SIDE and top in {"aiohttp", "boto3", "botocore", "diskcache"}:
                 problems.append(f"{module} imports {name}")
+    assert problems == []
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """The imports a module runs when it is imported (not those inside functions, nor those
+    under `if TYPE_CHECKING:`), as absolute names."""
+    names: set[str] = set()
+    statements = list(ast.parse(path.read_text()).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "shardcache":
+            names |= {
+                f"shardcache.{a.name}" if a.name in ALLOWED else "shardcache" for a in node.names
+            }
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            statements += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            statements += node.body + node.orelse + node.finalbody
+            statements += [s for handler in node.handlers for s in handler.body]
+    return names
+
+
+def _path_of(module: str) -> Path:
+    if module == "__init__":
+        return PACKAGE / "__init__.py"
+    as_file = PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+    return as_file if as_file.exists() else PACKAGE.joinpath(*module.split("."), "__init__.py")
+
+
+def test_the_loader_side_and_the_command_import_only_the_standard_library() -> None:
+    """The loader-only install has no dependency: whatever the loader modules import, and what
+    the `shardcache` command imports at start, must be the standard library (the daemon's
+    modules are imported inside the commands that need them)."""
+    problems = []
+    for module in sorted(LOADER_SIDE):
+        for name in _imports(_path_of(module)):
+            target = name.removeprefix("shardcache").lstrip(".") or "__init__"
+            if name.startswith("shardcache") and target not in LOADER_SIDE | {"__init__"}:
+                problems.append(f"loader-side {module} imports shardcache.{target}")
+            elif not name.startswith("shardcache"):
+                if name.split(".")[0] not in sys.stdlib_module_names:
+                    problems.append(f"loader-side {module} imports {name}")
+    seen: set[str] = set()
+    todo = sorted(LIGHT_ENTRY_POINTS)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        for name in _module_level_imports(_path_of(module)):
+            if name.startswith("shardcache"):
+                todo.append(name.removeprefix("shardcache").lstrip(".") or "__init__")
+            elif name.split(".")[0] not in sys.stdlib_module_names:
+                problems.append(f"{module} (imported by the command at start) imports {name}")
     assert problems == []
