@@ -149,6 +149,9 @@ ALLOWED: dict[str, set[str]] = {
         "server_state",
     },
     "server_state": {"scrub"},
+    "serving": set(),
+    "serving.status_page": {"serving.status_page_html"},
+    "serving.status_page_html": set(),
     "admin": {"errors", "middleware", "plans", "prefetch", "scrub"},
     "server": {
         "access",
@@ -165,6 +168,7 @@ ALLOWED: dict[str, set[str]] = {
         "prefetch",
         "ranges",
         "server_state",
+        "serving.status_page",
     },
     "access": set(),
     "admission": set(),
@@ -206,7 +210,7 @@ VENDORS = {
     "prometheus_client": {"metrics", "receiver_metrics", "scrub_metrics", "daemon"},
     "uvloop": {"daemon"},
 }
-AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}
+AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs", "serving.status_page"}
 LOADER_SIDE = {"client", "webdataset"}  # run in dataloader workers: stdlib only
 
 
