@@ -9,16 +9,26 @@ and with `require_for_reads` every other path except the probes and `/metrics`, 
 orchestrators and Prometheus call without credentials. The token is compared as a SHA-256
 digest with `hmac.compare_digest`, so neither its bytes nor its length show in the timing, and
 it is never logged or echoed.
+
+A browser cannot send a Bearer token, so the status page (`GET /_/`) and the document it polls
+(`GET /_/status`) also take the token as HTTP Basic's password (any user name): the browser asks
+for it once and sends it with the page's requests. Only there and only for GET and HEAD: a
+browser sends remembered Basic credentials with requests other sites make it send too, and a
+read of these two changes nothing (and the same-origin policy keeps its answer from them).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 ADMIN_PREFIX = "/_/"
 SCHEME = "bearer"
+PAGE_PATHS = frozenset({"/_/", "/_/status"})  # where a browser may present Basic credentials
+BASIC_METHODS = frozenset({"GET", "HEAD"})
 
 
 def _digest(text: str) -> bytes:
@@ -41,11 +51,28 @@ class AccessPolicy:
             return False
         return path.startswith(ADMIN_PREFIX) or self.require_for_reads
 
-    def is_authorized(self, authorization: str | None) -> bool:
-        """Whether `authorization` is `Bearer <the token>` (the scheme is case-insensitive)."""
+    def is_authorized(self, authorization: str | None, *, allow_basic: bool = False) -> bool:
+        """Whether `authorization` is `Bearer <the token>` (the scheme is case-insensitive),
+        or with `allow_basic` (`takes_basic`) `Basic` with the token as the password."""
         if self._digest is None:
             return True
         scheme, _, presented = (authorization or "").strip().partition(" ")
-        if scheme.lower() != SCHEME:
+        if scheme.lower() == "basic" and allow_basic:
+            presented = _basic_password(presented.strip())
+        elif scheme.lower() != SCHEME:
             presented = ""  # still compared, so a missing header costs the same as a wrong one
         return hmac.compare_digest(_digest(presented.strip()), self._digest)
+
+    @staticmethod
+    def takes_basic(method: str, path: str) -> bool:
+        """Whether a request may present the token as Basic credentials (the status page)."""
+        return method in BASIC_METHODS and path in PAGE_PATHS
+
+
+def _basic_password(credentials: str) -> str:
+    """The password of RFC 7617 `user-id:password` credentials; "" when they do not decode."""
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[2]

@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
-from shardcache.middleware import CACHE_KEY, PREFETCH_KEY, STATE_KEY, redacted
+from shardcache.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.plans import Plan, PlanBook, PlanRefused
 from shardcache.prefetch import PrefetchQueue, parse_targets
 from shardcache.scrub import Scrubber
@@ -278,7 +278,10 @@ async def get_verify(request: web.Request) -> web.Response:
 
 async def get_status(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    return web.json_response(redacted(await asyncio.to_thread(state.status)))
+    document = await asyncio.to_thread(state.status)
+    # Failures clients were answered with (the prefetch's own are under "prefetch").
+    document["recent_failures"] = request.app[FAILURES_KEY].recent()
+    return web.json_response(redacted(document))
 
 
 async def get_origins(request: web.Request) -> web.Response:

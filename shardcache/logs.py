@@ -6,6 +6,7 @@ userinfo and query-string credentials redacted; text from clients and origins is
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -185,6 +186,8 @@ class AccessLogger(AbstractAccessLogger):
 
 
 FAILURE_LOG_INTERVAL_S = 60.0
+RECENT_FAILURES = 20  # kept for `/_/status` (and the status page): the newest, bounded
+RECENT_MESSAGE_CHARS = 500  # a failure's text as kept there (a key alone may be 1 KiB)
 
 
 @dataclass(slots=True)
@@ -201,7 +204,8 @@ class FailureLog:
     `interval_s` are DEBUG lines, and one WARNING when the interval ends says how many there
     were. So a run of failures is seen at `--log-level warning` at once, and costs at most two
     lines an interval; each one is counted in the metrics and has its access line. `close()`
-    writes the summaries still open (at shutdown).
+    writes the summaries still open (at shutdown). The newest RECENT_FAILURES, suppressed ones
+    too, are kept for `/_/status` (`recent()`), as raw text: whoever shows them escapes them.
     """
 
     def __init__(
@@ -209,16 +213,31 @@ class FailureLog:
         logger: logging.Logger,
         interval_s: float = FAILURE_LOG_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._log = logger
         self._interval_s = interval_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self._windows: dict[tuple[str, str], _Window] = {}
+        self._recent: collections.deque[dict[str, object]] = collections.deque(
+            maxlen=RECENT_FAILURES
+        )
+
+    def recent(self) -> list[dict[str, object]]:
+        """The newest failures, oldest first: `at` (Unix time), `origin`, `kind`, `message`."""
+        return list(self._recent)
 
     def failed(self, origin: str, kind: str, message: str, *args: object) -> None:
         """Log one failure of `kind` at `origin` (`message % args`, as a logger takes it)."""
         key = (origin, kind)
         now = self._clock()
+        text = message % args if args else message
+        if len(text) > RECENT_MESSAGE_CHARS:
+            text = text[:RECENT_MESSAGE_CHARS] + "…"
+        self._recent.append(
+            {"at": round(self._wall_clock(), 3), "origin": origin, "kind": kind, "message": text}
+        )
         window = self._windows.get(key)
         if window is not None and now - window.opened_at >= self._interval_s:
             self._summarize(key)  # its timer is late (or there is no event loop)

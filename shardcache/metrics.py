@@ -417,6 +417,15 @@ class Metrics:
             origin_retries={
                 o: value("shardcache_origin_retries_total", {"origin": o}) or 0 for o in origins
             },
+            origin_bytes={
+                o: value("shardcache_origin_bytes_total", {"origin": o}) or 0 for o in origins
+            },
+            origin_throttled={
+                o: value("shardcache_origin_throttled_total", {"origin": o}) or 0 for o in origins
+            },
+            origin_request_limit={
+                o: value("shardcache_origin_request_limit", {"origin": o}) or 0 for o in origins
+            },
             client_wait_s={
                 o: value("shardcache_client_wait_seconds_total", {"origin": o}) or 0
                 for o in origins

@@ -113,7 +113,8 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
         return response
     access = request.app[ACCESS_KEY]
     if access.is_protected(request.path):
-        if not access.is_authorized(request.headers.get("Authorization")):
+        basic = access.takes_basic(request.method, request.path)  # the status page
+        if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):
             request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
             raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
     return await handler(request)
@@ -125,7 +126,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except Unauthorized as exc:
-        headers = {"WWW-Authenticate": 'Bearer realm="shardcache"', ERROR_KIND_HEADER: exc.kind}
+        # The status page is for browsers, which ask their user only for Basic credentials
+        # (the token as the password; browsers parse a list of challenges unreliably).
+        scheme = "Basic" if request.path == "/_/" else "Bearer"
+        headers = {"WWW-Authenticate": f'{scheme} realm="shardcache"', ERROR_KIND_HEADER: exc.kind}
         return json_error(exc.status, str(exc), headers)
     except RequestTimeout as exc:
         request.app[METRICS_KEY].client_timeouts.labels("body").inc()

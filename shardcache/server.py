@@ -6,6 +6,7 @@
     POST|GET /_/verify            check every cached entry now (`shardcache verify`) / progress
     GET      /_/origins           origin names and URLs (for `shardcache url`)
     GET      /_/status            one JSON document for people and `shardcache stats`
+    GET      /_/                  the status page: HTML that polls /_/status (`serving`)
     GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
 
 With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
@@ -79,6 +80,7 @@ from shardcache.middleware import (
 from shardcache.prefetch import PrefetchQueue
 from shardcache.ranges import ByteRange, parse_range
 from shardcache.server_state import ServerState
+from shardcache.serving.status_page import status_page
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -404,6 +406,7 @@ def make_app(
     app.router.add_get("/_/verify", get_verify)
     app.router.add_get("/_/origins", get_origins)
     app.router.add_get("/_/status", get_status)
+    app.router.add_get("/_/", status_page)  # the status page, drawn from /_/status
     app.router.add_route("*", "/_/{rest:.*}", not_found)  # canonically CATCH_ALL
     app.router.add_get("/{origin}/{key:.*}", get_object, allow_head=False)
     app.router.add_head("/{origin}/{key:.*}", head_object)

@@ -13,12 +13,17 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Counter values by label: requests[(origin, result)], response_bytes[(origin, source)],
-    origin_errors[(origin, kind)]; plus scrape-time state."""
+    origin_errors[(origin, kind)]; per origin: retries, body bytes read from it (fills and
+    pass-through alike: what the origin sent, beside `response_bytes`, what clients got),
+    throttled answers and the request limit while it throttles; plus scrape-time state."""
 
     requests: dict[tuple[str, str], float] = field(default_factory=dict)
     response_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
     origin_errors: dict[tuple[str, str], float] = field(default_factory=dict)
     origin_retries: dict[str, float] = field(default_factory=dict)
+    origin_bytes: dict[str, float] = field(default_factory=dict)
+    origin_throttled: dict[str, float] = field(default_factory=dict)
+    origin_request_limit: dict[str, float] = field(default_factory=dict)
     client_wait_s: dict[str, float] = field(default_factory=dict)
     loader_stall_s: dict[str, float] = field(default_factory=dict)
     evictions: float = 0
@@ -59,6 +64,9 @@ def build_status(
             "bytes": served,
             "origin_errors": errors,
             "origin_retries": int(snapshot.origin_retries.get(name, 0)),
+            "origin_bytes": int(snapshot.origin_bytes.get(name, 0)),
+            "throttled": int(snapshot.origin_throttled.get(name, 0)),
+            "request_limit": int(snapshot.origin_request_limit.get(name, 0)),
             "client_wait_s": round(snapshot.client_wait_s.get(name, 0.0), 3),
             "loader_stall_s": round(snapshot.loader_stall_s.get(name, 0.0), 3),
         }
@@ -81,6 +89,9 @@ def build_status(
         },
         "requests": total_requests,
         "bytes": total_bytes,
+        # What the origins sent (fills and pass-through): `bytes.origin` is only what clients
+        # were served while it streamed through; a cache too small re-reads the dataset here.
+        "origin_bytes": sum(o["origin_bytes"] for o in per_origin.values()),
         "client_wait_s": round(sum(snapshot.client_wait_s.values()), 3),
         # Per origin; over origins the sum bounds the union from above.
         "loader_stall_s": round(sum(snapshot.loader_stall_s.values()), 3),

@@ -25,6 +25,7 @@ TOKEN = secrets.token_hex(24)
 WRONG_TOKENS = [secrets.token_hex(24), TOKEN[:-1] + ("0" if TOKEN[-1] != "0" else "1")]
 
 PROTECTED = [
+    ("GET", "/_/", None),  # the status page
     ("GET", "/_/status", None),
     ("GET", "/_/origins", None),
     ("GET", "/_/prefetch", None),
@@ -72,7 +73,8 @@ def test_protected_endpoints_need_the_token(
         status, headers, answer = _send(guarded, method, path, body, token)
         assert status == 401, (token, status, answer)
         assert "error" in json.loads(answer)
-        assert headers.get("WWW-Authenticate", "").startswith("Bearer")
+        scheme = "Basic" if path == "/_/" else "Bearer"  # a browser asks for Basic only
+        assert headers.get("WWW-Authenticate", "").startswith(scheme)
     # "Basic TOKEN" is not the scheme, even with the right secret.
     request = urllib.request.Request(
         guarded.url + path, data=body, method=method, headers={"Authorization": f"Basic {TOKEN}"}
@@ -82,6 +84,9 @@ def test_protected_endpoints_need_the_token(
     refused.value.close()
     assert refused.value.code == 401
     status, _, answer = _send(guarded, method, path, body, TOKEN)
+    if path == "/_/":
+        assert status == 200 and b"<title>shardcache status</title>" in answer
+        return
     expected = 404 if path in ("/_/nothing-here", "/_/cache/web/s_000.tar") else None
     assert status == expected if expected else status in (200, 202), (status, answer)
     # What a wrong token asked for was not done: the refused POSTs queued nothing.

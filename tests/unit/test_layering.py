@@ -150,6 +150,9 @@ ALLOWED: dict[str, set[str]] = {
         "server_state",
     },
     "server_state": {"scrub"},
+    "serving": set(),
+    "serving.status_page": {"serving.status_page_html"},
+    "serving.status_page_html": set(),
     "admin": {"errors", "middleware", "plans", "prefetch", "scrub"},
     "server": {
         "access",
@@ -166,6 +169,7 @@ ALLOWED: dict[str, set[str]] = {
         "prefetch",
         "ranges",
         "server_state",
+        "serving.status_page",
     },
     "access": set(),
     "admission": set(),
@@ -207,7 +211,7 @@ VENDORS = {
     "prometheus_client": {"metrics", "receiver_metrics", "scrub_metrics", "daemon"},
     "uvloop": {"daemon"},
 }
-AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs"}
+AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs", "serving.status_page"}
 # Run in dataloader workers, and all the loader-only install (`pip install shardcache`, no
 # extra) can run: stdlib and each other only.
 LOADER_SIDE = {"client", "webdataset", "sample"}

@@ -133,3 +133,23 @@ def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
     ]
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(debug) == 2 * 98  # every failure is still there at debug level
+
+
+def test_recent_failures_are_kept_bounded_newest_last_with_long_texts_cut() -> None:
+    from shardcache.logs import RECENT_FAILURES, RECENT_MESSAGE_CHARS, FailureLog
+
+    failures = FailureLog(logging.getLogger("shardcache.test"), 60.0, lambda: 0.0, lambda: 1e9)
+    for n in range(RECENT_FAILURES + 5):  # suppressed ones (same origin and kind) count too
+        failures.failed("web", "tls", "read %s failed", f"<b>{n}</b>")
+    failures.failed("s3", "timeout", "%s", "k" * 5000)
+    recent = failures.recent()
+    assert len(recent) == RECENT_FAILURES
+    assert recent[0] == {
+        "at": 1e9,
+        "origin": "web",
+        "kind": "tls",
+        "message": "read <b>6</b> failed",
+    }
+    assert recent[-1]["kind"] == "timeout"
+    assert recent[-1]["message"] == "k" * RECENT_MESSAGE_CHARS + "…"
+    failures.close()

@@ -1,0 +1,9 @@
+"""The HTTP side of the daemon (the target house of `server`, `middleware`, `admin`, `body`,
+`ranges`, `access` and `connections`, which still sit at the package root).
+
+    status_page        `GET /_/`: the status page's handler and its security headers
+    status_page_html   the page itself: HTML, CSS and JS as strings, no external asset
+
+It must not know how the cache, the origins or the daemon work: the page reads only the
+`/_/status` document, as any other client does.
+"""
