@@ -417,6 +417,9 @@ class Metrics:
                 o: value("shardcache_loader_stall_seconds_total", {"origin": o}) or 0
                 for o in origins
             },
+            origin_read_bytes={
+                o: value("shardcache_origin_bytes_total", {"origin": o}) or 0 for o in origins
+            },
             evictions=value("shardcache_cache_evictions_total") or 0,
         )
 

@@ -13,7 +13,7 @@ from typing import Any
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Counter values by label: requests[(origin, result)], response_bytes[(origin, source)],
-    origin_errors[(origin, kind)]; plus scrape-time state."""
+    origin_errors[(origin, kind)], origin_read_bytes[origin]; plus scrape-time state."""
 
     requests: dict[tuple[str, str], float] = field(default_factory=dict)
     response_bytes: dict[tuple[str, str], float] = field(default_factory=dict)
@@ -21,6 +21,7 @@ class Snapshot:
     origin_retries: dict[str, float] = field(default_factory=dict)
     client_wait_s: dict[str, float] = field(default_factory=dict)
     loader_stall_s: dict[str, float] = field(default_factory=dict)
+    origin_read_bytes: dict[str, float] = field(default_factory=dict)
     evictions: float = 0
 
 
@@ -57,6 +58,9 @@ def build_status(
             "url": url,
             "requests": requests,
             "bytes": served,
+            # Every body byte read from the origin (fills, prefetches, retries, streams):
+            # bytes["origin"] counts only what misses sent on to clients.
+            "origin_read_bytes": int(snapshot.origin_read_bytes.get(name, 0)),
             "origin_errors": errors,
             "origin_retries": int(snapshot.origin_retries.get(name, 0)),
             "client_wait_s": round(snapshot.client_wait_s.get(name, 0.0), 3),
@@ -71,6 +75,7 @@ def build_status(
         for r in ("hit", "miss", "coalesced", "error")
     }
     total_bytes = {s: sum(o["bytes"][s] for o in per_origin.values()) for s in ("cache", "origin")}
+    read_from_origins = sum(o["origin_read_bytes"] for o in per_origin.values())
     return {
         "version": version,
         "uptime_s": round(uptime_s, 3),
@@ -81,6 +86,13 @@ def build_status(
         },
         "requests": total_requests,
         "bytes": total_bytes,
+        # What the origins really sent, beside what clients were served: a prefetched shard
+        # is a hit when read, yet it came from the origin all the same.
+        "origin_read": {
+            "bytes": read_from_origins,
+            "served_bytes": sum(total_bytes.values()),
+            "ratio": _ratio(read_from_origins, sum(total_bytes.values())),
+        },
         "client_wait_s": round(sum(snapshot.client_wait_s.values()), 3),
         # Per origin; over origins the sum bounds the union from above.
         "loader_stall_s": round(sum(snapshot.loader_stall_s.values()), 3),

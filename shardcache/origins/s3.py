@@ -26,6 +26,7 @@ import botocore.exceptions
 from shardcache import checksums
 from shardcache.config import OriginSpec
 from shardcache.errors import (
+    BucketNotFound,
     OriginChanged,
     OriginDenied,
     OriginError,
@@ -171,7 +172,7 @@ class S3Origin:
             await asyncio.to_thread(self._client.head_bucket, Bucket=self.bucket)
         except botocore.exceptions.ClientError as missing:
             if str(missing.response.get("Error", {}).get("Code", "")) in _NOT_FOUND:
-                raise OriginNotFound(f"{url}: no such bucket: {self.bucket}") from exc
+                raise BucketNotFound(f"{url}: no such bucket: {self.bucket}") from exc
         except (botocore.exceptions.BotoCoreError, OSError):
             return  # the bucket could not be asked about: the key's 404 stands
 
