@@ -19,7 +19,6 @@ import sys
 from typing import Any
 
 from shardcache import config
-from shardcache.daemon import build_origins
 from shardcache.errors import (
     BucketNotFound,
     ConfigError,
@@ -33,8 +32,6 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.keys import validate_key
-from shardcache.logs import redact
-from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.units import format_size
 
 PROBE_KEY = ".shardcache-check/no-such-key"
@@ -75,6 +72,10 @@ class Verdict:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    # Imported here, as `serve` imports the daemon: `shardcache --help` stays fast.
+    from shardcache.logs import redact
+    from shardcache.origins.receivers import configure as configure_receivers
+
     settings = config.load_settings(
         {"config": args.config, "origin": args.origin}, os.environ, for_daemon=False
     )
@@ -119,6 +120,8 @@ async def _check_all(settings: config.Settings, keys: dict[str, list[str]]) -> l
 async def _check_one(
     settings: config.Settings, spec: config.OriginSpec, keys: list[str]
 ) -> Verdict:
+    from shardcache.daemon import build_origins
+
     verdict = Verdict(spec.name, spec.url, [], [])
     try:
         origin = build_origins(dataclasses.replace(settings, origins=(spec,)))[spec.name]
