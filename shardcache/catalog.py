@@ -22,7 +22,7 @@ from shardcache.origins.base import Origin
 from shardcache.store import Store
 
 MAX_PATTERN_CHARS = 1024  # a glob longer than any key a user would type is refused
-MAX_CURSOR_CHARS = 8192
+MAX_CURSOR_CHARS = 4096  # a key of 1024 bytes, percent-encoded, and an endpoint suffix
 MAX_PAGE_ENTRIES = 1000  # entries in one answer
 SCAN_ROWS = 4096  # index rows one page may look at (the bound on a request's work)
 _MARK = "shardcache-catalog-mark"  # where the key goes in an origin's cache keys

@@ -90,9 +90,9 @@ def test_check_says_ok_per_origin_and_names_each_problem_in_one_line(
     by_origin = {line.split(":", 1)[0]: line for line in problems}
     assert sorted(by_origin) == ["down", "gone", "nobucket", "selfsigned", "web"], problems
     assert len(problems) == 5, problems  # one line each
-    assert "bucket missing" in by_origin["nobucket"] and "no-such-bucket-here" in by_origin[
-        "nobucket"
-    ]
+    assert (
+        "bucket missing" in by_origin["nobucket"] and "no-such-bucket-here" in by_origin["nobucket"]
+    )
     assert "TLS certificate not trusted" in by_origin["selfsigned"]
     assert "unreachable" in by_origin["down"]
     assert "example key not found" in by_origin["web"] and "absent.tar" in by_origin["web"]
