@@ -27,6 +27,7 @@ from shardcache import checksums
 from shardcache.config import OriginSpec
 from shardcache.errors import (
     BucketNotFound,
+    ConfigError,
     OriginChanged,
     OriginDenied,
     OriginError,
@@ -127,9 +128,12 @@ class S3Origin:
         # `ca_file` for both halves: boto3 (HEAD, signing) reads AWS_CA_BUNDLE or certifi's
         # bundle, the transport (bodies) the system's and SSL_CERT_FILE; an origin's own CAs
         # to both.
-        self._client = boto3.session.Session().client(
-            "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
-        )
+        try:
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
+            )
+        except botocore.exceptions.BotoCoreError as exc:  # AWS_PROFILE naming no profile, …
+            raise ConfigError(f"origin {spec.name!r}: cannot make an S3 client: {exc}") from None
         # No follow_within: a presigned URL's redirect is never followed, to any host.
         self._transport = HttpTransport(timeouts, ca_file=spec.ca_file)
 

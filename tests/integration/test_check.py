@@ -126,9 +126,21 @@ def test_check_names_refused_credentials(seaweedfs_with_identities: str, tmp_pat
     assert refused.stderr.startswith("lake: access denied, check the credentials")
     assert "403" in refused.stderr  # a HEAD's answer has no body to name the S3 error code
 
-    unknown = env | {"AWS_ACCESS_KEY_ID": "nobody"}
-    refused = run_cli("check", *origins, env=unknown)
-    assert refused.returncode == 1 and "access denied" in refused.stderr, refused.stderr
+    nothing = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    nowhere = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}
+    absent = env | nothing | nowhere | {"AWS_EC2_METADATA_DISABLED": "true"}
+    refused = run_cli("check", *origins, env=absent)
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.startswith("lake: access denied, check the credentials")
+    assert "no AWS credentials found" in refused.stderr
+
+    # A profile that does not exist: the origin cannot even be built (it was a traceback).
+    unbuilt = run_cli("check", *origins, env=absent | {"AWS_PROFILE": "no-such-profile"})
+    assert unbuilt.returncode == 1 and "Traceback" not in unbuilt.stderr, unbuilt.stderr
+    assert unbuilt.stderr.strip() == (
+        "lake: cannot be built: origin 'lake': cannot make an S3 client: "
+        "The config profile (no-such-profile) could not be found"
+    )
 
 
 @pytest.mark.parametrize(

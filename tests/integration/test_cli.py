@@ -167,3 +167,21 @@ def test_ls_without_a_daemon_is_one_line_and_exit_2() -> None:
     assert result.stdout == ""
     assert result.stderr.startswith("shardcache: error: cannot reach the shardcache daemon")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_s3_origin_boto3_cannot_set_up_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from tests.integration.helpers import run_cli
+
+    result = run_cli(
+        "serve",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--origin",
+        "lake=s3://bucket/data",
+        env={"AWS_PROFILE": "no-such-profile"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "shardcache: error: origin 'lake': cannot make an S3 client: "
+        "The config profile (no-such-profile) could not be found"
+    )
