@@ -12,6 +12,7 @@ import pytest
 
 from shardcache import catalog
 from shardcache.errors import BadRequest
+from shardcache.plans import PlanBook
 from shardcache.store import EntryMeta, Store
 
 
@@ -86,22 +87,27 @@ def test_pages_are_bounded_by_rows_scanned_and_cover_every_match_once(
     assert len([e for page in everything for e in page.entries]) == 60
 
 
-def test_an_origin_with_a_suffix_lists_its_own_entries_and_pins_show(store: Store) -> None:
+def test_an_origin_with_a_suffix_lists_its_own_entries_and_pins_show(tmp_path: Path) -> None:
+    store = Store(tmp_path / "cache", 64 << 20, plans=PlanBook())
     s3 = SuffixOrigin("lake", "s3://bucket/")
     plain = QuotingOrigin("plain", "s3://bucket/")
-    _put(store, s3.url_for("a.tar"))
-    _put(store, s3.url_for("b.tar"))
-    _put(store, plain.url_for("c.tar"))
+    for key in ("a.tar", "b.tar", "c.tar"):
+        _put(store, s3.url_for(key))
+    _put(store, plain.url_for("d.tar"))
     store.pin(s3.url_for("b.tar"))
+    store.plans.post("job-1", 0, [s3.url_for("c.tar")])  # type: ignore[union-attr]
 
     listed = catalog.list_page(store, s3, "*")  # type: ignore[arg-type]
     assert [(e.key, e.pinned_by) for e in listed.entries] == [
         ("a.tar", ()),
         ("b.tar", ("look-ahead",)),
+        ("c.tar", ("plan",)),
     ]
     assert listed.next is None
     exact = catalog.list_page(store, s3, "a.tar")  # type: ignore[arg-type]
     assert [e.key for e in exact.entries] == ["a.tar"]
+    assert store.check() == []
+    store.close()
 
 
 @pytest.mark.parametrize(
