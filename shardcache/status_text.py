@@ -104,7 +104,7 @@ def _origin_read_line(document: dict[str, Any]) -> str:
     share = "-" if ratio is None else f"{ratio * 100:.1f}%"
     return (
         f"from origins   {format_size(read['bytes'])} read for {format_size(read['served_bytes'])}"
-        f" served ({share} of bytes served, by bytes)"
+        f" served ({share} of the bytes served)"
     )
 
 

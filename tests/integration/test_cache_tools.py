@@ -160,7 +160,10 @@ def test_stats_shows_bytes_read_from_origins_beside_bytes_served(
     assert document["origin_read"] == {"bytes": total, "served_bytes": total, "ratio": 1.0}
     assert document["origins"]["d"]["origin_read_bytes"] == total  # … and came from the origin
     text = run_cli("stats", "--daemon", daemon.url).stdout
-    assert f"from origins   {_size(total)} read for {_size(total)} served (100.0% of" in text
+    assert (
+        f"from origins   {_size(total)} read for {_size(total)} served (100.0% of the bytes served)"
+        in text
+    )
     assert "read origin" in text
 
 
