@@ -1,4 +1,5 @@
-"""The `/_/` endpoints: purge, prefetch (queue, show, drop), plans, verify, origins, status.
+"""The `/_/` endpoints: purge (one key, or a glob's page), cached entries, prefetch (queue,
+show, drop), plans, verify, origins, status.
 
 Every one of them needs the admin token when one is configured (`middleware.admit_request`).
 A prefetch or plan body is read within the body timeout and at most MAX_BODY_BYTES, and parsed,
@@ -20,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from shardcache.catalog import MAX_PAGE_ENTRIES, Page, list_page
 from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
 from shardcache.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.plans import Plan, PlanBook, PlanRefused
@@ -87,6 +89,67 @@ async def delete_object(request: web.Request) -> web.Response:
     await request.app[CACHE_KEY].purge(request.match_info["origin"], request.match_info["key"])
     return web.json_response(
         {"deleted": f"{request.match_info['origin']}/{request.match_info['key']}"}
+    )
+
+
+def _catalog_query(request: web.Request, pattern_required: bool) -> tuple[str, str, str, int]:
+    """The origin, glob, cursor and page size of a `/_/cache` listing or bulk purge (400 for
+    a missing origin, unknown fields or a bad page size; `catalog` checks glob and cursor)."""
+    query = request.query
+    unknown = sorted(set(query) - {"origin", "pattern", "after", "limit"})
+    if unknown or any(len(query.getall(name)) > 1 for name in query):
+        named = ", ".join(name[:40] for name in unknown[:5]) or "a field given twice"
+        raise BadRequest(f"unknown query field(s): {named} (origin, pattern, after, limit)")
+    if not query.get("origin"):
+        raise BadRequest("name the origin: ?origin=NAME")
+    if pattern_required and "pattern" not in query:
+        raise BadRequest('name what to purge: ?pattern=GLOB ("*" for everything)')
+    limit = query.get("limit", str(MAX_PAGE_ENTRIES))
+    if re.fullmatch(r"[0-9]{1,4}", limit) is None or not 1 <= int(limit) <= MAX_PAGE_ENTRIES:
+        raise BadRequest(f"limit must be a whole number from 1 to {MAX_PAGE_ENTRIES}")
+    return query["origin"], query.get("pattern", "*"), query.get("after", ""), int(limit)
+
+
+async def _catalog_page(request: web.Request, pattern_required: bool, with_pins: bool) -> Page:
+    """One page of the query's listing: a bounded index scan, off the event loop."""
+    name, pattern, after, limit = _catalog_query(request, pattern_required)
+    cache = request.app[CACHE_KEY]
+    origin = cache.origin(name)  # 404 for an unknown one
+    return await asyncio.to_thread(list_page, cache.store, origin, pattern, after, limit, with_pins)
+
+
+async def get_cache(request: web.Request) -> web.Response:
+    """`?origin=NAME[&pattern=GLOB][&after=CURSOR][&limit=N]`: a page of cached entries (key,
+    size, stored and last-read times, what each was verified against, what pins it) and the
+    cursor of the next page (`next`, null at the end)."""
+    page = await _catalog_page(request, pattern_required=False, with_pins=True)
+    return web.json_response(
+        {
+            "origin": request.query["origin"],
+            "entries": [entry.as_dict() for entry in page.entries],
+            "next": page.next,
+            "scanned": page.scanned,
+        }
+    )
+
+
+async def delete_cache(request: web.Request) -> web.Response:
+    """`?origin=NAME&pattern=GLOB[&after=CURSOR]`: purge one page of the entries the same
+    listing shows, as `DELETE /_/cache/NAME/KEY` purges one (`ShardCache.purge_entries`);
+    call again with `after=next` until `next` is null."""
+    page = await _catalog_page(request, pattern_required=True, with_pins=False)
+    origin = request.app[CACHE_KEY].origin(request.query["origin"])
+    deleted = set(
+        await request.app[CACHE_KEY].purge_entries(origin, [e.cache_key for e in page.entries])
+    )
+    gone = [entry for entry in page.entries if entry.cache_key in deleted]
+    return web.json_response(
+        {
+            "origin": request.query["origin"],
+            "deleted": [entry.key for entry in gone],
+            "deleted_bytes": sum(entry.size_bytes for entry in gone),
+            "next": page.next,
+        }
     )
 
 

@@ -255,12 +255,25 @@ class ShardCache:
     async def purge(self, origin_name: str, key: str) -> None:
         """Delete the cached entry for `key`; raise NotCached if there is none."""
         origin, url = self.cache_key(origin_name, key)
-        if url in self._unread:
+        if not await self.purge_entries(origin, [url]):
+            raise NotCached(f"{origin_name}/{key} is not cached")
+
+    async def purge_entries(self, origin: Origin, urls: list[str]) -> list[str]:
+        """Delete the entries of cache keys `urls` (one worker-thread hop) and return those
+        that existed. A reader holding an entry open reads on (its descriptor outlives the
+        file's name); a fill in flight commits afterwards as usual. Raises CacheError when the
+        cache dir is not writable (the entries deleted until then stay deleted)."""
+        unread = [url for url in urls if url in self._unread]
+        for url in unread:
             self._mark_read(url)
             self._observer.prefetch_wasted(origin.name)
-            log.warning("purged %s/%s, prefetched but never read", origin_name, key)
-        if not await asyncio.to_thread(self.store.delete, url):
-            raise NotCached(f"{origin_name}/{key} is not cached")
+        if unread:
+            log.warning(
+                "purged %d of origin %s's entries prefetched but never read",
+                len(unread),
+                origin.name,
+            )
+        return await asyncio.to_thread(lambda: [url for url in urls if self.store.delete(url)])
 
     # -- prefetch --------------------------------------------------------------------------
 

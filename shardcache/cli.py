@@ -1,6 +1,8 @@
-"""The command line: `serve`, `demo`, `url`, `prefetch`, `stats` and `verify`.
+"""The command line: `serve`, `demo`, `url`, `prefetch`, `stats` and `verify` here; `ls`,
+`purge` and `check` in `commands/` (this module builds the parser and dispatches).
 
-A bad setting prints one line naming it on stderr and exits 2; never a traceback.
+A bad setting or a mistyped option prints one line naming it on stderr and exits 2 (with the
+option it was probably meant to be: `commands.arguments`); never a traceback.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any
 
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
+from shardcache.commands import arguments, cached, check
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.status_text import format_status
 from shardcache.units import format_size
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = arguments.Parser(
         prog="shardcache",
         description="A local caching sidecar that serves WebDataset shards off local disk.",
     )
@@ -126,6 +129,9 @@ def _parser() -> argparse.ArgumentParser:
         help="queue as a loader's look-ahead (pinned until read) instead of warming",
     )
     _add_daemon_arguments(prefetch)
+    cached.add_parsers(commands)
+    check.add_parser(commands)
+    arguments.add_examples(parser)
     return parser
 
 
@@ -208,9 +214,15 @@ def _prefetch(args: argparse.Namespace) -> int:
         return 130
 
 
-def _stats(args: argparse.Namespace) -> int:
+def _daemon(args: argparse.Namespace) -> str:
+    """The daemon a command asks: --daemon, $SHARDCACHE_URL, its --config's `listen`, or the
+    default."""
     settings = _command_settings(args)
-    daemon = client.daemon_url(args.daemon, None if settings is None else _listen_url(settings))
+    return client.daemon_url(args.daemon, None if settings is None else _listen_url(settings))
+
+
+def _stats(args: argparse.Namespace) -> int:
+    daemon = _daemon(args)
     while True:
         document = client.status(daemon)
         text = json.dumps(document, indent=2) if args.json else format_status(document)
@@ -437,7 +449,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        arguments.refuse_extras(arguments.subparser(parser, args.command), extras)
     try:
         if args.command == "serve":
             return _serve(args)
@@ -451,6 +465,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _stats(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "ls":
+            return cached.run_ls(args, _daemon(args))
+        if args.command == "purge":
+            return cached.run_purge(args, _daemon(args))
+        if args.command == "check":
+            return check.run_check(args)
         parser.print_help()
         return 2
     except ConfigError as exc:

@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
 DEFAULT_DAEMON_URL = "http://127.0.0.1:8470"
 _TIMEOUT_S = 10.0
@@ -223,3 +223,27 @@ def status(daemon: str | None = None) -> dict[str, Any]:
     """Return the daemon's `/_/status` document."""
     result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/status")
     return result
+
+
+def cached(
+    origin: str, pattern: str = "*", after: str = "", limit: int = 1000, daemon: str | None = None
+) -> dict[str, Any]:
+    """One page of what the daemon caches for `origin` whose keys match the glob `pattern`:
+    `{"entries": [...], "next": CURSOR or None}`; pass `after=next` for the page after."""
+    query = urlencode({"origin": origin, "pattern": pattern, "limit": limit} | _after(after))
+    result: dict[str, Any] = _request("GET", daemon_url(daemon) + "/_/cache?" + query)
+    return result
+
+
+def purge_cached(
+    origin: str, pattern: str, after: str = "", daemon: str | None = None
+) -> dict[str, Any]:
+    """Purge one page of `cached(origin, pattern)`'s entries: `{"deleted": [KEY, ...],
+    "deleted_bytes", "next"}`; call again with `after=next` until `next` is None."""
+    query = urlencode({"origin": origin, "pattern": pattern} | _after(after))
+    result: dict[str, Any] = _request("DELETE", daemon_url(daemon) + "/_/cache?" + query)
+    return result
+
+
+def _after(after: str) -> dict[str, str]:
+    return {"after": after} if after else {}

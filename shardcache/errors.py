@@ -17,6 +17,7 @@
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
+        │   └── BucketNotFound          404     not_found    an S3 origin's bucket does not exist
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         │   └── OriginTooSlow           504     timeout      a body below --origin-min-speed
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
@@ -149,6 +150,10 @@ class OriginNotFound(OriginError):
     status = 404
     kind = "not_found"
     is_retryable = False
+
+
+class BucketNotFound(OriginNotFound):
+    """The S3 bucket itself is missing, not just the key (`shardcache check` names it)."""
 
 
 class OriginTimeout(OriginError):

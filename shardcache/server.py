@@ -2,6 +2,7 @@
 
     GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced
     DELETE   /_/cache/NAME/KEY    purge one entry
+    GET|DELETE /_/cache?origin=NAME&pattern=GLOB  list cached entries / purge them, a page a call
     POST|GET|DELETE /_/prefetch   queue shards ahead of the loader / show / empty the queue
     POST|GET /_/verify            check every cached entry now (`shardcache verify`) / progress
     GET      /_/origins           origin names and URLs (for `shardcache url`)
@@ -33,8 +34,10 @@ from shardcache.admin import (
     MAX_BODY_BYTES,
     TURNS_KEY,
     PostTurns,
+    delete_cache,
     delete_object,
     delete_prefetch,
+    get_cache,
     get_origins,
     get_prefetch,
     get_status,
@@ -398,6 +401,8 @@ def make_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     app.router.add_delete("/_/cache/{origin}/{key:.*}", delete_object)
+    app.router.add_get("/_/cache", get_cache)
+    app.router.add_delete("/_/cache", delete_cache)
     app.router.add_post("/_/prefetch", post_prefetch)
     app.router.add_get("/_/prefetch", get_prefetch)
     app.router.add_delete("/_/prefetch", delete_prefetch)

@@ -54,6 +54,7 @@ def format_status(document: dict[str, Any]) -> str:
         f"up {document['uptime_s']:.0f} s",
         f"hit ratio      {percent(ratio['requests'])} of requests, "
         f"{percent(ratio['bytes'])} of bytes",
+        _origin_read_line(document),
         f"cache          {format_size(cache['size_bytes'])} of "
         f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
         f"{cache['entries']} entries, {cache['evictions']} evictions",
@@ -70,15 +71,17 @@ def format_status(document: dict[str, Any]) -> str:
         _receivers_line(document.get("receivers")),
         "",
         f"{'origin':<16}{'hit':>8}{'miss':>8}{'coal.':>8}{'error':>8}"
-        f"{'from cache':>13}{'from origin':>13}  origin errors",
+        f"{'served':>12}{'of it miss':>12}{'read origin':>13}  origin errors",
     ]
     for name, origin in document["origins"].items():
         requests, served = origin["requests"], origin["bytes"]
         errors = ", ".join(f"{k} {v}" for k, v in origin["origin_errors"].items()) or "none"
+        read = origin.get("origin_bytes")  # older daemons: not reported
         lines.append(
             f"{name:<16}{requests['hit']:>8}{requests['miss']:>8}{requests['coalesced']:>8}"
-            f"{requests['error']:>8}{format_size(served['cache']):>13}"
-            f"{format_size(served['origin']):>13}  {errors}"
+            f"{requests['error']:>8}{format_size(served['cache'] + served['origin']):>12}"
+            f"{format_size(served['origin']):>12}"
+            f"{'-' if read is None else format_size(read):>13}  {errors}"
         )
         for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
             state = upstream["state"]
@@ -88,6 +91,21 @@ def format_status(document: dict[str, Any]) -> str:
         for unusable in origin.get("unusable_checksums", []):
             lines.append(f"  checksum set aside: {_fields(unusable)}")
     return "\n".join(lines)
+
+
+def _origin_read_line(document: dict[str, Any]) -> str:
+    """Bytes read from the origins beside bytes served: a prefetched shard is a hit when it
+    is read, yet came from the origin; with a dataset larger than the cache, the hit ratio
+    can read 97% while most of the dataset is fetched again every epoch."""
+    read = document.get("origin_bytes")
+    if read is None:
+        return "from origins   - (this daemon does not report it)"
+    served = sum(document["bytes"].values())
+    share = f"{read / served * 100:.1f}%" if served else "-"
+    return (
+        f"from origins   {format_size(read)} read for {format_size(served)}"
+        f" served ({share} of the bytes served)"
+    )
 
 
 def _eviction_line(eviction: dict[str, Any] | None) -> str:

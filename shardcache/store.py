@@ -156,6 +156,23 @@ class StoredEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexedEntry:
+    """One index row as `key_range` lists it: times are `time.time()`; `read_at` is the last
+    read (the commit counts as one); `tag` is the raw metadata, read by `meta()` only for
+    the rows a listing keeps."""
+
+    key: str
+    size_bytes: int
+    stored_at: float
+    read_at: float
+    tag: str
+
+    def meta(self) -> EntryMeta:
+        """The entry's metadata; raises CacheError when unreadable."""
+        return _meta(self.tag)
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionState:
     """What `/_/status` and `/metrics` report about the eviction policy."""
 
@@ -859,6 +876,30 @@ class Store:
         with self._lock:
             self._forget(key)
         return True
+
+    # -- listing (`GET /_/cache`, `shardcache ls`) -----------------------------------------
+
+    def key_range(self, low: str, after: str, high: str, limit: int) -> list[IndexedEntry]:
+        """Up to `limit` entries whose cache keys are at least `low`, past `after` and below
+        `high`, in key order (the index on `key`: one bounded range scan however large the
+        cache). Raises CacheError."""
+        with map_store_errors("cannot list the index"):
+            rows = self._index._sql(
+                "SELECT key, size, store_time, access_time, tag FROM Cache"
+                " WHERE key >= ? AND key > ? AND key < ? ORDER BY key LIMIT ?",
+                (low, after, high, limit),
+            ).fetchall()
+        touched = self._touched  # reads not yet flushed to access_time (a GIL-atomic get)
+        return [
+            IndexedEntry(str(key), int(size), stored, max(read, touched.get(key, 0.0)), str(tag))
+            for key, size, stored, read, tag in rows
+        ]
+
+    def pinned_by(self, key: str) -> list[str]:
+        """Why eviction spares `key`: "look-ahead" (prefetched, unread) and/or "plan" (a loader's
+        plan reads it again). Takes the plans' lock: call it from a worker thread."""
+        reasons = ["look-ahead"] if key in self._pinned else []
+        return reasons + (["plan"] if self.next_use_s(key) is not None else [])
 
     # -- offline checks (`shardcache verify`) --------------------------------------------------
 

@@ -104,9 +104,10 @@ def moto_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def seaweedfs_server(directory: Path) -> Iterator[str]:
+def seaweedfs_server(directory: Path, s3_config: Path | None = None) -> Iterator[str]:
     """`weed server` (master, volume, filer and S3 gateway in one process) over `directory`;
-    yields the S3 endpoint. No IAM configuration: any credentials are accepted."""
+    yields the S3 endpoint. Without `s3_config` (SeaweedFS's identities JSON) no IAM
+    configuration: any credentials are accepted; with it, only its identities'."""
     ports = {role: (free_port(), free_port()) for role in _WEED_ROLES}
     argv = ["weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={directory}", "-s3"]
     for role, (http, grpc) in ports.items():
@@ -125,12 +126,14 @@ def seaweedfs_server(directory: Path) -> Iterator[str]:
         # grow with their data, so many small ones cost nothing.
         "-volume.max=140",
         "-master.volumeSizeLimitMB=64",
+        *([f"-s3.config={s3_config}"] if s3_config else []),
     ]
     log = directory / "weed.log"
     with log.open("wb") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, cwd=directory)
     url = f"http://127.0.0.1:{ports['s3'][0]}"
-    _wait_ready(process, url + "/", "SeaweedFS", log)
+    # With identities, "/" (ListBuckets) wants credentials: ask the gateway's health check.
+    _wait_ready(process, url + ("/healthz" if s3_config else "/"), "SeaweedFS", log)
     try:
         yield url
     finally:

@@ -26,6 +26,8 @@ import botocore.exceptions
 from shardcache import checksums
 from shardcache.config import OriginSpec
 from shardcache.errors import (
+    BucketNotFound,
+    ConfigError,
     OriginChanged,
     OriginDenied,
     OriginError,
@@ -126,9 +128,12 @@ class S3Origin:
         # `ca_file` for both halves: boto3 (HEAD, signing) reads AWS_CA_BUNDLE or certifi's
         # bundle, the transport (bodies) the system's and SSL_CERT_FILE; an origin's own CAs
         # to both.
-        self._client = boto3.session.Session().client(
-            "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
-        )
+        try:
+            self._client = boto3.session.Session().client(
+                "s3", endpoint_url=spec.endpoint_url, config=config, verify=spec.ca_file
+            )
+        except botocore.exceptions.BotoCoreError as exc:  # AWS_PROFILE naming no profile, …
+            raise ConfigError(f"origin {spec.name!r}: cannot make an S3 client: {exc}") from None
         # No follow_within: a presigned URL's redirect is never followed, to any host.
         self._transport = HttpTransport(timeouts, ca_file=spec.ca_file)
 
@@ -171,7 +176,7 @@ class S3Origin:
             await asyncio.to_thread(self._client.head_bucket, Bucket=self.bucket)
         except botocore.exceptions.ClientError as missing:
             if str(missing.response.get("Error", {}).get("Code", "")) in _NOT_FOUND:
-                raise OriginNotFound(f"{url}: no such bucket: {self.bucket}") from exc
+                raise BucketNotFound(f"{url}: no such bucket: {self.bucket}") from exc
         except (botocore.exceptions.BotoCoreError, OSError):
             return  # the bucket could not be asked about: the key's 404 stands
 

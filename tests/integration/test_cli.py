@@ -110,3 +110,78 @@ def test_url_with_a_config_maps_to_the_daemon_that_config_listens_on(tmp_path: P
         "url", "--config", str(config), "--daemon", "http://h:1", "http://127.0.0.1:9/d/x"
     )
     assert told.stdout.strip() == "http://h:1/lake/x"  # a --daemon flag still wins
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["serve", "--cache-sise", "1G"],
+            "shardcache serve: error: unknown option --cache-sise; did you mean --cache-size?",
+        ),
+        (
+            ["serve", "--cache-sise=1G"],
+            "shardcache serve: error: unknown option --cache-sise; did you mean --cache-size?",
+        ),
+        (
+            ["ls", "--limt", "3"],
+            "shardcache ls: error: unknown option --limt; did you mean --limit?",
+        ),
+        (
+            ["purge", "d", "*", "--dryrun"],
+            "shardcache purge: error: unknown option --dryrun; did you mean --dry-run?",
+        ),
+        (["sreve"], "shardcache: error: unknown command 'sreve'; did you mean serve?"),
+        (
+            ["stats", "--zzzz"],
+            "shardcache stats: error: unknown option --zzzz (see shardcache stats --help)",
+        ),
+        (
+            ["ls", "--limit", "x"],
+            "shardcache ls: error: argument --limit: expected a whole number, not 'x'",
+        ),
+        (["url"], "shardcache url: error: the following arguments are required: URL"),
+    ],
+)
+def test_a_mistyped_option_is_one_line_naming_the_likely_one_and_exit_2(
+    args: list[str], line: str
+) -> None:
+    result = _run(*args)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [line]
+
+
+def test_every_subcommand_help_ends_with_examples() -> None:
+    for command in ("serve", "demo", "url", "prefetch", "stats", "verify", "ls", "purge", "check"):
+        help_text = _run(command, "--help").stdout
+        examples = help_text.split("examples:\n", 1)[1].splitlines()
+        assert examples and all(f"shardcache {command}" in e for e in examples), help_text
+
+
+def test_ls_without_a_daemon_is_one_line_and_exit_2() -> None:
+    from tests.integration.helpers import run_cli
+    from tests.ports import free_port
+
+    result = run_cli("ls", "--daemon", f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("shardcache: error: cannot reach the shardcache daemon")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_s3_origin_boto3_cannot_set_up_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    from tests.integration.helpers import run_cli
+
+    result = run_cli(
+        "serve",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--origin",
+        "lake=s3://bucket/data",
+        env={"AWS_PROFILE": "no-such-profile"},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "shardcache: error: origin 'lake': cannot make an S3 client: "
+        "The config profile (no-such-profile) could not be found"
+    )

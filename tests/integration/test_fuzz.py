@@ -314,7 +314,18 @@ def test_random_headers(
 
 @FUZZ
 @given(
-    path=st.sampled_from(["/_/prefetch", "/_/status", "/_/origins", SHARD, "/healthz"]),
+    path=st.sampled_from(
+        [
+            "/_/prefetch",
+            "/_/status",
+            "/_/origins",
+            SHARD,
+            "/healthz",
+            "/_/cache",
+            "/_/cache?origin=files&pattern=*",  # the fuzzed query goes on in the glob
+            "/_/cache?origin=web&after=x",  # … or in the cursor
+        ]
+    ),
     query=query_strings(),
 )
 def test_random_query_strings(target: Target, path: str, query: bytes) -> None:
