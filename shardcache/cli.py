@@ -256,7 +256,7 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
         print(
             f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
             "the cache, its room held by pinned look-ahead, or full of shards still in use: "
-            "see Sizing in the README); see the daemon's log",
+            "see docs/sizing.md); see the daemon's log",
             file=sys.stderr,
         )
     return 1 if batch["failed"] or batch.get("not_cached") else 0

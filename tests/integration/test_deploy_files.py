@@ -302,7 +302,7 @@ def _sh_blocks(text: str) -> list[str]:
 def test_the_install_instructions_name_what_exists() -> None:
     """shardcache is not on the package index: nothing may tell a user to `pip install
     shardcache`; the unit's install line is the one docs/deploying.md gives, and installs the
-    clone (`.`) with the tested pins into the venv whose shardcache ExecStart runs."""
+    clone (`.` with the daemon's extra) with the tested pins into the venv whose shardcache ExecStart runs."""
     from_index = re.compile(r"pip3? install\s+(?:-[-\w]+\s+)*shardcache(?![\w./-])")
     shipped = [ROOT / "README.md", ROOT / "docker-compose.yml", *ROOT.glob("docs/*.md")]
     shipped += [p for p in DEPLOY.rglob("*") if p.is_file()]
@@ -314,7 +314,8 @@ def test_the_install_instructions_name_what_exists() -> None:
         line.lstrip("# ").strip() for line in unit.splitlines() if "bin/pip install" in line
     ]
     install = (
-        "python3 -m venv /opt/shardcache && /opt/shardcache/bin/pip install -c constraints.txt ."
+        "python3 -m venv /opt/shardcache && "
+        "/opt/shardcache/bin/pip install -c constraints.txt '.[daemon]'"
     )
     assert installs == [install], installs
     systemd = _sh_blocks(_section(DOCS_DEPLOYING, "systemd"))
@@ -324,7 +325,11 @@ def test_the_install_instructions_name_what_exists() -> None:
     wheel = next(b for b in systemd if "pip wheel" in b)  # the wheel route installs what it built
     built = f"dist/shardcache-{__version__}-py3-none-any.whl"  # what `pip wheel -w dist .` writes
     assert "pip wheel --no-deps -w dist ." in wheel
-    assert wheel.split("pip install", 1)[1].split() == ["-c", "constraints.txt", built]
+    assert wheel.split("pip install", 1)[1].split() == [
+        "-c",
+        "constraints.txt",
+        f"'{built}[daemon]'",
+    ]
 
 
 def _shardcache_containers(documents: list[dict]) -> list[dict]:  # type: ignore[type-arg]

@@ -131,7 +131,7 @@ def test_the_readmes_two_commands_are_the_ones_that_run() -> None:
     """The demo's install line and the test suite, exactly as a new user copies them."""
     text = README.read_text()
     demo = (
-        "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt . "
+        "python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt '.[daemon]' "
         "&& .venv/bin/shardcache demo"
     )
     assert f"```sh\n   {demo}\n   ```" in text
