@@ -302,7 +302,8 @@ def _sh_blocks(text: str) -> list[str]:
 def test_the_install_instructions_name_what_exists() -> None:
     """shardcache is not on the package index: nothing may tell a user to `pip install
     shardcache`; the unit's install line is the one docs/deploying.md gives, and installs the
-    clone (`.` with the daemon's extra) with the tested pins into the venv whose shardcache ExecStart runs."""
+    clone (`.` with the daemon's extra) with the tested pins into the venv whose shardcache
+    ExecStart runs."""
     from_index = re.compile(r"pip3? install\s+(?:-[-\w]+\s+)*shardcache(?![\w./-])")
     shipped = [ROOT / "README.md", ROOT / "docker-compose.yml", *ROOT.glob("docs/*.md")]
     shipped += [p for p in DEPLOY.rglob("*") if p.is_file()]
