@@ -120,12 +120,28 @@ def test_concurrent_plan_and_prefetch_posts_keep_the_loop_and_memory_bounded(
     assert all(status in (202, 429) for status, _ in prefetch_answers), prefetch_answers
     accepted_plans = [answer for status, answer in plan_answers if status == 200]
     accepted_prefetches = [answer for status, answer in prefetch_answers if status == 202]
-    assert len(accepted_plans) == 10  # MAX_PLANNED_KEYS: ten plans of 100,000 fit
-    assert len(accepted_prefetches) == 2  # MAX_PENDING: two posts of 100,000 fit
+    # MAX_PLANNED_KEYS: ten plans of 100,000 fit; MAX_PENDING: two prefetch posts of 100,000.
+    # On a loaded machine a post may also wait for its turn longer than the body timeout: it
+    # is then refused unread too (bounded wait), and fewer than the room allows are accepted.
+    waited = [
+        answer
+        for status, answer in plan_answers + prefetch_answers
+        if status == 429 and "took more than" in str(answer["error"])
+    ]
+    print(
+        f"accepted {len(accepted_plans)} plans, {len(accepted_prefetches)} prefetch posts; "
+        f"{len(waited)} refused after waiting their turn"
+    )
+    assert 1 <= len(accepted_plans) <= 10 and 1 <= len(accepted_prefetches) <= 2
+    if not waited:
+        assert (len(accepted_plans), len(accepted_prefetches)) == (10, 2)
     assert watch.slowest_s < HEALTHZ_BOUND_S, f"/healthz took {watch.slowest_s:.2f} s"
     assert watch.peak_rss < RSS_BOUND_BYTES, f"RSS peaked at {watch.peak_rss >> 20} MiB"
     # The queue was full: the other posts were refused without their bodies being parsed.
     refused = [answer for status, answer in prefetch_answers if status == 429]
-    assert all("not parsed" in str(answer["error"]) for answer in refused), refused
+    assert all(
+        "not parsed" in str(answer["error"]) or "not read" in str(answer["error"])
+        for answer in refused
+    ), refused
     assert daemon.get_json("/healthz")[0] == 200
     assert _delete(daemon.url + "/_/prefetch") == 200  # 200,000 keys the origin lacks
