@@ -62,7 +62,8 @@ ALLOWED: dict[str, set[str]] = {
     # The receive path: the daemon's pool and its wire, and the receiving process, which
     # imports only what lands a body (no cache, no config, no event loop).
     "origins.wire": {"errors"},
-    "origins.receivers": {"errors", "origins.wire", "origins.threads"},
+    "origins.receivers": {"errors", "origins.receiver_handle", "origins.wire", "origins.threads"},
+    "origins.receiver_handle": {"errors", "origins.wire"},
     "origins.landing": {
         "checksums",
         "errors",
