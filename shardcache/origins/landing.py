@@ -20,7 +20,7 @@ from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
 from shardcache.origins.pool import Exchange
 from shardcache.origins.responses import map_http_errors
 
-LAND_BYTES = 256 << 10  # a landing thread's buffer: the most one write (and report) takes; each
+LAND_BYTES = 512 << 10  # a landing thread's buffer: the most one write (and report) takes; each
 # landing in flight holds one, so this times the landings bounds a receiver's memory
 REPORT_BYTES = 1 << 20  # bytes written between two progress reports, while they keep coming
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
