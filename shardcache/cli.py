@@ -489,8 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # daemon's dependencies: say what to install, not a traceback.
         print(
             f"shardcache: error: `shardcache {args.command}` needs the daemon's dependencies "
-            f"({exc.name} is not installed): pip install 'shardcache[daemon]' "
-            "(from a checkout: pip install '.[daemon]')",
+            f"({exc.name} is not installed): from a clone of shardcache, "
+            "pip install -c constraints.txt '.[daemon]' (see docs/deploying.md)",
             file=sys.stderr,
         )
         return 2

@@ -105,8 +105,8 @@ def run_purge(args: argparse.Namespace, daemon: str) -> int:
             _show(origin, entry, False, now)
             count, total = count + 1, total + entry["size_bytes"]
         print(
-            f"would purge {count} entries ({format_size(total)}) of origin {origin} matching "
-            f"{pattern!r}; nothing purged (--dry-run)",
+            f"would purge {_entries_count(count)} ({format_size(total)}) of origin {origin} "
+            f"matching {pattern!r}; nothing purged (--dry-run)",
             file=sys.stderr,
         )
         return 0
@@ -117,7 +117,10 @@ def run_purge(args: argparse.Namespace, daemon: str) -> int:
         if not answer["next"]:
             break
         after = answer["next"]
-    print(f"purged {count} entries ({format_size(total)}) of origin {origin} matching {pattern!r}")
+    print(
+        f"purged {_entries_count(count)} ({format_size(total)}) of origin {origin} "
+        f"matching {pattern!r}"
+    )
     return 0
 
 
@@ -155,3 +158,7 @@ def _ago(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"
+
+
+def _entries_count(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"

@@ -43,8 +43,8 @@ def add_parser(commands: Any) -> None:
     check = commands.add_parser(
         "check",
         help="ask every configured origin whether it can be read (no daemon needed)",
-        description="Build the origins as `serve` would (same flags, SHARDCACHE_* variables "
-        "and --config) and ask each with a HEAD: reachable, TLS certificate trusted, "
+        description="Build the origins as `serve` would (from --config or --origin, and the "
+        "SHARDCACHE_* variables) and ask each with a HEAD: reachable, TLS certificate trusted, "
         "credentials accepted, bucket there, and each --key found. Exit 0 with one OK line "
         "per origin; 1 with one line per problem (on stderr); 2 for a bad setting.",
     )
@@ -168,7 +168,7 @@ def _problem(exc: OriginError, spec: config.OriginSpec, has_keys: bool) -> str:
         return f"TLS certificate not trusted: {exc}"
     if isinstance(exc, OriginDenied):
         hint = ""
-        if spec.scheme == "s3" and not has_keys:
+        if spec.scheme == "s3" and not has_keys and "no AWS credentials" not in str(exc):
             hint = (
                 " (S3 also answers 403 for a missing key when the credentials may not list "
                 "the bucket: give --key ORIGIN/KEY of a key that exists)"

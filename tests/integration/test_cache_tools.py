@@ -136,7 +136,7 @@ def test_a_purge_does_not_cut_a_read_of_the_entry_under_way(
     assert response.getheader("X-Shardcache") == "hit"
     head = response.read(64 << 10)
     purged = run_cli("purge", "d", "big*", "--daemon", daemon.url)
-    assert purged.returncode == 0 and purged.stdout.startswith("purged 1 entries"), purged
+    assert purged.returncode == 0 and purged.stdout.startswith("purged 1 entry "), purged
     rest = response.read()
     connection.close()
     assert hashlib.sha256(head + rest).digest() == hashlib.sha256(data).digest()

@@ -315,7 +315,7 @@ def test_the_install_instructions_name_what_exists() -> None:
         line.lstrip("# ").strip() for line in unit.splitlines() if "bin/pip install" in line
     ]
     install = (
-        "python3 -m venv /opt/shardcache && "
+        "/usr/bin/python3 -m venv /opt/shardcache && "
         "/opt/shardcache/bin/pip install -c constraints.txt '.[daemon]'"
     )
     assert installs == [install], installs
