@@ -16,7 +16,12 @@ ALLOWED: dict[str, set[str]] = {
     "keys": {"errors"},
     "ranges": {"errors"},
     "checksums": {"errors"},
-    "config": {"errors", "keys", "units"},
+    # config/: the options table, then origins, then Settings and its loader; the package's
+    # __init__ re-exports them (`from shardcache.config import Settings`).
+    "config": {"config.options", "config.origins", "config.settings"},
+    "config.options": {"units"},
+    "config.origins": {"config.options", "errors", "keys"},
+    "config.settings": {"config.options", "config.origins", "errors"},
     "observer": set(),
     "origins.base": {"checksums", "errors"},
     "origins": {
