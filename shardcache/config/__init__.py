@@ -30,7 +30,12 @@ from shardcache.config.origins import (
     OriginSpec,
     parse_origin_url,
 )
-from shardcache.config.settings import Settings, load_settings, read_config_file
+from shardcache.config.settings import (
+    Settings,
+    load_settings,
+    read_config_file,
+    settings_needing_restart,
+)
 
 __all__ = [
     "ENV_PREFIX",
@@ -50,4 +55,5 @@ __all__ = [
     "load_settings",
     "parse_origin_url",
     "read_config_file",
+    "settings_needing_restart",
 ]

@@ -11,7 +11,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +169,9 @@ class Option:
     help: str
     metavar: str = ""
     is_switch: bool = False  # a flag without a value: `--require-token-for-reads`
+    # Whether SIGHUP applies a changed value (`Daemon.reload`); a change to any other setting
+    # is reported as needing a restart (`settings_needing_restart`). Given for every row.
+    reloads: bool = field(kw_only=True)
 
     @property
     def flag(self) -> str:
@@ -180,20 +183,60 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("listen", _parse_listen, "127.0.0.1:8470", "address to serve on", "HOST:PORT"),
-    Option("cache_dir", _parse_path, "~/.cache/shardcache", "where cached shards live", "PATH"),
-    Option("cache_size", parse_size, "20GiB", "disk bound: 500MiB, 20GiB, 1TiB or bytes", "SIZE"),
-    Option("log_level", _parse_choice(LOG_LEVELS), "info", "debug, info, warning or error", "LVL"),
-    Option("log_format", _parse_choice(("text", "json")), "text", "text or json", "FMT"),
-    Option("origin_connect_timeout", parse_seconds, 10.0, "seconds to connect", "S"),
-    Option("origin_read_timeout", parse_seconds, 30.0, "seconds without a byte = stalled", "S"),
-    Option("origin_retries", _parse_count, 4, "retries per fill, resuming with Range", "N"),
+    Option(
+        "listen", _parse_listen, "127.0.0.1:8470", "address to serve on", "HOST:PORT", reloads=False
+    ),
+    Option(
+        "cache_dir",
+        _parse_path,
+        "~/.cache/shardcache",
+        "where cached shards live",
+        "PATH",
+        reloads=False,
+    ),
+    Option(
+        "cache_size",
+        parse_size,
+        "20GiB",
+        "disk bound: 500MiB, 20GiB, 1TiB or bytes",
+        "SIZE",
+        reloads=False,
+    ),
+    Option(
+        "log_level",
+        _parse_choice(LOG_LEVELS),
+        "info",
+        "debug, info, warning or error",
+        "LVL",
+        reloads=True,
+    ),
+    Option(
+        "log_format", _parse_choice(("text", "json")), "text", "text or json", "FMT", reloads=True
+    ),
+    Option("origin_connect_timeout", parse_seconds, 10.0, "seconds to connect", "S", reloads=False),
+    Option(
+        "origin_read_timeout",
+        parse_seconds,
+        30.0,
+        "seconds without a byte = stalled",
+        "S",
+        reloads=False,
+    ),
+    Option(
+        "origin_retries",
+        _parse_count,
+        4,
+        "retries per fill, resuming with Range",
+        "N",
+        reloads=False,
+    ),
     Option(
         "origin_min_speed",
         _parse_speed,
         "16KiB",
         "bytes/s an origin body must average over each read timeout; 0 = no floor",
         "SIZE",
+        reloads=False,
     ),
     Option(
         "prefetch_concurrency",
@@ -201,6 +244,7 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "prefetches at once; auto = as many as raise what the origin delivers (8, up to 32)",
         "N",
+        reloads=False,
     ),
     Option(
         "prefetch_max_bytes",
@@ -208,8 +252,16 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "prefetched-but-unread bytes at most; auto = a quarter of the cache",
         "SIZE",
+        reloads=False,
     ),
-    Option("readahead", _parse_count, 2, "next N numbered shards to queue on a read; 0 = off", "N"),
+    Option(
+        "readahead",
+        _parse_count,
+        2,
+        "next N numbered shards to queue on a read; 0 = off",
+        "N",
+        reloads=False,
+    ),
     Option(
         "eviction",
         _parse_choice(EVICTION_POLICIES),
@@ -217,6 +269,7 @@ OPTIONS: tuple[Option, ...] = (
         "auto (loaders' plans where posted, else LRU that spares what is in use: no thrash "
         "when the dataset outgrows the cache), plan (plans, else plain LRU) or lru",
         "POLICY",
+        reloads=False,
     ),
     Option(
         "origin_connections",
@@ -224,14 +277,23 @@ OPTIONS: tuple[Option, ...] = (
         8,
         "connections per fill: large objects come as parallel ranged segments",
         "N",
+        reloads=False,
     ),
-    Option("segment_size", parse_size, "16MiB", "bytes per ranged segment of a fill", "SIZE"),
+    Option(
+        "segment_size",
+        parse_size,
+        "16MiB",
+        "bytes per ranged segment of a fill",
+        "SIZE",
+        reloads=False,
+    ),
     Option(
         "shutdown_grace",
         parse_seconds,
         30.0,
         "seconds in-flight responses get to finish on SIGTERM (a second signal: none)",
         "S",
+        reloads=False,
     ),
     Option(
         "worker_threads",
@@ -239,6 +301,7 @@ OPTIONS: tuple[Option, ...] = (
         64,
         "threads for blocking work (disk writes, S3 reads, the index)",
         "N",
+        reloads=False,
     ),
     Option(
         "receivers",
@@ -247,6 +310,7 @@ OPTIONS: tuple[Option, ...] = (
         "processes that receive misses from origins (TLS, writing, CRC): a miss's bytes use "
         "this many cores; auto = one per core available, at most 16",
         "N",
+        reloads=True,
     ),
     Option(
         "client_idle_timeout",
@@ -254,6 +318,7 @@ OPTIONS: tuple[Option, ...] = (
         60.0,
         "seconds a connection may wait between requests (keep-alive) before it is closed",
         "S",
+        reloads=False,
     ),
     Option(
         "client_header_timeout",
@@ -261,14 +326,23 @@ OPTIONS: tuple[Option, ...] = (
         15.0,
         "seconds a client may take to send a request's headers once it has begun",
         "S",
+        reloads=False,
     ),
-    Option("client_body_timeout", parse_seconds, 30.0, "seconds to receive a request body", "S"),
+    Option(
+        "client_body_timeout",
+        parse_seconds,
+        30.0,
+        "seconds to receive a request body",
+        "S",
+        reloads=False,
+    ),
     Option(
         "client_send_timeout",
         parse_seconds,
         120.0,
         "seconds a client may read nothing of a response before its connection is closed",
         "S",
+        reloads=False,
     ),
     Option(
         "max_connections",
@@ -276,6 +350,7 @@ OPTIONS: tuple[Option, ...] = (
         1024,
         "client connections at once; more are answered 503 and closed",
         "N",
+        reloads=False,
     ),
     Option(
         "max_connections_per_client",
@@ -283,6 +358,7 @@ OPTIONS: tuple[Option, ...] = (
         256,
         "connections at once from one client address (a neighbour cannot take every slot)",
         "N",
+        reloads=False,
     ),
     Option(
         "scrub_rate",
@@ -293,6 +369,7 @@ OPTIONS: tuple[Option, ...] = (
         "bytes/s the background scrub re-reads cached shards at, to drop bit rot before it is "
         "served; 0 = off (a few percent of a local SSD; lower it on a throughput-capped volume)",
         "SIZE",
+        reloads=False,
     ),
     Option(
         "admin_token",
@@ -300,9 +377,15 @@ OPTIONS: tuple[Option, ...] = (
         "",
         "bearer token for /_/ (required to listen beyond loopback); prefer the env or a file",
         "TOKEN",
+        reloads=False,
     ),
     Option(
-        "admin_token_file", _parse_optional_path, "", "read the admin token from this file", "FILE"
+        "admin_token_file",
+        _parse_optional_path,
+        "",
+        "read the admin token from this file",
+        "FILE",
+        reloads=False,
     ),
     Option(
         "require_token_for_reads",
@@ -310,6 +393,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "shard reads need the token too",
         is_switch=True,
+        reloads=False,
     ),
     Option(
         "insecure_no_token",
@@ -317,6 +401,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "allow a non-loopback listen without a token",
         is_switch=True,
+        reloads=False,
     ),
 )
 
@@ -348,3 +433,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=option.metavar or None,
             help=f"{option.help} (default {default}; env {option.env})",
         )
+
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def default(name: str) -> Any:
+    """The parsed default of the option `name`, for a value built without loaded Settings (a
+    `RetryPolicy()` in a test), so no second copy of it is written down. KeyError if unknown."""
+    option = _BY_NAME[name]
+    return option.parse(option.default)

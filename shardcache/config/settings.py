@@ -23,7 +23,10 @@ from shardcache.errors import ConfigError
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    listen_host: str
+    """Every setting, parsed. No field has a default: only `load_settings` builds one, from
+    the OPTIONS table, so a default lives in one place (`options.default` reads one)."""
+
+    listen_host: str  # `listen` (HOST:PORT), split
     listen_port: int
     cache_dir: Path
     cache_size: int
@@ -33,27 +36,28 @@ class Settings:
     origin_connect_timeout: float
     origin_read_timeout: float
     origin_retries: int
-    origin_min_speed: int = 16 << 10
-    prefetch_concurrency: int | None = None  # None: auto, tuned to what the origin delivers
-    prefetch_max_bytes: int | None = None  # None: a quarter of cache_size
-    readahead: int = 2
-    eviction: str = "auto"
-    origin_connections: int = 8
-    segment_size: int = 16 << 20
-    worker_threads: int = 64
-    receivers: int = 0  # receiving processes; 0: one per core available (origins.receivers)
-    shutdown_grace: float = 30.0
-    client_idle_timeout: float = 60.0
-    client_header_timeout: float = 15.0
-    client_body_timeout: float = 30.0
-    client_send_timeout: float = 120.0
-    max_connections: int = 1024
-    max_connections_per_client: int = 256
-    admin_token: str | None = field(default=None, repr=False)  # never shown, never logged
-    require_token_for_reads: bool = False
-    insecure_no_token: bool = False
-    scrub_rate: int = 0  # bytes/s; OPTIONS holds the default (a Settings built by hand: off)
-    config: Path | None = None
+    origin_min_speed: int
+    prefetch_concurrency: int | None  # None: auto, tuned to what the origin delivers
+    prefetch_max_bytes: int | None  # None: a quarter of cache_size
+    readahead: int
+    eviction: str
+    origin_connections: int
+    segment_size: int
+    worker_threads: int
+    receivers: int  # receiving processes; 0: one per core available (origins.receivers)
+    shutdown_grace: float
+    client_idle_timeout: float
+    client_header_timeout: float
+    client_body_timeout: float
+    client_send_timeout: float
+    max_connections: int
+    max_connections_per_client: int
+    admin_token: str | None = field(repr=False)  # never shown, never logged
+    admin_token_file: Path | None  # the setting as given (read into admin_token if it wins)
+    require_token_for_reads: bool
+    insecure_no_token: bool
+    scrub_rate: int  # bytes/s, 0: off
+    config: Path | None  # the TOML file read, if any
 
     @property
     def prefetch_budget_bytes(self) -> int:
@@ -73,9 +77,6 @@ class Settings:
     def listen(self) -> str:
         host = f"[{self.listen_host}]" if ":" in self.listen_host else self.listen_host
         return f"{host}:{self.listen_port}"
-
-
-# -- parsers: each takes the raw value (str from flags/env, any TOML type) -------------------
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def load_settings(
     host, port = values.pop("listen")
     values["admin_token"] = _admin_token(
         (values.pop("admin_token"), *sources["admin_token"]),
-        (values.pop("admin_token_file"), *sources["admin_token_file"]),
+        (values["admin_token_file"], *sources["admin_token_file"]),
     )
     settings = Settings(
         listen_host=host,
@@ -199,3 +200,14 @@ def _read_token_file(path: Path, where: str) -> str:
     if token is None:
         raise ConfigError(f"{where}: {path} is empty")
     return token
+
+
+def settings_needing_restart(old: Settings, new: Settings) -> list[str]:
+    """The settings changed from `old` to `new` that a reload does not apply (the `reloads`
+    column of OPTIONS), in the table's order: `Daemon.reload` reports them as needing a
+    restart. Every option is a `Settings` attribute of its own name (`listen` a property)."""
+    return [
+        option.name
+        for option in OPTIONS
+        if not option.reloads and getattr(new, option.name) != getattr(old, option.name)
+    ]

@@ -98,7 +98,7 @@ ALLOWED: dict[str, set[str]] = {
     "second_opinion": {"checksum_trust", "checksums", "errors"},
     "store": {"admission", "errors", "plans", "space"},
     "space": {"units"},
-    "segments": {"origins.base", "errors", "limiter", "observer", "checksums"},
+    "segments": {"origins.base", "config.options", "errors", "limiter", "observer", "checksums"},
     "limiter": {"errors"},
     "origin_table": {"limiter", "observer", "origins.base"},
     "fill": {
