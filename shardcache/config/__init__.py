@@ -26,7 +26,9 @@ from shardcache.config.options import (
 )
 from shardcache.config.origins import (
     MAX_UPSTREAMS,
+    ORIGIN_OPTIONS,
     ORIGIN_SCHEMES,
+    OriginOption,
     OriginSpec,
     parse_origin_url,
 )
@@ -47,8 +49,10 @@ __all__ = [
     "MAX_UPSTREAMS",
     "MIN_TOKEN_CHARS",
     "OPTIONS",
+    "ORIGIN_OPTIONS",
     "ORIGIN_SCHEMES",
     "Option",
+    "OriginOption",
     "OriginSpec",
     "Settings",
     "add_arguments",

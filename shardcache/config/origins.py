@@ -12,7 +12,7 @@ import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 from shardcache.config.options import parse_seconds
@@ -20,8 +20,131 @@ from shardcache.errors import ConfigError, InvalidKey
 from shardcache.keys import validate_origin_name
 
 ORIGIN_SCHEMES = ("s3", "http", "https", "file")
-T = TypeVar("T")
 _ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginOption:
+    """One key of an `[origins.NAME]` table in the TOML file (the file only: a flag or
+    `SHARDCACHE_ORIGIN` gives a name and a URL). `parse` checks a plain value and raises
+    ValueError; None for a key with a reader of its own (url/urls, the header tables, tier).
+    `needs_tier`: meaningless, so refused, without `tier`."""
+
+    key: str
+    default: Any  # what an origin without the key gets; None: none
+    help: str
+    parse: Callable[[Any], Any] | None = None
+    needs_tier: bool = False
+
+
+def _parse_string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("must be a string")
+    return value
+
+
+def _parse_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _tier_origin(value: Any) -> str:
+    return validate_origin_name(_parse_string(value))
+
+
+def _parse_ca_file(value: Any) -> str:
+    """A PEM file of certificates to trust, checked now: a file that cannot be read or holds no
+    certificate is a bad setting, not a failure at the first request."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be the path of a PEM file of CA certificates")
+    path = os.path.expanduser(value.strip())
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot use {path} as CA certificates ({exc})") from None
+    return path
+
+
+def _parse_max_requests(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ValueError(f"expected a whole number from 1 to 100000, got {value!r}")
+    return value
+
+
+def _parse_rate(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"expected requests a second, got {value!r}")
+    if not 0.01 <= value <= 1_000_000:
+        raise ValueError(f"expected from 0.01 to 1000000 requests a second, got {value!r}")
+    return float(value)
+
+
+ORIGIN_OPTIONS: tuple[OriginOption, ...] = (
+    OriginOption(
+        "url",
+        None,
+        "the object's home: s3://BUCKET[/PREFIX], http(s)://HOST[/PREFIX] or file:///PATH",
+    ),
+    OriginOption("urls", None, "instead of url: upstreams asked in order, the object's home last"),
+    OriginOption(
+        "endpoint_url", None, "an S3 origin's endpoint (a MinIO, another provider)", _parse_string
+    ),
+    OriginOption(
+        "headers",
+        None,
+        "request headers (a table of strings; ${VARIABLE} read from the environment, never logged)",
+    ),
+    OriginOption(
+        "follow_redirects",
+        False,
+        "follow a 3xx to the origin URL's own scheme, host and port (http(s) origins only)",
+        _parse_bool,
+    ),
+    OriginOption(
+        "tier",
+        None,
+        "shardcache tier members: a list of http(s)://HOST:PORT, or one "
+        "URL whose host name resolves to them",
+    ),
+    OriginOption(
+        "tier_origin",
+        None,
+        "the name the tier serves this origin under (default: the same name)",
+        _tier_origin,
+        needs_tier=True,
+    ),
+    OriginOption(
+        "tier_refresh",
+        30.0,
+        "seconds between lookups of a tier given as one name",
+        parse_seconds,
+        needs_tier=True,
+    ),
+    OriginOption(
+        "tier_headers", None, "headers sent to the tier members (never headers)", needs_tier=True
+    ),
+    OriginOption(
+        "max_requests",
+        None,
+        "requests in flight to the origin at most (1 to 100000)",
+        _parse_max_requests,
+    ),
+    OriginOption(
+        "max_requests_per_second",
+        None,
+        "requests a second to the origin at most (0.01 to 1000000)",
+        _parse_rate,
+    ),
+    OriginOption(
+        "ca_file",
+        None,
+        "PEM certificates its https:// URLs are verified against "
+        "(besides the system's), checked at start",
+        _parse_ca_file,
+    ),
+)
+_ORIGIN_OPTION = {option.key: option for option in ORIGIN_OPTIONS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +168,12 @@ class OriginSpec:
     url: str
     endpoint_url: str | None = None
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    follow_redirects: bool = False
+    follow_redirects: bool = _ORIGIN_OPTION["follow_redirects"].default
     mirrors: tuple[str, ...] = ()
     tier: tuple[str, ...] = ()
     tier_dns: str | None = None
     tier_origin: str | None = None
-    tier_refresh_s: float = 30.0
+    tier_refresh_s: float = _ORIGIN_OPTION["tier_refresh"].default
     tier_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     max_requests: int | None = None
     max_requests_per_second: float | None = None
@@ -110,20 +233,6 @@ def _checked_name(name: str, where: str) -> str:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-_ORIGIN_KEYS = {
-    "url",
-    "urls",
-    "endpoint_url",
-    "headers",
-    "follow_redirects",
-    "tier",
-    "tier_origin",
-    "tier_refresh",
-    "tier_headers",
-    "max_requests",
-    "max_requests_per_second",
-    "ca_file",
-}
 MAX_UPSTREAMS = 64
 
 
@@ -135,38 +244,34 @@ def origins_from_file(table: Any, environ: Mapping[str, str], where: str) -> dic
         at = f"{where} [origins.{name}]"
         if not isinstance(body, dict):
             raise ConfigError(f'{at}: needs url = "s3://…", "http(s)://…" or "file:///…"')
-        unknown = set(body) - _ORIGIN_KEYS
+        unknown = set(body) - set(_ORIGIN_OPTION)
         if unknown:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}")
         urls = _origin_urls(name, body, at)
-        headers = _header_table(body, "headers", environ, at)
-        endpoint = body.get("endpoint_url")
-        if endpoint is not None and not isinstance(endpoint, str):
-            raise ConfigError(f"{at}: endpoint_url must be a string")
-        follow_redirects = body.get("follow_redirects", False)
-        if not isinstance(follow_redirects, bool):
-            raise ConfigError(f"{at}: follow_redirects must be true or false")
-        if follow_redirects and any(urlsplit(u).scheme not in ("http", "https") for u in urls):
+        plain = {o.key: _value(body, o, at) for o in ORIGIN_OPTIONS if o.parse is not None}
+        if plain["follow_redirects"] and any(
+            urlsplit(u).scheme not in ("http", "https") for u in urls
+        ):
             raise ConfigError(f"{at}: follow_redirects applies to http(s) origins only")
         tier, tier_dns = _tier(body.get("tier"), at)
-        orphans = sorted(k for k in ("tier_origin", "tier_refresh", "tier_headers") if k in body)
+        orphans = sorted(o.key for o in ORIGIN_OPTIONS if o.needs_tier and o.key in body)
         if orphans and not (tier or tier_dns):
             raise ConfigError(f"{at}: {', '.join(orphans)} without a tier")
         origins[name] = OriginSpec(
             name=_checked_name(name, at),
             url=urls[-1],
             mirrors=urls[:-1],
-            endpoint_url=endpoint,
-            follow_redirects=follow_redirects,
-            headers=headers,
+            endpoint_url=plain["endpoint_url"],
+            follow_redirects=plain["follow_redirects"],
+            headers=_header_table(body, "headers", environ, at),
             tier=tier,
             tier_headers=_header_table(body, "tier_headers", environ, at),
             tier_dns=tier_dns,
-            tier_origin=_optional(body, "tier_origin", _tier_origin, at),
-            tier_refresh_s=_optional(body, "tier_refresh", parse_seconds, at) or 30.0,
-            max_requests=_optional(body, "max_requests", _parse_max_requests, at),
-            max_requests_per_second=_optional(body, "max_requests_per_second", _parse_rate, at),
-            ca_file=_optional(body, "ca_file", _parse_ca_file, at),
+            tier_origin=plain["tier_origin"],
+            tier_refresh_s=plain["tier_refresh"],
+            max_requests=plain["max_requests"],
+            max_requests_per_second=plain["max_requests_per_second"],
+            ca_file=plain["ca_file"],
         )
     return origins
 
@@ -266,46 +371,15 @@ def _place(url: str) -> tuple[str, str, int]:
     return parts.scheme, host, parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _optional(body: dict[str, Any], key: str, parse: Callable[[Any], T], at: str) -> T | None:
-    if key not in body:
-        return None
+def _value(body: dict[str, Any], option: OriginOption, at: str) -> Any:
+    """The key's parsed value, or the table's default when the origin does not give it."""
+    if option.key not in body:
+        return option.default
+    assert option.parse is not None  # only keys with a parser come here
     try:
-        return parse(body[key])
+        return option.parse(body[option.key])
     except (ValueError, InvalidKey) as exc:
-        raise ConfigError(f"{at}: {key}: {exc}") from None
-
-
-def _tier_origin(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("must be a string")
-    return validate_origin_name(value)
-
-
-def _parse_ca_file(value: Any) -> str:
-    """A PEM file of certificates to trust, checked now: a file that cannot be read or holds no
-    certificate is a bad setting, not a failure at the first request."""
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError("must be the path of a PEM file of CA certificates")
-    path = os.path.expanduser(value.strip())
-    try:
-        ssl.create_default_context(cafile=path)
-    except (OSError, ssl.SSLError) as exc:
-        raise ValueError(f"cannot use {path} as CA certificates ({exc})") from None
-    return path
-
-
-def _parse_max_requests(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
-        raise ValueError(f"expected a whole number from 1 to 100000, got {value!r}")
-    return value
-
-
-def _parse_rate(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected requests a second, got {value!r}")
-    if not 0.01 <= value <= 1_000_000:
-        raise ValueError(f"expected from 0.01 to 1000000 requests a second, got {value!r}")
-    return float(value)
+        raise ConfigError(f"{at}: {option.key}: {exc}") from None
 
 
 def merge_origin(from_file: OriginSpec | None, override: OriginSpec) -> OriginSpec:
