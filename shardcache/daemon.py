@@ -4,7 +4,8 @@ and shut down in one visible order.
 Shutdown order (`Daemon.stop`): (1) `/readyz` and new shard requests answer 503, (2) responses
 in flight finish within `--shutdown-grace`, (3) stop listening, (4) stop prefetching and cancel
 unfinished fills (their partial files are removed), (5) close origin clients and the store.
-SIGHUP re-reads the config file for the origin list and log level (`Daemon.reload`).
+SIGHUP re-reads the config file for the origin list and the settings whose row in config's
+OPTIONS says `reloads` (`Daemon.reload`); any other change is reported as needing a restart.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ def _drawn() -> dict[str, Row]:
     """The tree as drawn: each class's row, its parent found by its indentation."""
     doc = errors.__doc__ or ""
     lines = doc.split("\n")
-    header = next(
-        i for i, line in enumerate(lines) if line.split()[:3] == ["class", "status", "kind"]
-    )
+    headers = [i for i, line in enumerate(lines) if line.split()[:3] == ["class", "status", "kind"]]
+    assert headers, "errors.py's docstring has no drawing headed `class  status  kind`"
+    header = headers[0]
     rows: dict[str, Row] = {}
     parents: list[str] = []  # parents[d] is the class last drawn at depth d
     for line in lines[header + 1 :]:
