@@ -47,10 +47,13 @@ REFUSAL = (
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
-    idle_s: float = 60.0
-    header_s: float = 15.0
-    max_connections: int = 1024
-    max_per_client: int = 256
+    """The client limits, from `--client-idle-timeout`, `--client-header-timeout`,
+    `--max-connections` and `--max-connections-per-client` (their defaults are config's)."""
+
+    idle_s: float
+    header_s: float
+    max_connections: int
+    max_per_client: int
 
 
 class _Connection:

@@ -4,7 +4,8 @@ and shut down in one visible order.
 Shutdown order (`Daemon.stop`): (1) `/readyz` and new shard requests answer 503, (2) responses
 in flight finish within `--shutdown-grace`, (3) stop listening, (4) stop prefetching and cancel
 unfinished fills (their partial files are removed), (5) close origin clients and the store.
-SIGHUP re-reads the config file for the origin list and log level (`Daemon.reload`).
+SIGHUP re-reads the config file for the origin list and the settings whose row in config's
+OPTIONS says `reloads` (`Daemon.reload`); any other change is reported as needing a restart.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from shardcache.access import AccessPolicy
 from shardcache.admission import ScanResistantAdmission
 from shardcache.breaker import Health
 from shardcache.cache import ShardCache
-from shardcache.config import OriginSpec, Settings
+from shardcache.config import OriginSpec, Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
@@ -45,7 +46,7 @@ from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.scrub import Scrubber
 from shardcache.scrub_metrics import ScrubGauges
-from shardcache.segments import RetryPolicy
+from shardcache.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.status import build_status
@@ -121,10 +122,10 @@ class Daemon:
         self._listener: asyncio.Server | None = None
         self.guard = ConnectionGuard(
             ConnectionLimits(
-                settings.client_idle_timeout,
-                settings.client_header_timeout,
-                settings.max_connections,
-                settings.max_connections_per_client,
+                idle_s=settings.client_idle_timeout,
+                header_s=settings.client_header_timeout,
+                max_connections=settings.max_connections,
+                max_per_client=settings.max_connections_per_client,
             ),
             on_close=self._count_closed_connection,
         )
@@ -161,7 +162,7 @@ class Daemon:
             min_bytes_per_s=settings.origin_min_speed,
             connections=settings.origin_connections,
             segment_bytes=settings.segment_size,
-            first_segment_bytes=min(settings.segment_size, 2 << 20),
+            first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
         )
         self.cache = ShardCache(self.store, self.origins, policy, self.metrics)
         self.prefetch = PrefetchQueue(
@@ -323,9 +324,9 @@ class Daemon:
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
         self.state.origins_with_upstreams = {n for n, o in new_origins.items() if o.has_upstreams}
-        restart_needed = [
-            f for f in RESTART_SETTINGS if getattr(new, f) != getattr(self.settings, f)
-        ]
+        # What a reload applies is the `reloads` column of config's OPTIONS (log level and
+        # format, receivers, above); every other changed setting is reported, not applied.
+        restart_needed = settings_needing_restart(self.settings, new)
         if restart_needed:
             log.warning("reload: %s changed; restart to apply", ", ".join(restart_needed))
         self._specs = new_origins
@@ -539,34 +540,6 @@ def _raise_open_file_limit(max_connections: int) -> None:
             needed,
             max_connections,
         )
-
-
-RESTART_SETTINGS = (
-    "listen",
-    "cache_dir",
-    "cache_size",
-    "origin_connect_timeout",
-    "origin_read_timeout",
-    "origin_retries",
-    "prefetch_concurrency",
-    "prefetch_max_bytes",
-    "readahead",
-    "eviction",
-    "origin_connections",
-    "segment_size",
-    "worker_threads",
-    "shutdown_grace",
-    "client_idle_timeout",
-    "client_header_timeout",
-    "client_body_timeout",
-    "client_send_timeout",
-    "max_connections",
-    "max_connections_per_client",
-    "admin_token",
-    "require_token_for_reads",
-    "insecure_no_token",
-    "scrub_rate",
-)
 
 
 async def serve(

@@ -1,37 +1,46 @@
 """The whole shardcache exception tree, each class carrying its HTTP status and metric label.
 
-    ShardcacheError                     status  kind
-    ├── ConfigError                     -       config       a bad setting; the CLI prints one line
+    class                               status  kind
+    ShardcacheError                     500     internal     the base, never raised itself
+    ├── ConfigError                     500     config       a bad setting; the CLI prints one line
     ├── BadRequest                      400     bad_request  a malformed request body
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
     ├── Unauthorized                    401     unauthorized no or a wrong admin token
-    ├── RequestTimeout                  408     timeout      the client sent its body too slowly
+    ├── RequestTimeout                  408     client_timeout  the client sent its body too slowly
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
     ├── PlansOff                        409     plans_off    a plan posted to --eviction lru
     ├── RangeNotSatisfiable             416     range
     ├── QueueFull                       429     queue_full   the prefetch queue is at its bound
     ├── ShuttingDown                    503     shutdown
-    ├── FillAbandoned                   499     abandoned    every reader of a fill left (fill.py)
+    ├── FillAbandoned                   499     abandoned    every reader of a fill left
     ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
+    │   ├── CacheFull                   503     cache        [in store] pins, reservations hold all
+    │   │   └── NotAdmitted             503     cache        [in store] admission spares the victims
+    │   └── CacheInUse                  503     cache        [in store] a daemon holds its lock
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
         │   └── BucketNotFound          404     not_found    an S3 origin's bucket does not exist
         ├── OriginTimeout               504     timeout      connect or read timed out (stalled)
         │   └── OriginTooSlow           504     timeout      a body below --origin-min-speed
-        ├── OriginUnavailable           502     unavailable  refused, reset, 5xx, denied
+        ├── OriginUnavailable           502     unavailable  refused, reset, 5xx
         │   ├── OriginThrottled         502     throttled    429 / 503 SlowDown; passed on as 503
         │   │   └── OriginShed          503     throttled    its turn under the limiter too far off
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
+        │   ├── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
         │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
         │   │   └── LocalBusy           503     busy         our own share for it (threads) full
         │   ├── OriginUntrusted         502     tls          its TLS certificate did not verify
-        │   └── OriginRedirected        502     unavailable  a 3xx the origin may not follow
+        │   └── OriginDenied            502     denied       our credentials were refused
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
+
+A class marked `[in MODULE]` is defined in that module (it belongs here: see issue 26); every
+other class is defined below. `tests/unit/test_errors.py` checks this drawing against the code:
+each class, its parent, its status and its kind.
 
 Adapters translate vendor exceptions at their edge (`raise OriginTimeout(...) from exc`); nothing
 from botocore or aiohttp.client leaks past `origins/`. `server.py` turns these into JSON errors.

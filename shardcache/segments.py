@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from shardcache.checksums import crc32c_combine
+from shardcache.config.options import default as option_default
 from shardcache.errors import (
     OriginChanged,
     OriginError,
@@ -33,6 +34,7 @@ from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 log = logging.getLogger("shardcache.fill")
+FIRST_SEGMENT_BYTES = 2 << 20  # the first request of a fill: small, so its first byte is soon
 RETRY_AFTER_CAP_S = 30.0  # an origin's Retry-After longer than this is not waited out
 T = TypeVar("T")
 
@@ -57,14 +59,18 @@ class Segment:
 class RetryPolicy:
     """Bounded retries with exponential back-off: delays base, 2·base, 4·base… capped."""
 
-    retries: int = 4
+    # The daemon builds it from Settings; the defaults (for one built by hand) are the
+    # options table's, read from it, never written down twice.
+    retries: int = option_default("origin_retries")
     base_s: float = 0.25
     cap_s: float = 5.0
-    read_timeout_s: float = 30.0
-    min_bytes_per_s: float = 0.0  # a body's speed floor over each read timeout (SpeedFloor)
-    connections: int = 8
-    segment_bytes: int = 16 << 20
-    first_segment_bytes: int = 2 << 20
+    read_timeout_s: float = option_default("origin_read_timeout")
+    # A body's speed floor over each read timeout (SpeedFloor). Off unless given: the daemon
+    # passes --origin-min-speed; a policy built by hand (a test's fake origin) has no floor.
+    min_bytes_per_s: float = 0.0
+    connections: int = option_default("origin_connections")
+    segment_bytes: int = option_default("segment_size")
+    first_segment_bytes: int = FIRST_SEGMENT_BYTES
     # Extra connections (beyond each fill's first) in flight across all fills: bounds memory
     # when many large misses run at once, without ever delaying a new fill's first byte.
     shared_connections: int = 32

@@ -16,7 +16,12 @@ ALLOWED: dict[str, set[str]] = {
     "keys": {"errors"},
     "ranges": {"errors"},
     "checksums": {"errors"},
-    "config": {"errors", "keys", "units"},
+    # config/: the options table, then origins, then Settings and its loader; the package's
+    # __init__ re-exports them (`from shardcache.config import Settings`).
+    "config": {"config.options", "config.origins", "config.settings"},
+    "config.options": {"units"},
+    "config.origins": {"config.options", "errors", "keys"},
+    "config.settings": {"config.options", "config.origins", "errors"},
     "observer": set(),
     "origins.base": {"checksums", "errors"},
     "origins": {
@@ -93,7 +98,7 @@ ALLOWED: dict[str, set[str]] = {
     "second_opinion": {"checksum_trust", "checksums", "errors"},
     "store": {"admission", "errors", "plans", "space"},
     "space": {"units"},
-    "segments": {"origins.base", "errors", "limiter", "observer", "checksums"},
+    "segments": {"origins.base", "config.options", "errors", "limiter", "observer", "checksums"},
     "limiter": {"errors"},
     "origin_table": {"limiter", "observer", "origins.base"},
     "fill": {
