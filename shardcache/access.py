@@ -15,6 +15,11 @@ A browser cannot send a Bearer token, so the status page (`GET /_/`) and the doc
 for it once and sends it with the page's requests. Only there and only for GET and HEAD: a
 browser sends remembered Basic credentials with requests other sites make it send too, and a
 read of these two changes nothing (and the same-origin policy keeps its answer from them).
+
+A change to the daemon (any `/_/` request but GET, HEAD and OPTIONS) that a web page made a
+browser send is refused, token or not (`is_cross_site`): without a token a loopback daemon would
+otherwise take a prefetch, a plan or a verify from any page open on the node. Browsers mark such
+requests (`Sec-Fetch-Site`, `Origin`); the commands, the client and curl send neither.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ ADMIN_PREFIX = "/_/"
 SCHEME = "bearer"
 PAGE_PATHS = frozenset({"/_/", "/_/status"})  # where a browser may present Basic credentials
 BASIC_METHODS = frozenset({"GET", "HEAD"})
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def _digest(text: str) -> bytes:
@@ -67,6 +73,22 @@ class AccessPolicy:
     def takes_basic(method: str, path: str) -> bool:
         """Whether a request may present the token as Basic credentials (the status page)."""
         return method in BASIC_METHODS and path in PAGE_PATHS
+
+
+def is_cross_site(
+    method: str, path: str, host: str | None, origin: str | None, fetch_site: str | None
+) -> bool:
+    """Whether a request that changes something under `/_/` came from another site's page:
+    `Sec-Fetch-Site` says so (`cross-site`, `same-site`), or its `Origin` is not the daemon's
+    own scheme-less `host` (RFC 6454: `null` from a sandboxed page or a file is never ours)."""
+    if method in SAFE_METHODS or not path.startswith(ADMIN_PREFIX):
+        return False
+    if fetch_site is not None and fetch_site.strip().lower() in ("cross-site", "same-site"):
+        return True
+    if origin is None:
+        return False
+    _, _, authority = origin.strip().partition("://")
+    return not authority or host is None or authority.lower() != host.strip().lower()
 
 
 def _basic_password(credentials: str) -> str:

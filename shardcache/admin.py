@@ -38,7 +38,8 @@ TURN_SWITCH_INTERVAL_S = 0.001
 
 
 class PostTurns:
-    """Admin posts take turns: one at a time is read, parsed and acted on.
+    """Admin posts (and `/_/cache` listings) take turns: one at a time is read, parsed and
+    acted on.
 
     A turn is CPU on a worker thread for up to a second (100,000 names expanded, validated and
     indexed), and every runnable thread competes with the event loop for the GIL: one at a time
@@ -111,11 +112,16 @@ def _catalog_query(request: web.Request, pattern_required: bool) -> tuple[str, s
 
 
 async def _catalog_page(request: web.Request, pattern_required: bool, with_pins: bool) -> Page:
-    """One page of the query's listing: a bounded index scan, off the event loop."""
+    """One page of the query's listing: a bounded index scan, off the event loop, taking its
+    turn with the admin posts (a scan is a thread busy in Python too: 64 listings at once held
+    /healthz up to 0.9 s), so at most one runs and a long line is refused with 429."""
     name, pattern, after, limit = _catalog_query(request, pattern_required)
     cache = request.app[CACHE_KEY]
     origin = cache.origin(name)  # 404 for an unknown one
-    return await asyncio.to_thread(list_page, cache.store, origin, pattern, after, limit, with_pins)
+    async with request.app[TURNS_KEY].turn(request.app[STATE_KEY].client_body_timeout_s):
+        return await asyncio.to_thread(
+            list_page, cache.store, origin, pattern, after, limit, with_pins
+        )
 
 
 async def get_cache(request: web.Request) -> web.Response:

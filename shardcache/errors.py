@@ -6,6 +6,7 @@
     ├── BadRequest                      400     bad_request  a malformed request body
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
     ├── Unauthorized                    401     unauthorized no or a wrong admin token
+    ├── CrossSite                       403     cross_site   an admin change a web page sent
     ├── RequestTimeout                  408     client_timeout  the client sent its body too slowly
     ├── UnknownOrigin                   404     unknown_origin
     ├── NotCached                       404     not_cached   purging a key that is not cached
@@ -82,6 +83,11 @@ class InvalidKey(ShardcacheError):
 class Unauthorized(ShardcacheError):
     status = 401
     kind = "unauthorized"
+
+
+class CrossSite(ShardcacheError):
+    status = 403
+    kind = "cross_site"
 
 
 class RequestTimeout(ShardcacheError):

@@ -28,7 +28,12 @@ from shardcache.status import Snapshot
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
 CLIENT_TIMEOUT_PHASES = ("idle", "header", "body", "send")
-CLIENT_REFUSAL_REASONS = ("unauthorized", "connection_limit", "client_connection_limit")
+CLIENT_REFUSAL_REASONS = (
+    "unauthorized",
+    "cross_site",
+    "connection_limit",
+    "client_connection_limit",
+)
 ORIGIN_ERROR_KINDS = (
     "not_found",
     "timeout",
@@ -351,7 +356,8 @@ class Metrics:
         )
         self.client_refused = Counter(
             "shardcache_client_refused",
-            "Client requests or connections refused: no admin token, or the connection limit",
+            "Client requests or connections refused: no admin token, sent by a web page, or the "
+            "connection limit",
             ["reason"],
             registry=registry,
         )

@@ -21,10 +21,11 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.access import AccessPolicy
+from shardcache.access import AccessPolicy, is_cross_site
 from shardcache.cache import ShardCache
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
+    CrossSite,
     OriginBusy,
     OriginError,
     OriginNotFound,
@@ -111,6 +112,16 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
         response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
         response.force_close()
         return response
+    headers = request.headers
+    if is_cross_site(
+        request.method,
+        request.path,
+        headers.get("Host"),
+        headers.get("Origin"),
+        headers.get("Sec-Fetch-Site"),
+    ):
+        request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
+        raise CrossSite("a change to the daemon sent by a web page of another site is refused")
     access = request.app[ACCESS_KEY]
     if access.is_protected(request.path):
         basic = access.takes_basic(request.method, request.path)  # the status page

@@ -220,3 +220,51 @@ def test_insecure_no_token_is_an_explicit_choice(origin: OriginServer, start_dae
     assert daemon.get_json("/_/status")[0] == 200
     assert "no admin token: INSECURE" in daemon.log()
     assert "WARNING shardcache.daemon: listening on 0.0.0.0" in daemon.log()
+
+
+CROSS_SITE = [  # what a browser adds to a request a page of another site makes it send
+    {"Origin": "https://evil.example"},
+    {"Origin": "null"},  # a sandboxed frame or a file
+    {"Sec-Fetch-Site": "cross-site"},
+    {"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "same-site"},  # another port
+]
+
+
+@pytest.mark.parametrize("marks", CROSS_SITE, ids=lambda marks: ",".join(marks.values()))
+def test_a_change_a_web_page_sends_is_refused_even_without_a_token(
+    marks: dict[str, str], origin: OriginServer, start_daemon
+) -> None:
+    """A loopback daemon without a token took `POST /_/prefetch` (and plans, verify) from any
+    page open on the node: a text/plain form post needs no preflight (the attack review).
+    Refused with 403 and counted; reads, and what the commands and curl send, still work."""
+    origin.put("s_000.tar", b"x" * 4096)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    posts = [
+        ("POST", "/_/prefetch", b'{"urls": ["/web/s_000.tar"], "warm": true}'),
+        ("POST", "/_/plan", b'{"job": "j", "epoch": 0, "urls": ["/web/s_000.tar"]}'),
+        ("POST", "/_/verify", b""),
+        ("DELETE", "/_/cache?origin=web&pattern=*", None),
+        ("DELETE", "/_/prefetch", None),
+    ]
+    for method, path, body in posts:
+        headers = {"Content-Type": "text/plain", **marks}
+        request = urllib.request.Request(daemon.url + path, body, headers, method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 403, (method, path)
+        assert json.loads(refused.value.read())["error"].startswith("a change to the daemon")
+    assert sum(origin.gets.values()) == 0  # nothing was fetched for the page
+    assert daemon.metric("shardcache_client_refused_total", reason="cross_site") == len(posts)
+    # Reads stay open to pages (their answers are the browser's to withhold); the daemon's own
+    # page's origin, and no marks at all (the commands, the client, curl) are accepted.
+    status, _, _ = _send(daemon, "GET", "/_/status")
+    assert status == 200
+    own = urllib.request.Request(
+        daemon.url + "/_/prefetch",
+        b'{"urls": ["/web/s_000.tar"]}',
+        {"Origin": daemon.url, "Sec-Fetch-Site": "same-origin"},
+        method="POST",
+    )
+    with urllib.request.urlopen(own, timeout=10) as response:
+        assert response.status == 202
+    assert _send(daemon, "POST", "/_/prefetch", b'{"urls": ["/web/s_000.tar"]}')[0] == 202
