@@ -28,7 +28,8 @@ from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
 from shardcache.admission import ScanResistantAdmission
 from shardcache.breaker import Health
-from shardcache.cache import ShardCache
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import LAYOUT_VERSION, AdmissionState, Store
 from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
@@ -49,7 +50,6 @@ from shardcache.segments import RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.status import build_status
-from shardcache.store import LAYOUT_VERSION, AdmissionState, Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")

@@ -37,6 +37,7 @@ import os
 import time
 from collections.abc import Callable
 
+from shardcache.cache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
     LOCAL_DIGEST,
@@ -66,7 +67,6 @@ from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.passthrough import ContinuedStream, RelayedStream
 from shardcache.second_opinion import SecondOpinion
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
-from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 

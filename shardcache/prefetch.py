@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from shardcache.cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
 from shardcache.errors import (
     BadRequest,
     CacheError,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardcache.store import ENTRY_OVERHEAD_BYTES, WAL_ALLOWANCE_BYTES
+from shardcache.cache.store import ENTRY_OVERHEAD_BYTES, WAL_ALLOWANCE_BYTES
 from tests.daemon_process import Daemon
 from tests.integration.disk_helpers import (
     MiB,

@@ -190,5 +190,7 @@ def test_the_loader_only_install_has_no_dependency_and_talks_to_a_daemon(
         refused = _run(light_venv, shardcache, *argv)
         assert refused.returncode == 2, (argv, refused.stderr)
         lines = refused.stderr.splitlines()
-        assert len(lines) == 1 and "pip install -c constraints.txt '.[daemon]'" in lines[0], refused.stderr
+        assert len(lines) == 1 and "pip install -c constraints.txt '.[daemon]'" in lines[0], (
+            refused.stderr
+        )
     assert not (tmp_path / "demo").exists()  # refused before writing its sample shards

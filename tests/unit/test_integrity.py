@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache import Result, ShardCache
+from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.store import Store
 from shardcache.errors import (
     CacheError,
     IntegrityError,
@@ -25,7 +26,6 @@ from shardcache.errors import (
 from shardcache.fill import FillState
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle
 
@@ -303,7 +303,7 @@ def test_a_deleted_cache_dir_is_reported_then_reopened(tmp_path: Path) -> None:
     assert store.problem() is None
     reservation = store.reserve(10)
     os.pwrite(reservation.fd, b"0123456789", 0)
-    from shardcache.store import EntryMeta
+    from shardcache.cache.store import EntryMeta
 
     store.commit(reservation, "k", EntryMeta(10))
     os.close(reservation.fd)
@@ -385,7 +385,7 @@ async def test_a_body_failing_without_validators_is_not_resumed(
 
 
 def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -> None:
-    from shardcache.store import EntryMeta
+    from shardcache.cache.store import EntryMeta
 
     directory = tmp_path / "cache"
     store = Store(directory, 8 * MiB)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from shardcache import scrub
+from shardcache.cache.store import EntryMeta, Store
 from shardcache.checksums import crc32c
 from shardcache.scrub import Pacer, Scrubber
-from shardcache.store import EntryMeta, Store
 
 KiB = 1024
 MiB = 1024 * KiB

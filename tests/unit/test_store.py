@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.cache.store import CacheFull, EntryMeta, Store
 from shardcache.errors import CacheError
-from shardcache.store import CacheFull, EntryMeta, Store
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.store import CacheFull, EntryMeta, NotAdmitted, Store
 from shardcache.plans import PlanBook
-from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Store
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.cache.store import Entry, EntryMeta, Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
@@ -28,7 +29,6 @@ from shardcache.observer import Observer
 from shardcache.origin_table import OriginTable
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy
-from shardcache.store import Entry, EntryMeta, Store
 
 log = logging.getLogger("shardcache.cache")
 RECENT_FILLS = 65536
