@@ -37,7 +37,8 @@ import os
 import time
 from collections.abc import Callable
 
-from shardcache.cache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
+from shardcache.cache.entry import CacheFull, EntryMeta, NotAdmitted, Reservation
+from shardcache.cache.store import Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
     LOCAL_DIGEST,

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shardcache.cache.store import Store, StoredEntry
+from shardcache.cache.entry import StoredEntry
+from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 from shardcache.scrub_check import DAMAGE, Check, Pacer, check_entry
 

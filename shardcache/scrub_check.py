@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from shardcache.cache.store import StoredEntry
+from shardcache.cache.entry import StoredEntry
 from shardcache.checksums import Verifier, cheapest
 from shardcache.errors import IntegrityError
 from shardcache.verify import expected_checksums

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shardcache.cache.store import Entry, EntryMeta, Store
+from shardcache.cache.entry import Entry, EntryMeta
+from shardcache.cache.store import Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin

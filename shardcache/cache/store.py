@@ -40,184 +40,40 @@ import fcntl
 import json
 import logging
 import os
-import sqlite3
-import stat
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import diskcache
-from diskcache.core import MODE_BINARY, UNKNOWN
 
 from shardcache import space
 from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.entry import (
+    AdmissionState,
+    CacheFull,
+    CacheInUse,
+    Entry,
+    EntryMeta,
+    IndexedEntry,
+    NotAdmitted,
+    Reservation,
+    StoredEntry,
+    StoreUsage,
+    parse_meta,
+)
+from shardcache.cache.index import WAL_ALLOWANCE_BYTES, AdoptFile, Index, map_store_errors
 from shardcache.errors import CacheError
-from shardcache.plans import PlanBook, PlanStatus, choose_victim
+from shardcache.plans import PlanBook, choose_victim
 
 log = logging.getLogger("shardcache.store")
 LAYOUT_VERSION = "v1"
 _LRU_BATCH = 64
-WAL_CHECKPOINT_PAGES = 64  # SQLite checkpoints (and truncates) its WAL at this many pages
-WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, with slack
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
 # Free space kept on the filesystem beyond a reservation: the index must still be writable
 # (its WAL, a new row) when the data files have taken the rest.
 FILESYSTEM_HEADROOM_BYTES = (1 << 20) + WAL_ALLOWANCE_BYTES
 FULL_WARNING_INTERVAL_S = 60.0
 FILESYSTEM_FULL_BYTES = WAL_ALLOWANCE_BYTES // 2  # less free than this: the index cannot grow
-
-
-@contextlib.contextmanager
-def map_store_errors(what: str) -> Iterator[None]:
-    """Translate SQLite, diskcache and OS errors into CacheError, so none escapes the store
-    (a full disk, a read-only or deleted directory all end as "stream it through")."""
-    try:
-        yield
-    except CacheError:
-        raise
-    except (sqlite3.Error, diskcache.Timeout) as exc:
-        raise CacheError(f"{what}: the index failed: {exc or exc.__class__.__name__}") from exc
-    except OSError as exc:
-        raise CacheError(f"{what}: {exc.strerror or exc}") from exc
-
-
-@dataclass(frozen=True, slots=True)
-class EntryMeta:
-    """What the server needs to answer for an entry without asking the origin."""
-
-    size_bytes: int
-    etag: str | None = None
-    content_type: str | None = None
-    checksum_headers: dict[str, str] = field(default_factory=dict)  # verified, re-published
-    digests: dict[str, str] = field(default_factory=dict)  # algorithm → hex, for `verify`
-    verified_by: list[str] = field(default_factory=list)  # "length", "Content-MD5", "etag"…
-
-
-@dataclass(slots=True)
-class Entry:
-    """An open, committed entry. The fd stays valid even if the entry is evicted meanwhile
-    (POSIX unlink semantics); the caller must `close()` it."""
-
-    fd: int
-    meta: EntryMeta
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-@dataclass(slots=True)
-class Reservation:
-    """Space set aside for one fill, and its partial file (open read-write as `fd`)."""
-
-    size_bytes: int
-    path: Path
-    fd: int
-    is_released: bool = False
-    is_transient: bool = False  # a look-ahead prefetch's (see the module doc)
-
-
-@dataclass(frozen=True, slots=True)
-class StoreUsage:
-    size_bytes: int
-    entries: int
-    reserved_bytes: int
-    capacity_bytes: int
-
-
-class CacheFull(CacheError):
-    """No room can be made: reservations and pinned entries hold the rest of the capacity."""
-
-
-class NotAdmitted(CacheFull):
-    """Admission spares the entries eviction would take: the fill streams through uncached."""
-
-
-class CacheInUse(CacheError):
-    """Another process (a running daemon) holds the directory's lock."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    """One indexed entry as the scrub walks them. `filename` names this version of the entry
-    (a re-fill of the key commits a new file); `stored_at` is its commit time (`time.time()`);
-    `meta` is None when unreadable."""
-
-    rowid: int
-    key: str
-    filename: str
-    path: Path
-    stored_at: float
-    meta: EntryMeta | None
-
-
-@dataclass(frozen=True, slots=True)
-class IndexedEntry:
-    """One index row as `key_range` lists it: times are `time.time()`; `read_at` is the last
-    read (the commit counts as one); `tag` is the raw metadata, read by `meta()` only for
-    the rows a listing keeps."""
-
-    key: str
-    size_bytes: int
-    stored_at: float
-    read_at: float
-    tag: str
-
-    def meta(self) -> EntryMeta:
-        """The entry's metadata; raises CacheError when unreadable."""
-        return _meta(self.tag)
-
-
-@dataclass(frozen=True, slots=True)
-class AdmissionState:
-    """What `/_/status` and `/metrics` report about the eviction policy."""
-
-    policy: str  # in use now: "plan" (a plan is active), "scan-resistant" or "lru"
-    bypassed: int  # fills streamed through because admission spared the resident set
-    transient_bytes: int  # look-ahead prefetches held (unread, or read and not yet settled)
-    transient_area_bytes: int  # what ordinary fills leave free for them
-    transient_kept: int  # read once, then admitted as ordinary entries
-    transient_dropped: int  # read once, then dropped: no room without evicting in-use entries
-    is_serving: bool  # False: the resident set stopped serving hits (a new dataset?)
-    plans: list[PlanStatus] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class _AdoptFile:
-    path: str
-    size_bytes: int
-    adopted_as: str | None = None  # the file's path in the index tree, once renamed there
-
-
-class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
-    """A diskcache Disk that takes ownership of a finished file by renaming it into the index
-    tree, and that hands out raw file descriptors for sendfile instead of file objects."""
-
-    def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple[int, int, str, None]:
-        if not isinstance(value, _AdoptFile):
-            raise TypeError("the shardcache index only adopts finished files")
-        filename, full_path = self.filename(key, value)
-        if not os.path.isdir(self._directory):  # deleted under us: never recreate it here
-            raise FileNotFoundError(errno.ENOENT, "the index directory is gone", self._directory)
-        os.makedirs(os.path.dirname(full_path), exist_ok=True)
-        os.rename(value.path, full_path)
-        value.adopted_as = full_path
-        return value.size_bytes, MODE_BINARY, filename, None
-
-    def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
-        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss. O_NONBLOCK
-        # and the S_ISREG check: a FIFO left where an entry's file was would block this open
-        # (and the response, and the daemon's exit) for ever; it is a miss, refetched, instead.
-        path = os.path.join(self._directory, filename)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
-        return fd
 
 
 class Store:
@@ -295,44 +151,24 @@ class Store:
         if repair:
             self.swept_partials = self._sweep_partials()
         with map_store_errors(f"cannot open the index in {self._directory}"):
-            self._index = diskcache.Cache(
-                str(self._index_dir),
-                disk=_AdoptingDisk,
-                size_limit=2**62,  # eviction is ours (reserve), so diskcache never culls
-                cull_limit=0,
-                # diskcache's LRU policy writes access_time in a transaction on every get: 32
-                # concurrent hits then queue on SQLite's write lock. Reads here are lock-free
-                # (policy "none"), and access times are batched in `_touched` and written in
-                # one transaction before each eviction (and at close).
-                eviction_policy="none",
-                statistics=0,
-                # Checkpoint the write-ahead log often and truncate it, so the index's own disk
-                # use (counted against the bound) stays small and predictable.
-                sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
-                sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
-            )
-            db = os.stat(self._index_dir / "cache.db")
-            self._db_identity = (db.st_dev, db.st_ino)
+            self._index = Index(self._index_dir)
+            self._db_identity = self._index.identity
             if repair:
-                self._index._sql(
-                    "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
-                )
+                self._index.add_access_time_index()
                 self._drop_damaged_entries()
                 for _ in range(3):  # drop rows without files and files without rows; a fix
-                    if not self._check_index(fix=True):  # can leave an empty dir for the next
+                    if not self._index.check(fix=True):  # can leave an empty dir for the next
                         break
         self._touched = {}
         if self.plans is not None:  # what is cached now, for the plans' heap
-            keys = self._index._sql("SELECT key FROM Cache").fetchall()
-            self.plans.forget_cached(str(key) for (key,) in keys)
+            self.plans.forget_cached(self._index.keys())
 
     def _drop_damaged_entries(self) -> None:
         """Drop entries whose metadata is unreadable or whose file has another size than
         the entry says, before diskcache's check would "fix" the size to the damaged file."""
-        rows = self._index._sql("SELECT key, filename, tag FROM Cache").fetchall()
-        for key, filename, tag in rows:
+        for key, filename, tag in self._index.rows():
             try:
-                is_sound = _meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
+                is_sound = parse_meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
             except (CacheError, FileNotFoundError):
                 is_sound = False
             if not is_sound:
@@ -345,7 +181,7 @@ class Store:
                 log.warning("%s", warning)
 
     def _room(self) -> space.Room:
-        entries = int(self._index.reset("size", update=False))
+        entries = self._index.entry_bytes()
         entry_bytes = entries + ENTRY_OVERHEAD_BYTES * len(self._index)
         index_bytes = self._used_bytes() - entry_bytes
         free = _free_bytes(self._root)
@@ -358,11 +194,11 @@ class Store:
     def lookup(self, key: str) -> Entry | None:
         """Return the open entry for `key` and mark it used, or None. Caller must close it."""
         with map_store_errors(f"cannot look up {key}"):
-            fd, tag = self._index.get(key, default=None, read=True, tag=True)
+            fd, tag = self._index.get(key)
         if fd is None:
             return None
         try:
-            meta = _meta(tag)
+            meta = parse_meta(tag)
         except CacheError:
             os.close(fd)
             raise
@@ -413,8 +249,8 @@ class Store:
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
         with map_store_errors(f"cannot look up {key}"):
-            rows = self._index._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
-        return _meta(rows[0][0]) if rows else None
+            tag = self._index.tag_of(key)
+        return None if tag is None else parse_meta(tag)
 
     def usage(self) -> StoreUsage:
         """What the cache holds; while the index cannot be read, the last figures known."""
@@ -433,7 +269,7 @@ class Store:
         """Bytes on disk as `du` counts them: entries, the index database, and allowances
         for what grows between reservations (the write-ahead log, up to its checkpoint
         size, and per-entry directory blocks and block rounding)."""
-        entries = int(self._index.reset("size", update=False))
+        entries = self._index.entry_bytes()
         index = 0
         for name, allowance in (
             ("cache.db", 0),
@@ -515,13 +351,13 @@ class Store:
         bytes. The reservation's fd stays open for readers; the caller closes it. Raises
         CacheError (the partial file is gone then, and nothing is left in the index tree).
         """
-        adopt = _AdoptFile(str(reservation.path), meta.size_bytes)
+        adopt = AdoptFile(str(reservation.path), meta.size_bytes)
         try:
             with map_store_errors(f"cannot commit {key}"):
                 os.fsync(reservation.fd)
-                self._index.set(key, adopt, tag=json.dumps(dataclasses.asdict(meta)))
+                self._index.set(key, adopt, json.dumps(dataclasses.asdict(meta)))
         except CacheError:
-            self._drop_unindexed(adopt)
+            self._index.drop_unindexed(adopt)
             self.abort(reservation)
             raise
         if self.plans is not None:
@@ -532,18 +368,6 @@ class Store:
                 if key not in self._pinned:  # a client read it while it was being fetched
                     self._transient_read.add(key)
         self._release_reservation(reservation)
-
-    def _drop_unindexed(self, adopt: _AdoptFile) -> None:
-        """After a failed commit, delete the file if it was moved into the index tree but no
-        row names it (an orphan that `du` would count and `usage()` would not)."""
-        if adopt.adopted_as is None:
-            return
-        filename = os.path.relpath(adopt.adopted_as, self._index_dir)
-        with contextlib.suppress(sqlite3.Error, diskcache.Timeout):
-            query = "SELECT 1 FROM Cache WHERE filename = ?"
-            if self._index._sql(query, (filename,)).fetchall():
-                return  # the row made it after all: the entry is whole
-        self._index._disk.remove(filename)  # the file, then its emptied directories
 
     def abort(self, reservation: Reservation) -> None:
         """Discard a fill's partial file and give its space back. Safe to call twice; never
@@ -673,9 +497,7 @@ class Store:
         """Write the batched access times in one transaction (called with self._lock held)."""
         touched, self._touched = self._touched, {}
         if touched:
-            with self._index.transact():
-                for key, at in touched.items():
-                    self._index._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
+            self._index.write_access_times(touched)
 
     def _evict_until_free(
         self,
@@ -731,19 +553,7 @@ class Store:
             return False
         key, victim_size = victim
         log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
-        try:
-            deleted = self._index.delete(key)
-        except sqlite3.OperationalError:
-            # A disk filled to the last block (by something else) leaves SQLite no room to
-            # write the deletion: free the victim's file first, then delete its row. A row
-            # whose file is gone reads as a miss, and start-up drops it if this fails too.
-            log.warning(
-                "the index cannot record evicting %s (disk full): removing its file first", key
-            )
-            rows = self._index._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
-            for (filename,) in rows.fetchall():
-                self._index._disk.remove(filename)
-            deleted = self._index.delete(key)
+        deleted = self._index.delete_to_free_space(key)
         self._forget(key)
         if deleted and self._on_evict is not None:
             self._on_evict(key, victim_size, False)
@@ -770,12 +580,11 @@ class Store:
                 raise NotAdmitted(f"the plans need the entries eviction would take ({victim})")
             sizes = dict(candidates)
             if victim not in sizes:
-                rows = self._index._sql("SELECT size FROM Cache WHERE key = ?", (victim,))
-                found = rows.fetchall()
-                if not found:  # gone meanwhile (a purge raced its commit): forget it, again
+                size = self._index.size_of(victim)
+                if size is None:  # gone meanwhile (a purge raced its commit): forget it, again
                     plans.on_evicted(victim)
                     return self._choose_victim(spare, for_key, protect, attempts - 1)
-                sizes[victim] = found[0][0]
+                sizes[victim] = size
             return victim, sizes[victim]
         if not candidates:
             return None
@@ -786,12 +595,7 @@ class Store:
 
     def _least_recently_used(self, spare: str = "") -> list[tuple[str, int]]:
         """Evictable entries, least recently used first: a batch of them."""
-        # diskcache has no public "oldest by access time" query; its Cache table and
-        # access_time column are stable across 5.x (pinned in pyproject).
-        limit = _LRU_BATCH + len(self._pinned) + 1
-        rows = self._index._sql(
-            "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
-        ).fetchall()
+        rows = self._index.least_recently_used(_LRU_BATCH + len(self._pinned) + 1)
         return [(k, s) for k, s in rows if k not in self._pinned and k != spare]
 
     # -- health ------------------------------------------------------------------------------
@@ -846,15 +650,11 @@ class Store:
         """Up to `limit` entries after `rowid`, in index (rowid) order: a stable walk in which
         a re-filled key keeps its place (diskcache updates its row). Raises CacheError."""
         with map_store_errors("cannot list the index"):
-            rows = self._index._sql(
-                "SELECT rowid, key, filename, store_time, tag FROM Cache"
-                " WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                (rowid, limit),
-            ).fetchall()
+            rows = self._index.rows_after(rowid, limit)
         found = []
         for row, key, filename, stored_at, tag in rows:
             try:
-                meta: EntryMeta | None = _meta(tag)
+                meta: EntryMeta | None = parse_meta(tag)
             except CacheError:
                 meta = None
             path = self._index_dir / str(filename)
@@ -867,12 +667,9 @@ class Store:
         damage found in the one before. Raises CacheError, the entry untouched."""
         if not os.access(self._index_dir, os.W_OK):
             raise CacheError(f"cannot drop {key}: cache dir {self._index_dir} is not writable")
-        with map_store_errors(f"cannot drop {key}"), self._index.transact():
-            # One transaction: a commit of a new version cannot land between check and delete.
-            rows = self._index._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
-            if [name for (name,) in rows.fetchall()] != [filename]:
+        with map_store_errors(f"cannot drop {key}"):
+            if not self._index.delete_if_file(key, filename):
                 return False
-            self._index.delete(key)
         with self._lock:
             self._forget(key)
         return True
@@ -884,11 +681,7 @@ class Store:
         `high`, in key order (the index on `key`: one bounded range scan however large the
         cache). Raises CacheError."""
         with map_store_errors("cannot list the index"):
-            rows = self._index._sql(
-                "SELECT key, size, store_time, access_time, tag FROM Cache"
-                " WHERE key >= ? AND key > ? AND key < ? ORDER BY key LIMIT ?",
-                (low, after, high, limit),
-            ).fetchall()
+            rows = self._index.key_range(low, after, high, limit)
         touched = self._touched  # reads not yet flushed to access_time (a GIL-atomic get)
         return [
             IndexedEntry(str(key), int(size), stored, max(read, touched.get(key, 0.0)), str(tag))
@@ -906,11 +699,10 @@ class Store:
     def entries(self) -> Iterator[tuple[str, Path, EntryMeta | None]]:
         """Every indexed entry: key, file path, metadata (None when unreadable)."""
         with map_store_errors("cannot list the index"):
-            rows = self._index._sql("SELECT key, filename, tag FROM Cache ORDER BY rowid")
-            listed = rows.fetchall()
+            listed = self._index.rows()
         for key, filename, tag in listed:
             try:
-                meta: EntryMeta | None = _meta(tag)
+                meta: EntryMeta | None = parse_meta(tag)
             except CacheError:
                 meta = None
             yield str(key), self._index_dir / str(filename), meta
@@ -922,7 +714,7 @@ class Store:
         """diskcache's check: rows without files, files without rows, wrong sizes, SQLite's
         integrity check. With `fix`, rows without files and stray files are removed."""
         with map_store_errors("cannot check the index"):
-            return self._check_index(fix)
+            return self._index.check(fix)
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -943,44 +735,15 @@ class Store:
             problems += [f"stray partial file {p}" for p in self._partial_dir.iterdir()]
         return problems
 
-    def _check_index(self, fix: bool) -> list[str]:
-        # diskcache reports through warnings it records; make sure none is turned into an
-        # exception (or silenced) by the caller's warning filters.
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            return [str(w.message) for w in self._index.check(fix=fix)]
-
     def close(self) -> None:
         with contextlib.suppress(CacheError), self._lock, map_store_errors("cannot close"):
             self._flush_touches()  # the LRU order survives a restart
-        with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep
-            self._index.close()
+        self._index.close()
         os.close(self._lock_fd)
 
 
 def _never(key: str) -> bool:
     return False
-
-
-def _meta(tag: object) -> EntryMeta:
-    """An entry's metadata from its index tag; CacheError when the tag is not one of ours."""
-    try:
-        meta = EntryMeta(**json.loads(str(tag)))
-    except (ValueError, TypeError) as exc:
-        raise CacheError(f"unreadable entry metadata: {exc}") from exc
-    text = (str, type(None))
-    is_sound = (
-        type(meta.size_bytes) is int
-        and meta.size_bytes >= 0
-        and isinstance(meta.etag, text)
-        and isinstance(meta.content_type, text)
-        and all(isinstance(v, str) for v in meta.checksum_headers.values())
-        and all(isinstance(v, str) for v in meta.digests.values())
-        and all(isinstance(v, str) for v in meta.verified_by)
-    )
-    if not is_sound:
-        raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")
-    return meta
 
 
 def _free_bytes(path: Path) -> int:

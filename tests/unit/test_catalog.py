@@ -11,7 +11,8 @@ from urllib.parse import quote
 import pytest
 
 from shardcache import catalog
-from shardcache.cache.store import EntryMeta, Store
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
 from shardcache.errors import BadRequest
 from shardcache.plans import PlanBook
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from shardcache import scrub
-from shardcache.cache.store import EntryMeta, Store
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from shardcache.scrub import Pacer, Scrubber
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.store import CacheFull, EntryMeta, Store
+from shardcache.cache.entry import CacheFull, EntryMeta
+from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 
 KiB = 1024

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.admission import ScanResistantAdmission
-from shardcache.cache.store import CacheFull, EntryMeta, NotAdmitted, Store
+from shardcache.cache.entry import CacheFull, EntryMeta, NotAdmitted
+from shardcache.cache.store import Store
 from shardcache.plans import PlanBook
 
 KiB = 1024
