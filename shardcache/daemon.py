@@ -28,9 +28,10 @@ from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
 from shardcache.admission import ScanResistantAdmission
 from shardcache.breaker import Health
+from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.entry import AdmissionState
 from shardcache.cache.shard_cache import ShardCache
-from shardcache.cache.store import LAYOUT_VERSION, Store
+from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError

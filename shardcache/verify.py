@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.entry import CacheInUse as CacheInUse  # for `cli`: a running daemon holds it
 from shardcache.cache.entry import EntryMeta
-from shardcache.cache.store import LAYOUT_VERSION, Store
+from shardcache.cache.store import Store
 from shardcache.checksums import HAS_CRC64NVME, Algorithm, Checksum, Verifier, from_headers
 from shardcache.errors import IntegrityError
 

@@ -46,7 +46,7 @@ class Reservation:
     path: Path
     fd: int
     is_released: bool = False
-    is_transient: bool = False  # a look-ahead prefetch's (see the module doc)
+    is_transient: bool = False  # a look-ahead prefetch's (`cache.transient`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,29 +1,13 @@
-"""The on-disk cache: diskcache's index and LRU order over shard files written once, in place.
+"""The store: space, reservations, commit and abort, lookups, over the index and the directory.
 
-Layout under the cache dir: `v1/index/` is a diskcache Cache whose custom `Disk` *adopts* a
-finished partial file by renaming it into its own tree (one write of each byte, no copy), and
-`v1/partial/` holds fills in progress (swept at start-up). An entry is indexed only after its file
-is complete, verified by the caller and fsynced; diskcache deletes a file only after the index
-change commits, so a crash leaves either a whole entry or an orphan file that `open()` removes.
-
-Space: `reserve(n)` evicts least-recently-used, unpinned entries *before* a fill writes, so the
-index plus reservations never exceed `capacity_bytes`, nor what the filesystem has free (a
-`--cache-size` larger than the disk is bounded by the disk).
-
-Admission (`admission=`, the default policy; None is plain LRU): when the entry eviction would
-take is still in use (`ScanResistantAdmission.is_protected`), the fill is not admitted
-(`NotAdmitted`, it streams through) instead of throwing away what the next epoch reads. A
-look-ahead prefetch (a key pinned before its reservation) is *transient*: it may evict to make
-room, within a transient area that grows to what prefetch has held (at most
-`transient_max_bytes`) and that ordinary fills leave free; once read, it stays only if admission
-would admit it (room, or an unprotected victim), else it is dropped: prefetching a shard the
-resident set has no room for never evicts the resident set twice.
-
-Plans (`plans=`, `shardcache.plans`): while a loader's plan is active, eviction takes first
-what no plan reads again (LRU among those, sparing what admission protects), then what the
-plans read furthest away, and admits a fill only when it is needed before that victim. A
-look-ahead prefetch is then an ordinary fill (the plans rank it as needed soon): no transient
-area is kept free.
+A fill reserves its size first (`reserve`: eviction, by `cache.evictor`, runs *before* a byte is
+written, so the index plus reservations never exceed `capacity_bytes`, nor what the filesystem
+has free), writes a partial file (`cache.directory`), and is indexed only once complete, verified
+by the caller and fsynced (`commit`: the index adopts the file by renaming it, `cache.index`);
+diskcache deletes a file only after the index change commits, so a crash leaves either a whole
+entry or an orphan file that opening removes. Which entry eviction takes, and when a fill is
+not admitted (`NotAdmitted`: it streams through) are `cache.eviction`'s policies; look-ahead
+prefetches are held in `cache.transient`'s area.
 
 All methods block: callers run them on a worker thread, one hop per logical operation. Every
 failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
@@ -36,22 +20,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import json
 import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from shardcache import space
 from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.directory import REPLACED, CacheDirectory
 from shardcache.cache.entry import (
     AdmissionState,
     CacheFull,
-    CacheInUse,
     Entry,
     EntryMeta,
     IndexedEntry,
@@ -61,19 +42,14 @@ from shardcache.cache.entry import (
     StoreUsage,
     parse_meta,
 )
-from shardcache.cache.index import WAL_ALLOWANCE_BYTES, AdoptFile, Index, map_store_errors
+from shardcache.cache.evictor import FILESYSTEM_HEADROOM_BYTES, Evictor
+from shardcache.cache.index import AdoptFile, Index, map_store_errors
+from shardcache.cache.space import Room, cannot_fit, startup_warnings
 from shardcache.errors import CacheError
-from shardcache.plans import PlanBook, choose_victim
+from shardcache.plans import PlanBook
 
 log = logging.getLogger("shardcache.store")
-LAYOUT_VERSION = "v1"
-_LRU_BATCH = 64
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
-# Free space kept on the filesystem beyond a reservation: the index must still be writable
-# (its WAL, a new row) when the data files have taken the rest.
-FILESYSTEM_HEADROOM_BYTES = (1 << 20) + WAL_ALLOWANCE_BYTES
-FULL_WARNING_INTERVAL_S = 60.0
-FILESYSTEM_FULL_BYTES = WAL_ALLOWANCE_BYTES // 2  # less free than this: the index cannot grow
 
 
 class Store:
@@ -91,65 +67,41 @@ class Store:
 
         `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits. With
         `repair=False` (`shardcache verify`), nothing is created, swept or fixed. `admission`
-        and `transient_max_bytes`: see the module doc (None: plain LRU).
+        and `transient_max_bytes`: `cache.eviction` and `cache.transient` (None: plain LRU).
         Raises CacheError if the directory is unusable or another daemon holds it.
         """
         self.capacity_bytes = capacity_bytes
-        self._on_evict = on_evict
         self.admission = admission
         self.plans = plans
-        self._transient_max_bytes = transient_max_bytes if admission is not None else 0
-        self._transient: dict[str, int] = {}  # committed look-ahead entries → size
-        self._transient_read: set[str] = set()  # of those, read once: settled at next reserve
-        self._transient_reserved = 0
-        self._transient_area = 0
         self._bypassed = 0
-        self._transient_kept = 0
-        self._transient_dropped = 0
         self._lock = threading.Lock()
         self._reserved_bytes = 0
-        self._pinned: set[str] = set()
-        self._touched: dict[str, float] = {}
-        self._unlink_later: set[Path] = set()  # partial files a read-only dir kept
         self._directory = directory
-        self._root = directory / LAYOUT_VERSION
-        self._index_dir = self._root / "index"
-        self._partial_dir = self._root / "partial"
+        self._dir = CacheDirectory(directory, repair)  # raises CacheError for `verify`
+        self._index_dir = self._dir.index_dir
         self._last_usage = StoreUsage(0, 0, 0, capacity_bytes)
-        self._full_warned_at = -FULL_WARNING_INTERVAL_S
-        self._lock_fd = -1
-        if not repair and not directory.is_dir():
-            raise CacheError(f"{directory} does not exist or is not a directory")
-        if not repair and not all(
-            path.is_file() for path in (self._index_dir / "cache.db", self._root / "lock")
-        ):
-            raise CacheError(f"{directory} holds no shardcache cache")
+        self._evictor = Evictor(
+            lambda: self._index,
+            capacity_bytes,
+            self._used_bytes,
+            self._dir.free_bytes,
+            directory,
+            on_evict,
+            admission,
+            transient_max_bytes,
+            plans,
+        )
         self.swept_partials = 0
         self._open(repair)
-        self._directory_device = os.stat(directory).st_dev
+        self._dir.remember_device()
         if repair:  # the daemon's store, not `shardcache verify`'s look at one
             self._warn_if_larger_than_filesystem()
 
     def _open(self, repair: bool) -> None:
         """Lock the directory and open the index (again, after the directory was replaced)."""
-        try:
-            if repair:
-                self._partial_dir.mkdir(parents=True, exist_ok=True)
-                self._index_dir.mkdir(parents=True, exist_ok=True)
-            create = os.O_CREAT if repair else 0  # `verify` never writes into a stranger's dir
-            lock_fd = os.open(self._root / "lock", os.O_RDWR | create | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise CacheError(f"cannot use {self._directory}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise CacheInUse(f"{self._directory} is in use by another shardcache daemon") from None
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
-        self._lock_fd = lock_fd
+        self._dir.lock(repair)
         if repair:
-            self.swept_partials = self._sweep_partials()
+            self.swept_partials = self._dir.sweep_partials()
         with map_store_errors(f"cannot open the index in {self._directory}"):
             self._index = Index(self._index_dir)
             self._db_identity = self._index.identity
@@ -159,7 +111,7 @@ class Store:
                 for _ in range(3):  # drop rows without files and files without rows; a fix
                     if not self._index.check(fix=True):  # can leave an empty dir for the next
                         break
-        self._touched = {}
+        self._evictor.touched = {}
         if self.plans is not None:  # what is cached now, for the plans' heap
             self.plans.forget_cached(self._index.keys())
 
@@ -177,17 +129,15 @@ class Store:
 
     def _warn_if_larger_than_filesystem(self) -> None:
         with contextlib.suppress(OSError, CacheError):
-            for warning in space.startup_warnings(self._room(), self._directory):
+            for warning in startup_warnings(self._room(), self._directory):
                 log.warning("%s", warning)
 
-    def _room(self) -> space.Room:
+    def _room(self) -> Room:
         entries = self._index.entry_bytes()
         entry_bytes = entries + ENTRY_OVERHEAD_BYTES * len(self._index)
         index_bytes = self._used_bytes() - entry_bytes
-        free = _free_bytes(self._root)
-        return space.Room(
-            self.capacity_bytes, free, entry_bytes, index_bytes, FILESYSTEM_HEADROOM_BYTES
-        )
+        free = self._dir.free_bytes()
+        return Room(self.capacity_bytes, free, entry_bytes, index_bytes, FILESYSTEM_HEADROOM_BYTES)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -203,13 +153,13 @@ class Store:
             os.close(fd)
             raise
         with self._lock:
-            self._touched[key] = time.time()
+            self._evictor.touched[key] = time.time()
         return Entry(fd, meta)
 
     def note_request(self, key: str, found: bool) -> None:
         """A client read `key`; `found`: it was served from a committed entry. Feeds admission
         (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop safe."""
-        hit = found and key not in self._transient
+        hit = found and not self._evictor.transients.holds(key)
         if self.admission is not None:
             self.admission.on_request(key, hit)
         if self.plans is not None:
@@ -228,10 +178,10 @@ class Store:
         return AdmissionState(
             policy,
             self._bypassed,
-            self._transient_bytes(),
-            self._transient_area,
-            self._transient_kept,
-            self._transient_dropped,
+            self._evictor.transients.held_bytes(),
+            self._evictor.transients.area_bytes,
+            self._evictor.transients.kept,
+            self._evictor.transients.dropped,
             admission is None or admission.is_serving(),
             active,
         )
@@ -239,12 +189,9 @@ class Store:
     def _is_transient(self, key: str) -> bool:
         """A look-ahead prefetch (pinned) that only admission ranks: one a plan reads is an
         ordinary fill, which the plans rank as needed soon."""
-        if self.admission is None or key not in self._pinned:
+        if self.admission is None or key not in self._evictor.pinned:
             return False
         return self.plans is None or self.plans.next_use_s(key) is None
-
-    def _transient_bytes(self) -> int:
-        return sum(self._transient.values()) + self._transient_reserved
 
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
@@ -270,15 +217,7 @@ class Store:
         for what grows between reservations (the write-ahead log, up to its checkpoint
         size, and per-entry directory blocks and block rounding)."""
         entries = self._index.entry_bytes()
-        index = 0
-        for name, allowance in (
-            ("cache.db", 0),
-            ("cache.db-wal", WAL_ALLOWANCE_BYTES),
-            ("cache.db-shm", 0),
-        ):
-            with contextlib.suppress(FileNotFoundError):  # WAL files come and go
-                index += max(allowance, os.stat(self._index_dir / name).st_size)
-        return entries + index + ENTRY_OVERHEAD_BYTES * len(self._index)
+        return entries + self._dir.index_bytes() + ENTRY_OVERHEAD_BYTES * len(self._index)
 
     # -- fills ---------------------------------------------------------------------------
 
@@ -293,30 +232,31 @@ class Store:
         """
         transient = key is not None and self._is_transient(key)
         with self._lock, map_store_errors("cannot make room"):
-            if problem := space.cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+            if problem := cannot_fit(size_bytes, self._room(), self._reserved_bytes):
                 raise CacheFull(problem)  # before anything is evicted for it
-            self._settle_read_transients()
+            self._evictor.settle_read_transients(self._reserved_bytes)
             if transient:
-                self._evict_until_free(size_bytes, protect=False, for_key=key)
+                self._evictor.evict_until_free(
+                    size_bytes, self._reserved_bytes, protect=False, for_key=key
+                )
             else:
                 try:
-                    self._evict_until_free(
-                        size_bytes, protect=True, keep_free=self._area_free(), for_key=key
+                    self._evictor.evict_until_free(
+                        size_bytes,
+                        self._reserved_bytes,
+                        protect=True,
+                        keep_free=self._evictor.area_free(),
+                        for_key=key,
                     )
                 except NotAdmitted:
                     self._bypassed += 1
                     raise
-            self._evict_for_filesystem(size_bytes)
+            self._evictor.evict_for_filesystem(size_bytes)
             self._reserved_bytes += size_bytes
             if transient:
-                self._transient_reserved += size_bytes
-                self._transient_area = min(
-                    self._transient_max_bytes,
-                    max(self._transient_area, self._transient_bytes()),
-                )
-        path = self._partial_dir / uuid.uuid4().hex
+                self._evictor.transients.reserved(size_bytes)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            path, fd = self._dir.new_partial()
         except OSError as exc:
             self._release(size_bytes, transient)
             raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
@@ -341,7 +281,7 @@ class Store:
                 raise
             # Concurrent reservations each saw room for themselves: make room again, once.
             with self._lock, map_store_errors("cannot make room"):
-                self._evict_for_filesystem(reservation.size_bytes)
+                self._evictor.evict_for_filesystem(reservation.size_bytes)
             os.posix_fallocate(reservation.fd, 0, reservation.size_bytes)
 
     def commit(self, reservation: Reservation, key: str, meta: EntryMeta) -> None:
@@ -363,10 +303,12 @@ class Store:
         if self.plans is not None:
             self.plans.on_cached(key)
         if reservation.is_transient:
+            transients = self._evictor.transients
             with self._lock:
-                self._transient[key] = meta.size_bytes
-                if key not in self._pinned:  # a client read it while it was being fetched
-                    self._transient_read.add(key)
+                # Held first, then the pin checked: an unpin between the two finds it held.
+                transients.committed(key, meta.size_bytes)
+                if key not in self._evictor.pinned:  # a client read it while it was fetched
+                    transients.unpinned(key)
         self._release_reservation(reservation)
 
     def abort(self, reservation: Reservation) -> None:
@@ -374,12 +316,7 @@ class Store:
         raises: the space is given back even when the file cannot be removed now (a
         read-only directory), and removing it is tried again by `problem()`."""
         try:
-            os.unlink(reservation.path)
-        except FileNotFoundError:  # already committed or swept
-            pass
-        except OSError as exc:
-            log.warning("cannot remove %s now (%s); will retry", reservation.path, exc.strerror)
-            self._unlink_later.add(reservation.path)
+            self._dir.remove_partial(reservation.path)
         finally:
             self._release_reservation(reservation)
 
@@ -392,29 +329,19 @@ class Store:
         with self._lock:
             self._reserved_bytes -= size_bytes
             if transient:
-                self._transient_reserved -= size_bytes
+                self._evictor.transients.released(size_bytes)
 
-    # -- eviction and pins -----------------------------------------------------------------
-
-    # pin() and unpin() run on the event loop, so they must not wait for `_lock`, which a
-    # reservation holds through its evictions (SQL and unlinks). Set add/discard/membership
-    # are atomic under the GIL, and no ordering is lost: a key is pinned before its fill can
-    # commit an entry for eviction to choose, and unpinning only widens the choice.
+    # -- eviction and pins (`cache.evictor`) ------------------------------------------------
 
     def pin(self, key: str) -> None:
-        """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
-        self._pinned.add(key)
-        log.debug("pinned %s", key)
+        """Protect `key` from eviction (a prefetched shard nobody has read yet). Event-loop
+        safe: takes no lock (`Evictor.pin` says why that is sound)."""
+        self._evictor.pin(key)
 
     def unpin(self, key: str) -> bool:
         """Make `key` an ordinary LRU entry again (a transient one is settled at the next
-        reservation: kept or dropped); return whether it was pinned."""
-        was_pinned = key in self._pinned
-        if key in self._transient:
-            self._transient_read.add(key)
-        self._pinned.discard(key)
-        log.debug("unpinned %s (was pinned: %s)", key, was_pinned)
-        return was_pinned
+        reservation: kept or dropped); return whether it was pinned. Event-loop safe."""
+        return self._evictor.unpin(key)
 
     def delete(self, key: str) -> bool:
         """Remove `key`'s entry (its file goes after the index commits); return if it existed.
@@ -422,47 +349,12 @@ class Store:
         files were opened before, so the row would go and the file would stay."""
         if not os.access(self._index_dir, os.W_OK):
             raise CacheError(f"cannot delete {key}: cache dir {self._index_dir} is not writable")
-        self._pinned.discard(key)
+        self._evictor.pinned.discard(key)
         with map_store_errors(f"cannot delete {key}"):
             deleted = bool(self._index.delete(key))
         with self._lock:
-            self._forget(key)
+            self._evictor.forget(key)
         return deleted
-
-    def _forget(self, key: str) -> None:
-        """`key` left the cache: it is no longer transient, nor cached for the plans."""
-        self._transient.pop(key, None)
-        self._transient_read.discard(key)
-        if self.plans is not None:
-            self.plans.on_evicted(key)
-
-    def _area_free(self) -> int:
-        """The part of the transient area transient entries do not use now: ordinary fills
-        leave it free (called with self._lock held). Not while a plan is active: the plans
-        rank what they read, and a look-ahead no plan names evicts by that ranking instead."""
-        if self.plans is not None and self.plans.is_active:
-            return 0
-        return max(0, self._transient_area - self._transient_bytes())
-
-    def _settle_read_transients(self) -> None:
-        """Keep each look-ahead entry read since the last call if admission would admit it as
-        an ordinary fill (room, or unprotected victims), else drop it (self._lock held)."""
-        while self._transient_read:
-            key = self._transient_read.pop()
-            size = self._transient.pop(key, None)
-            if size is None:
-                continue
-            try:
-                self._evict_until_free(
-                    0, protect=True, keep_free=self._area_free(), spare=key, for_key=key
-                )
-            except CacheFull:
-                self._transient_dropped += 1
-                log.debug("dropping %s: read once, no room in the resident set", key)
-                self._index.delete(key)  # a reader's open fd stays valid
-                self._forget(key)
-                continue
-            self._transient_kept += 1
 
     def next_use_s(self, key: str) -> float | None:
         """Seconds until a loader's plan reads `key`, or None when no plan names it (or plans
@@ -480,123 +372,18 @@ class Store:
         pinned; not one where evicting all that is unpinned would still fall short."""
         unplanned = self.plans is None or self.plans.next_use_s(key) is None
         with self._lock, map_store_errors(f"cannot size up {key}"):
-            if space.cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+            if cannot_fit(size_bytes, self._room(), self._reserved_bytes):
                 return False  # as `reserve` would find, whatever it evicted
             if look_ahead and self.admission is not None and unplanned:
                 return True  # a transient fill: it may evict within its area
-            self._flush_touches()
+            self._evictor.flush_touches()
             room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
-            if room - self._area_free() >= size_bytes:
+            if room - self._evictor.area_free() >= size_bytes:
                 return True
             try:
-                return self._choose_victim("", key, protect=True) is not None
+                return self._evictor.choose_victim("", key, protect=True) is not None
             except NotAdmitted:
                 return False
-
-    def _flush_touches(self) -> None:
-        """Write the batched access times in one transaction (called with self._lock held)."""
-        touched, self._touched = self._touched, {}
-        if touched:
-            self._index.write_access_times(touched)
-
-    def _evict_until_free(
-        self,
-        size_bytes: int,
-        protect: bool = False,
-        keep_free: int = 0,
-        spare: str = "",
-        for_key: str | None = None,
-    ) -> None:
-        """Evict until `size_bytes` fit with `keep_free` bytes to spare; with `protect`, raise
-        NotAdmitted rather than evict an entry the policy keeps over a fill of `for_key`;
-        never evict `spare`."""
-        # Called with self._lock held, so concurrent reservations cannot count the same room.
-        if size_bytes + self._reserved_bytes > self.capacity_bytes:
-            raise CacheFull(f"no room for {size_bytes} bytes: reservations hold the rest")
-        self._flush_touches()
-        needed = size_bytes + keep_free
-        while self._used_bytes() + self._reserved_bytes + needed > self.capacity_bytes:
-            if not self._evict_one(size_bytes, protect, spare, for_key):
-                raise CacheFull(f"no room for {size_bytes} bytes: pinned entries hold the rest")
-
-    def _evict_for_filesystem(self, size_bytes: int) -> None:
-        """Evict until the filesystem has `size_bytes` free plus headroom for the index: the
-        bound when `--cache-size` is larger than the disk (or something else fills it).
-        Called with self._lock held; leaves the rest to fallocate (CacheFull when it fails)."""
-        needed = size_bytes + FILESYSTEM_HEADROOM_BYTES
-        free = _free_bytes(self._root)
-        if free >= needed:
-            return
-        now = time.monotonic()
-        if now - self._full_warned_at >= FULL_WARNING_INTERVAL_S:
-            self._full_warned_at = now
-            log.warning(
-                "the filesystem under %s has %d bytes free, too few for a %d-byte fill: "
-                "evicting to fit; --cache-size %d is more than the disk holds for the cache "
-                "(%d bytes cached now)",
-                self._directory,
-                free,
-                size_bytes,
-                self.capacity_bytes,
-                self._used_bytes(),
-            )
-        while free < needed and self._evict_one(size_bytes):
-            free = _free_bytes(self._root)
-
-    def _evict_one(
-        self, size_bytes: int, protect: bool = False, spare: str = "", for_key: str | None = None
-    ) -> bool:
-        """Evict the entry the policy gives up first; False when none is evictable. With
-        `protect`, raise NotAdmitted when the policy keeps it over a fill of `for_key`."""
-        victim = self._choose_victim(spare, for_key, protect)
-        if victim is None:
-            return False
-        key, victim_size = victim
-        log.debug("evicting %s (%d bytes) to make room for %d", key, victim_size, size_bytes)
-        deleted = self._index.delete_to_free_space(key)
-        self._forget(key)
-        if deleted and self._on_evict is not None:
-            self._on_evict(key, victim_size, False)
-        return True
-
-    def _choose_victim(
-        self, spare: str, for_key: str | None, protect: bool, attempts: int = 8
-    ) -> tuple[str, int] | None:
-        """LRU, LRU that spares what admission protects, or the plans' choice (module doc).
-        After `attempts` keys the plans thought cached and the index did not, plain LRU."""
-        candidates = self._least_recently_used(spare)
-        plans, admission = self.plans, self.admission
-        if plans is not None and plans.is_active and attempts > 0:
-            victim, admit = choose_victim(
-                [key for key, _ in candidates],
-                for_key,
-                plans,
-                admission.is_protected if admission is not None else _never,
-                lambda key: key in self._pinned or key == spare,
-            )
-            if victim is None:
-                return None
-            if protect and not admit:
-                raise NotAdmitted(f"the plans need the entries eviction would take ({victim})")
-            sizes = dict(candidates)
-            if victim not in sizes:
-                size = self._index.size_of(victim)
-                if size is None:  # gone meanwhile (a purge raced its commit): forget it, again
-                    plans.on_evicted(victim)
-                    return self._choose_victim(spare, for_key, protect, attempts - 1)
-                sizes[victim] = size
-            return victim, sizes[victim]
-        if not candidates:
-            return None
-        key, size = candidates[0]
-        if protect and admission is not None and admission.is_protected(key):
-            raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
-        return key, size
-
-    def _least_recently_used(self, spare: str = "") -> list[tuple[str, int]]:
-        """Evictable entries, least recently used first: a batch of them."""
-        rows = self._index.least_recently_used(_LRU_BATCH + len(self._pinned) + 1)
-        return [(k, s) for k, s in rows if k not in self._pinned and k != spare]
 
     # -- health ------------------------------------------------------------------------------
 
@@ -608,41 +395,16 @@ class Store:
         the directory is read-only, fills stream through uncached (`reserve` fails).
         """
         with self._lock:
-            try:
-                db = os.stat(self._index_dir / "cache.db")
-                is_same = (db.st_dev, db.st_ino) == self._db_identity
-            except FileNotFoundError:
-                is_same = False
-            except OSError as exc:
-                return f"cache dir {self._directory}: {exc.strerror or exc}"
-            if not is_same:
-                try:
-                    device = os.stat(self._directory).st_dev
-                except OSError:
-                    return f"cache dir {self._directory} is missing"
-                if device != self._directory_device:
-                    # Unmounted: recreating the cache on the filesystem underneath would fill
-                    # a disk nobody sized for it.
-                    return (
-                        f"cache dir {self._directory} is on another filesystem than at start "
-                        "(unmounted?); mount it back, or restart to use it where it is"
-                    )
+            problem = self._dir.index_problem(self._db_identity)
+            if problem == REPLACED:
                 try:
                     self._open(repair=True)
                 except CacheError as exc:
                     return f"cache dir {self._directory} cannot be reopened: {exc}"
                 log.warning("the cache dir %s was replaced: reopened it, empty", self._directory)
-        for path in (self._index_dir, self._partial_dir):
-            if not os.access(path, os.W_OK):
-                return f"cache dir {path} is not writable"
-        with contextlib.suppress(OSError):
-            if (free := _free_bytes(self._root)) < FILESYSTEM_FULL_BYTES:
-                return f"the filesystem under {self._directory} is full ({free} bytes free)"
-        for path in list(self._unlink_later):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-            self._unlink_later.discard(path)
-        return None
+            elif problem is not None:
+                return problem
+        return self._dir.usage_problem()
 
     # -- the online scrub (`shardcache.scrub`) ----------------------------------------------
 
@@ -671,7 +433,7 @@ class Store:
             if not self._index.delete_if_file(key, filename):
                 return False
         with self._lock:
-            self._forget(key)
+            self._evictor.forget(key)
         return True
 
     # -- listing (`GET /_/cache`, `shardcache ls`) -----------------------------------------
@@ -682,7 +444,7 @@ class Store:
         cache). Raises CacheError."""
         with map_store_errors("cannot list the index"):
             rows = self._index.key_range(low, after, high, limit)
-        touched = self._touched  # reads not yet flushed to access_time (a GIL-atomic get)
+        touched = self._evictor.touched  # reads not yet flushed to access_time (a GIL-atomic get)
         return [
             IndexedEntry(str(key), int(size), stored, max(read, touched.get(key, 0.0)), str(tag))
             for key, size, stored, read, tag in rows
@@ -691,7 +453,7 @@ class Store:
     def pinned_by(self, key: str) -> list[str]:
         """Why eviction spares `key`: "look-ahead" (prefetched, unread) and/or "plan" (a loader's
         plan reads it again). Takes the plans' lock: call it from a worker thread."""
-        reasons = ["look-ahead"] if key in self._pinned else []
+        reasons = ["look-ahead"] if key in self._evictor.pinned else []
         return reasons + (["plan"] if self.next_use_s(key) is not None else [])
 
     # -- offline checks (`shardcache verify`) --------------------------------------------------
@@ -708,7 +470,7 @@ class Store:
             yield str(key), self._index_dir / str(filename), meta
 
     def partial_files(self) -> list[Path]:
-        return sorted(self._partial_dir.iterdir()) if self._partial_dir.is_dir() else []
+        return self._dir.partial_files()
 
     def index_problems(self, fix: bool) -> list[str]:
         """diskcache's check: rows without files, files without rows, wrong sizes, SQLite's
@@ -718,35 +480,16 @@ class Store:
 
     # -- housekeeping ------------------------------------------------------------------------
 
-    def _sweep_partials(self) -> int:
-        """Delete every partial file: they are fills a crash or kill interrupted."""
-        count = 0
-        for path in self._partial_dir.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                count += 1
-        return count
-
     def check(self) -> list[str]:
         """Return inconsistencies between index and files (empty when sound); for tests and
         post-mortems. Partial files are reported only when no reservation is open."""
         problems = self.index_problems(fix=False)
         if self._reserved_bytes == 0:
-            problems += [f"stray partial file {p}" for p in self._partial_dir.iterdir()]
+            problems += [f"stray partial file {p}" for p in self._dir.partial_dir.iterdir()]
         return problems
 
     def close(self) -> None:
         with contextlib.suppress(CacheError), self._lock, map_store_errors("cannot close"):
-            self._flush_touches()  # the LRU order survives a restart
+            self._evictor.flush_touches()  # the LRU order survives a restart
         self._index.close()
-        os.close(self._lock_fd)
-
-
-def _never(key: str) -> bool:
-    return False
-
-
-def _free_bytes(path: Path) -> int:
-    """Bytes an unprivileged writer may still allocate on `path`'s filesystem."""
-    fs = os.statvfs(path)
-    return fs.f_bavail * fs.f_frsize
+        self._dir.close()

@@ -146,7 +146,7 @@ def test_a_full_filesystem_still_evicts_protected_entries(store: Store) -> None:
     keys = [f"s{i}" for i in range(16)]
     _epochs(store, keys, 2)
     before = len(_cached(store))
-    store._evict_for_filesystem(10**15)  # asks for more than any disk has: evicts all it can
+    store._evictor.evict_for_filesystem(10**15)  # more than any disk has: evicts all it can
     assert len(_cached(store)) < before
 
 
