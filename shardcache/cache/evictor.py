@@ -61,10 +61,10 @@ class Evictor:
         self.touched: dict[str, float] = {}  # reads not yet written to the index's access_time
         self._full_warned_at = -FULL_WARNING_INTERVAL_S
 
-    # pin() and unpin() run on the event loop, so they must not wait for the store's lock, which a
-    # reservation holds through its evictions (SQL and unlinks). Set add/discard/membership
-    # are atomic under the GIL, and no ordering is lost: a key is pinned before its fill can
-    # commit an entry for eviction to choose, and unpinning only widens the choice.
+    # pin() and unpin() run on the event loop, so they must not wait for the store's lock,
+    # which a reservation holds through its evictions (SQL and unlinks). Set add/discard/
+    # membership are atomic under the GIL, and no ordering is lost: a key is pinned before its
+    # fill can commit an entry for eviction to choose, and unpinning only widens the choice.
 
     def pin(self, key: str) -> None:
         """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
@@ -88,8 +88,8 @@ class Evictor:
 
     def area_free(self) -> int:
         """The part of the transient area transient entries do not use now: ordinary fills
-        leave it free. Not while a plan is active: the plans
-        rank what they read, and a look-ahead no plan names evicts by that ranking instead."""
+        leave it free. Not while a plan is active: the plans rank what they read, and a
+        look-ahead no plan names evicts by that ranking instead."""
         if self.plans is not None and self.plans.is_active:
             return 0
         return self.transients.free_bytes()
