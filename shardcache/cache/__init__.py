@@ -3,8 +3,10 @@
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
 - `shard_cache`: `ShardCache`, the facade: hit, join a fill in flight, or start one; prefetch
-  fills and what they leave unread. (`flights`, `fill`, `fill_state` and `passthrough`, the
-  in-flight half, are still flat modules of the package.)
+  fills and what they leave unread.
+- `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial
+  file that readers tail, verified, then committed; `fill_state` its lifecycle (the transition
+  table); `passthrough`: the streams of a fill that is not cached (not admitted, no room).
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
   the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
 - `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient

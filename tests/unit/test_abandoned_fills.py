@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.cache.fill import FillState
 from shardcache.cache.shard_cache import PrefetchOutcome, Result, ShardCache
 from shardcache.cache.store import Store
-from shardcache.fill import FillState
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.cache.fill import FillState, IllegalTransition
 from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.fill import FillState, IllegalTransition
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.cache.fill import FillState
 from shardcache.cache.shard_cache import Result, ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import (
@@ -24,7 +25,6 @@ from shardcache.errors import (
     OriginError,
     OriginUnavailable,
 )
-from shardcache.fill import FillState
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin

@@ -38,6 +38,13 @@ import time
 from collections.abc import Callable
 
 from shardcache.cache.entry import CacheFull, EntryMeta, NotAdmitted, Reservation
+from shardcache.cache.fill_state import (
+    BODY_COMPLETE,
+    TRANSITIONS,
+    FillState,
+    IllegalTransition,
+)
+from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
@@ -56,16 +63,9 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.fill_state import (
-    BODY_COMPLETE,
-    TRANSITIONS,
-    FillState,
-    IllegalTransition,
-)
 from shardcache.limiter import RequestLimiter
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.passthrough import ContinuedStream, RelayedStream
 from shardcache.second_opinion import SecondOpinion
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 
