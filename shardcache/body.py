@@ -20,9 +20,9 @@ import struct
 import termios
 from collections.abc import Awaitable, Callable
 
+from shardcache.cache.fill import Fill
 from shardcache.checksums import Verifier
 from shardcache.errors import IntegrityError
-from shardcache.fill import Fill
 from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20

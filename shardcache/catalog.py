@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+from shardcache.cache.store import Store
 from shardcache.errors import BadRequest, CacheError
 from shardcache.origins.base import Origin
-from shardcache.store import Store
 
 MAX_PATTERN_CHARS = 1024  # a glob longer than any key a user would type is refused
 MAX_CURSOR_CHARS = 4096  # a key of 1024 bytes, percent-encoded, and an endpoint suffix

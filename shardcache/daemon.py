@@ -29,7 +29,10 @@ from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
 from shardcache.admission import ScanResistantAdmission
 from shardcache.breaker import Health
-from shardcache.cache import ShardCache
+from shardcache.cache.directory import LAYOUT_VERSION
+from shardcache.cache.entry import AdmissionState
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import CacheError, ConfigError, ShardcacheError
@@ -50,7 +53,6 @@ from shardcache.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.status import build_status
-from shardcache.store import LAYOUT_VERSION, AdmissionState, Store
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")

@@ -17,9 +17,9 @@
     ├── FillAbandoned                   499     abandoned    every reader of a fill left
     ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
-    │   ├── CacheFull                   503     cache        [in store] pins, reservations hold all
-    │   │   └── NotAdmitted             503     cache        [in store] admission spares the victims
-    │   └── CacheInUse                  503     cache        [in store] a daemon holds its lock
+    │   ├── CacheFull                   503     cache        pins, reservations hold all
+    │   │   └── NotAdmitted             503     cache        admission spares the victims
+    │   └── CacheInUse                  503     cache        a daemon holds its lock
     └── OriginError                     502     origin
         ├── OriginNotFound              404     not_found
         │   └── BucketNotFound          404     not_found    an S3 origin's bucket does not exist
@@ -151,6 +151,18 @@ class CacheError(ShardcacheError):
 
     status = 503
     kind = "cache"
+
+
+class CacheFull(CacheError):
+    """No room can be made: reservations and pinned entries hold the rest of the capacity."""
+
+
+class NotAdmitted(CacheFull):
+    """Admission spares the entries eviction would take: the fill streams through uncached."""
+
+
+class CacheInUse(CacheError):
+    """Another process (a running daemon) holds the directory's lock."""
 
 
 class OriginError(ShardcacheError):

@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from shardcache.access import AccessPolicy, is_cross_site
-from shardcache.cache import ShardCache
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     CrossSite,

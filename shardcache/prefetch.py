@@ -33,7 +33,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from shardcache.cache import PrefetchOutcome, ShardCache
+from shardcache.cache.fill import Fill
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
 from shardcache.errors import (
     BadRequest,
     CacheError,
@@ -42,7 +43,6 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.fill import Fill
 from shardcache.keys import validate_key
 from shardcache.lanes import NO_BATCH, Batch, Entry, Item, Lane, Start, entry_batch, entry_key
 from shardcache.logs import FailureLog

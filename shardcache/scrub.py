@@ -30,9 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shardcache.cache.entry import StoredEntry
+from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 from shardcache.scrub_check import DAMAGE, Check, Pacer, check_entry
-from shardcache.store import Store, StoredEntry
 
 log = logging.getLogger("shardcache.scrub")
 T = TypeVar("T")

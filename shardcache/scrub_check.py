@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from shardcache.cache.entry import StoredEntry
 from shardcache.checksums import Verifier, cheapest
 from shardcache.errors import IntegrityError
-from shardcache.store import StoredEntry
 from shardcache.verify import expected_checksums
 
 CHUNK_BYTES = 1 << 20  # per pread: a bounded buffer, and the unit the pacer sleeps between

@@ -54,7 +54,7 @@ from shardcache.body import (
     send_stream,
     settle_empty,
 )
-from shardcache.cache import Lease, Result, ShardCache
+from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (

@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from shardcache.cache.directory import LAYOUT_VERSION
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
 from shardcache.checksums import HAS_CRC64NVME, Algorithm, Checksum, Verifier, from_headers
+from shardcache.errors import CacheInUse as CacheInUse  # for `cli`: a running daemon holds it
 from shardcache.errors import IntegrityError
-from shardcache.store import LAYOUT_VERSION, EntryMeta, Store
-from shardcache.store import CacheInUse as CacheInUse  # for `cli`: a running daemon holds it
 
 ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index"]
 READ_BYTES = 4 << 20

@@ -22,7 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shardcache.store import ENTRY_OVERHEAD_BYTES, WAL_ALLOWANCE_BYTES
+from shardcache.cache.index import WAL_ALLOWANCE_BYTES
+from shardcache.cache.store import ENTRY_OVERHEAD_BYTES
 from tests.daemon_process import Daemon
 from tests.integration.disk_helpers import (
     MiB,

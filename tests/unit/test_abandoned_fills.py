@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache import PrefetchOutcome, Result, ShardCache
-from shardcache.fill import FillState
+from shardcache.cache.fill import FillState
+from shardcache.cache.shard_cache import PrefetchOutcome, Result, ShardCache
+from shardcache.cache.store import Store
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all
 

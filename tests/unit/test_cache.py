@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache import Lease, Result, ShardCache
+from shardcache.cache.fill import FillState, IllegalTransition
+from shardcache.cache.shard_cache import Lease, Result, ShardCache
+from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.fill import FillState, IllegalTransition
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 
 MiB = 1024 * 1024

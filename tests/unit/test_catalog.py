@@ -11,9 +11,10 @@ from urllib.parse import quote
 import pytest
 
 from shardcache import catalog
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
 from shardcache.errors import BadRequest
 from shardcache.plans import PlanBook
-from shardcache.store import EntryMeta, Store
 
 
 class QuotingOrigin:

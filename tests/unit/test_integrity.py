@@ -4,6 +4,7 @@ store and the in-memory fake origin. Each test reproduces one defect found by a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache import Result, ShardCache
+from shardcache.cache.fill import FillState
+from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.store import Store
 from shardcache.errors import (
     CacheError,
     IntegrityError,
@@ -22,10 +25,8 @@ from shardcache.errors import (
     OriginError,
     OriginUnavailable,
 )
-from shardcache.fill import FillState
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle
 
@@ -254,7 +255,7 @@ async def test_a_failed_index_write_discards_the_fill_without_strands_or_orphans
 ) -> None:
     data = os.urandom(MiB)
     origin.put("a.tar", data)
-    index = store._index
+    index = store._index._cache  # the diskcache Cache behind the index adapter
 
     def index_full(key: str, value: object, **kwargs: object) -> bool:
         # Fault injection at the SQLite edge: the real Disk moves the file into the index
@@ -279,9 +280,11 @@ async def test_a_failed_index_write_discards_the_fill_without_strands_or_orphans
     assert (await cache.open("fake", "a.tar")).result is Result.MISS
 
 
-def test_store_errors_are_cache_errors(store: Store) -> None:
-    store._index.close()
-    store._index._sql("DROP TABLE Cache")
+def test_store_errors_are_cache_errors(store: Store, tmp_path: Path) -> None:
+    with contextlib.closing(
+        sqlite3.connect(tmp_path / "cache" / "v1" / "index" / "cache.db")
+    ) as db:
+        db.execute("DROP TABLE Cache")  # as a stranger (or a damaged file) would
     with pytest.raises(CacheError):
         store.lookup("fake://fake/a.tar")
     with pytest.raises(CacheError):
@@ -303,7 +306,7 @@ def test_a_deleted_cache_dir_is_reported_then_reopened(tmp_path: Path) -> None:
     assert store.problem() is None
     reservation = store.reserve(10)
     os.pwrite(reservation.fd, b"0123456789", 0)
-    from shardcache.store import EntryMeta
+    from shardcache.cache.entry import EntryMeta
 
     store.commit(reservation, "k", EntryMeta(10))
     os.close(reservation.fd)
@@ -385,7 +388,7 @@ async def test_a_body_failing_without_validators_is_not_resumed(
 
 
 def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -> None:
-    from shardcache.store import EntryMeta
+    from shardcache.cache.entry import EntryMeta
 
     directory = tmp_path / "cache"
     store = Store(directory, 8 * MiB)
@@ -394,7 +397,8 @@ def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -
         os.pwrite(reservation.fd, b"x" * size, 0)
         store.commit(reservation, key, EntryMeta(size))
         os.close(reservation.fd)
-    store._index._sql("UPDATE Cache SET tag = ? WHERE key = ?", ('{"size_bytes": "x"}', "bad-tag"))
+    with contextlib.closing(sqlite3.connect(directory / "v1" / "index" / "cache.db")) as db, db:
+        db.execute("UPDATE Cache SET tag = ? WHERE key = ?", ('{"size_bytes": "x"}', "bad-tag"))
     with pytest.raises(CacheError):
         store.lookup("bad-tag")
     (path,) = [p for k, p, _ in store.entries() if k == "short-file"]

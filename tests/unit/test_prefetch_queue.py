@@ -13,13 +13,13 @@ import pytest
 
 from shardcache import prefetch
 from shardcache.admission import ScanResistantAdmission
-from shardcache.cache import ShardCache
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
 from shardcache.observer import NullObserver
 from shardcache.plans import PlanBook
 from shardcache.prefetch import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin, Pace
 
 KiB, MiB = 1024, 1024 * 1024

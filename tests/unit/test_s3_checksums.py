@@ -18,13 +18,13 @@ import google_crc32c
 import pytest
 
 from shardcache import checksums
-from shardcache.cache import Result, ShardCache
+from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.store import Store
 from shardcache.checksums import Checksum, Verifier
 from shardcache.errors import IntegrityError
 from shardcache.observer import NullObserver
 from shardcache.origins import s3_checksums
 from shardcache.origins.s3 import _info
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle
 from tests.unit.test_integrity import SEGMENTED

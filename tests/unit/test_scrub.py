@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from shardcache import scrub
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from shardcache.scrub import Pacer, Scrubber
-from shardcache.store import EntryMeta, Store
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardcache.space import Room, cannot_fit, startup_warnings
+from shardcache.cache.space import Room, cannot_fit, startup_warnings
 
 MiB = 1 << 20
 

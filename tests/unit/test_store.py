@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.errors import CacheError
-from shardcache.store import CacheFull, EntryMeta, Store
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
+from shardcache.errors import CacheError, CacheFull
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
+from shardcache.errors import CacheFull, NotAdmitted
 from shardcache.plans import PlanBook
-from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Store
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -145,7 +147,7 @@ def test_a_full_filesystem_still_evicts_protected_entries(store: Store) -> None:
     keys = [f"s{i}" for i in range(16)]
     _epochs(store, keys, 2)
     before = len(_cached(store))
-    store._evict_for_filesystem(10**15)  # asks for more than any disk has: evicts all it can
+    store._evictor.evict_for_filesystem(10**15)  # more than any disk has: evicts all it can
     assert len(_cached(store)) < before
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.breaker import BreakerState, CircuitBreaker
-from shardcache.cache import ShardCache
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import Store
 from shardcache.errors import (
     OriginBusy,
     OriginChanged,
@@ -28,7 +29,6 @@ from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream
 from shardcache.rendezvous import rank
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.test_cache import read_all
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from shardcache import cli
-from shardcache.cache import ShardCache
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 from shardcache.observer import NullObserver
 from shardcache.segments import RetryPolicy
-from shardcache.store import Store
 from shardcache.verify import verify_cache
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shardcache.fill import Fill
+from shardcache.cache.fill import Fill
 
 
 class Flights:

@@ -37,6 +37,15 @@ import os
 import time
 from collections.abc import Callable
 
+from shardcache.cache.entry import EntryMeta, Reservation
+from shardcache.cache.fill_state import (
+    BODY_COMPLETE,
+    TRANSITIONS,
+    FillState,
+    IllegalTransition,
+)
+from shardcache.cache.passthrough import ContinuedStream, RelayedStream
+from shardcache.cache.store import Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
     LOCAL_DIGEST,
@@ -48,25 +57,19 @@ from shardcache.checksums import (
 )
 from shardcache.errors import (
     CacheError,
+    CacheFull,
     FillAbandoned,
+    NotAdmitted,
     OriginChanged,
     OriginError,
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.fill_state import (
-    BODY_COMPLETE,
-    TRANSITIONS,
-    FillState,
-    IllegalTransition,
-)
 from shardcache.limiter import RequestLimiter
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.passthrough import ContinuedStream, RelayedStream
 from shardcache.second_opinion import SecondOpinion
 from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
-from shardcache.store import CacheFull, EntryMeta, NotAdmitted, Reservation, Store
 
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 

@@ -18,17 +18,18 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.cache.entry import Entry, EntryMeta
+from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.flights import Flights
+from shardcache.cache.store import Store
 from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
-from shardcache.fill import Fill, FillState
-from shardcache.flights import Flights
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origin_table import OriginTable
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 from shardcache.segments import OriginRequests, RetryPolicy
-from shardcache.store import Entry, EntryMeta, Store
 
 log = logging.getLogger("shardcache.cache")
 RECENT_FILLS = 65536

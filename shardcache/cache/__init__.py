@@ -1,0 +1,39 @@
+"""The cache: what is on local disk, and how a miss becomes an entry there.
+
+Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
+
+- `shard_cache`: `ShardCache`, the facade: hit, join a fill in flight, or start one; prefetch
+  fills and what they leave unread.
+- `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial
+  file that readers tail, verified, then committed; `fill_state` its lifecycle (the transition
+  table); `passthrough`: the streams of a fill that is not cached (not admitted, no room).
+- `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
+  the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
+- `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
+  area, batched access times); `eviction`: the policies behind one interface (LRU,
+  scan-resistant, plan-aware); `transient`: the books of look-ahead prefetches.
+- `directory`: the layout on disk (`v1/`), its lock, partial files, free space, health.
+- `index`: the diskcache adapter, the only module that imports diskcache or touches its
+  private `_sql` and `_disk` (its schema test: `tests/unit/cache/test_index.py`), and
+  `map_store_errors`, the edge where SQLite and OS errors become `CacheError`.
+- `entry`, `space`: values (entry metadata, reservations, listed rows; `CacheFull`,
+  `NotAdmitted`) and the pure arithmetic of room.
+
+What this folder must not know: HTTP (no aiohttp, no status codes but the errors' own), how an
+origin is reached (it gets `Origin`s and their limits from the daemon), the prefetch queue's
+order, metrics libraries (it reports through `observer.Observer`). Nothing here builds its own
+I/O: the store's directory, the origins, the clock and the observer are handed in.
+
+The miss pipeline, drawn once:
+
+    GET /o/<origin>/<key>           (serving)
+      -> ShardCache.open            lookup in the Store: a hit leaves with its fd (sendfile)
+      -> Flights.join_or_start      a fill in flight for the key? join it (coalesced)
+      -> Fill                       HEAD/first response: size, validators, checksums
+           -> Store.reserve         Evictor makes room by the policy, or NotAdmitted/CacheFull:
+                                    the object streams through uncached (passthrough)
+           -> SegmentedDownload     parallel ranged GETs into the partial file; readers tail it
+           -> verify                length, ETag/checksums (second opinion on a mismatch)
+           -> Store.commit          fsync, Index adopts the file by rename, row indexed
+      -> readers' last byte         only once the fill is VERIFIED; a failed fill aborts them
+"""

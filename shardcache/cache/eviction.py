@@ -1,0 +1,116 @@
+"""Eviction policies as objects behind one interface: which entry goes first to make room for a
+fill, and whether the fill is worth it.
+
+`EvictionPolicy.choose(candidates, for_key, protect, is_spared)` gets the evictable keys, least
+recently used first, and returns the one to evict (None: nothing may go); with `protect`, it
+raises `NotAdmitted` when the policy keeps that entry over a fill of `for_key` (the fill then
+streams through uncached). The policies:
+
+- `LeastRecentlyUsed`: plain LRU (`--eviction lru`);
+- `ScanResistant` (the default): when the entry LRU would take is still in use
+  (`ScanResistantAdmission.is_protected`), the fill is not admitted instead of throwing away
+  what the next epoch reads;
+- `PlanAware`: while a loader's plan is active, what no plan reads again (LRU among those,
+  sparing what admission protects), then what the plans read furthest away, admitting a fill
+  only when it is needed before that victim (`shardcache.plans.choose_victim`). A look-ahead
+  prefetch is then an ordinary fill (the plans rank it as needed soon): no transient area is
+  kept free (`cache.transient`).
+
+The store asks `PlanAware` while a plan is active and its ordinary policy otherwise. Pure: the
+store supplies the candidates from its index; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardcache.admission import ScanResistantAdmission
+from shardcache.errors import NotAdmitted
+from shardcache.plans import PlanBook, choose_victim
+
+
+class EvictionPolicy(Protocol):
+    def choose(
+        self,
+        candidates: list[str],
+        for_key: str | None,
+        protect: bool,
+        is_spared: Callable[[str], bool],
+    ) -> str | None:
+        """The key to evict first, or None; raises NotAdmitted (only with `protect`) when the
+        policy keeps it over a fill of `for_key`. `candidates` are the index's least recently
+        used keys, the spared ones already left out; `is_spared` is for a policy that looks
+        beyond them."""
+        ...
+
+
+class LeastRecentlyUsed:
+    def choose(
+        self,
+        candidates: list[str],
+        for_key: str | None,
+        protect: bool,
+        is_spared: Callable[[str], bool],
+    ) -> str | None:
+        return candidates[0] if candidates else None
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResistant:
+    admission: ScanResistantAdmission
+
+    def choose(
+        self,
+        candidates: list[str],
+        for_key: str | None,
+        protect: bool,
+        is_spared: Callable[[str], bool],
+    ) -> str | None:
+        if not candidates:
+            return None
+        key = candidates[0]
+        if protect and self.admission.is_protected(key):
+            raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
+        return key
+
+
+@dataclass(frozen=True, slots=True)
+class PlanAware:
+    plans: PlanBook
+    admission: ScanResistantAdmission | None
+
+    @property
+    def is_active(self) -> bool:
+        return self.plans.is_active
+
+    def choose(
+        self,
+        candidates: list[str],
+        for_key: str | None,
+        protect: bool,
+        is_spared: Callable[[str], bool],
+    ) -> str | None:
+        """May return a key outside `candidates` (one the plans read furthest away)."""
+        victim, admit = choose_victim(
+            candidates,
+            for_key,
+            self.plans,
+            self.admission.is_protected if self.admission is not None else _never,
+            is_spared,
+        )
+        if victim is None:
+            return None
+        if protect and not admit:
+            raise NotAdmitted(f"the plans need the entries eviction would take ({victim})")
+        return victim
+
+
+def ordinary_policy(admission: ScanResistantAdmission | None) -> EvictionPolicy:
+    """The policy when no plan is active: scan-resistant with admission, else plain LRU."""
+    return LeastRecentlyUsed() if admission is None else ScanResistant(admission)
+
+
+def _never(key: str) -> bool:
+    return False

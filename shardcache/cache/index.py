@@ -1,0 +1,248 @@
+"""The index: diskcache's `Cache` as the store uses it, and the only module that imports diskcache.
+
+diskcache has no public query for "oldest by access time", "rows after this rowid" or "keys in
+this range", so the store reads its `Cache` table with `_sql` and removes files through its
+`Disk` (`_disk`); every such call is here, over the columns in `COLUMNS_USED`, and
+`tests/unit/cache/test_index.py` checks that schema and the `Disk` seam against the installed
+diskcache, so an upgrade that changes them fails there, loudly. `map_store_errors` is the
+vendor edge: no `sqlite3` or diskcache error leaves the store as anything but a `CacheError`.
+
+The `Disk` here *adopts* a finished partial file by renaming it into the index tree (one write
+of each byte, no copy) and hands out raw descriptors for sendfile. diskcache deletes a file
+only after the index change commits. All methods block; the caller holds its own locks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import sqlite3
+import stat
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import diskcache
+from diskcache.core import MODE_BINARY, UNKNOWN
+
+from shardcache.errors import CacheError
+
+log = logging.getLogger("shardcache.store")
+WAL_CHECKPOINT_PAGES = 64  # SQLite checkpoints (and truncates) its WAL at this many pages
+WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, with slack
+# The `Cache` table's columns read or written here with `_sql` (diskcache 5.x; the test of this
+# module checks them against `PRAGMA table_info(Cache)`).
+COLUMNS_USED = ("key", "store_time", "access_time", "size", "filename", "tag")
+
+
+@contextlib.contextmanager
+def map_store_errors(what: str) -> Iterator[None]:
+    """Translate SQLite, diskcache and OS errors into CacheError, so none escapes the store
+    (a full disk, a read-only or deleted directory all end as "stream it through")."""
+    try:
+        yield
+    except CacheError:
+        raise
+    except (sqlite3.Error, diskcache.Timeout) as exc:
+        raise CacheError(f"{what}: the index failed: {exc or exc.__class__.__name__}") from exc
+    except OSError as exc:
+        raise CacheError(f"{what}: {exc.strerror or exc}") from exc
+
+
+@dataclass(slots=True)
+class AdoptFile:
+    """A finished partial file for `Index.set` to move into the index tree."""
+
+    path: str
+    size_bytes: int
+    adopted_as: str | None = None  # the file's path in the index tree, once renamed there
+
+
+class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
+    """A diskcache Disk that takes ownership of a finished file by renaming it into the index
+    tree, and that hands out raw file descriptors for sendfile instead of file objects."""
+
+    def store(self, value: Any, read: bool, key: Any = UNKNOWN) -> tuple[int, int, str, None]:
+        if not isinstance(value, AdoptFile):
+            raise TypeError("the shardcache index only adopts finished files")
+        filename, full_path = self.filename(key, value)
+        if not os.path.isdir(self._directory):  # deleted under us: never recreate it here
+            raise FileNotFoundError(errno.ENOENT, "the index directory is gone", self._directory)
+        os.makedirs(os.path.dirname(full_path), exist_ok=True)
+        os.rename(value.path, full_path)
+        value.adopted_as = full_path
+        return value.size_bytes, MODE_BINARY, filename, None
+
+    def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
+        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss. O_NONBLOCK
+        # and the S_ISREG check: a FIFO left where an entry's file was would block this open
+        # (and the response, and the daemon's exit) for ever; it is a miss, refetched, instead.
+        path = os.path.join(self._directory, filename)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+        return fd
+
+
+class Index:
+    """The rows (key, file, size, times, metadata tag) of the entries under `directory`.
+
+    Opening raises sqlite3/diskcache/OS errors: wrap it in `map_store_errors`, as every caller
+    of a method here does."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._cache = diskcache.Cache(
+            str(directory),
+            disk=_AdoptingDisk,
+            size_limit=2**62,  # eviction is the store's (reserve), so diskcache never culls
+            cull_limit=0,
+            # diskcache's LRU policy writes access_time in a transaction on every get: 32
+            # concurrent hits then queue on SQLite's write lock. Reads here are lock-free
+            # (policy "none"), and the store batches access times and writes them with
+            # `write_access_times` in one transaction before each eviction (and at close).
+            eviction_policy="none",
+            statistics=0,
+            # Checkpoint the write-ahead log often and truncate it, so the index's own disk
+            # use (counted against the bound) stays small and predictable.
+            sqlite_wal_autocheckpoint=WAL_CHECKPOINT_PAGES,
+            sqlite_journal_size_limit=WAL_ALLOWANCE_BYTES // 2,
+        )
+        db = os.stat(directory / "cache.db")
+        self.identity = (db.st_dev, db.st_ino)  # to notice the database replaced under us
+
+    def add_access_time_index(self) -> None:
+        """Index `access_time`, so that the least recently used rows are one ordered scan."""
+        self._cache._sql("CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)")
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def entry_bytes(self) -> int:
+        """The sum of the entries' sizes (diskcache keeps it as a running total)."""
+        return int(self._cache.reset("size", update=False))
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, key: str) -> tuple[int | None, Any]:
+        """`key`'s open file descriptor (the caller closes it) and tag, or (None, None)."""
+        fd, tag = self._cache.get(key, default=None, read=True, tag=True)
+        return fd, tag
+
+    def keys(self) -> list[str]:
+        return [str(key) for (key,) in self._cache._sql("SELECT key FROM Cache").fetchall()]
+
+    def rows(self) -> list[tuple[str, str, Any]]:
+        """Every row's key, filename and tag, in rowid order."""
+        rows = self._cache._sql("SELECT key, filename, tag FROM Cache ORDER BY rowid")
+        return [(str(key), str(filename), tag) for key, filename, tag in rows.fetchall()]
+
+    def tag_of(self, key: str) -> Any | None:
+        rows = self._cache._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
+        return rows[0][0] if rows else None
+
+    def size_of(self, key: str) -> int | None:
+        rows = self._cache._sql("SELECT size FROM Cache WHERE key = ?", (key,)).fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def least_recently_used(self, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` (key, size) rows, least recently used first."""
+        rows = self._cache._sql(
+            "SELECT key, size FROM Cache ORDER BY access_time LIMIT ?", (limit,)
+        ).fetchall()
+        return [(key, size) for key, size in rows]
+
+    def rows_after(self, rowid: int, limit: int) -> list[tuple[int, str, str, float, Any]]:
+        """Up to `limit` (rowid, key, filename, store_time, tag) rows after `rowid`."""
+        rows = self._cache._sql(
+            "SELECT rowid, key, filename, store_time, tag FROM Cache"
+            " WHERE rowid > ? ORDER BY rowid LIMIT ?",
+            (rowid, limit),
+        ).fetchall()
+        return [(row, key, filename, stored, tag) for row, key, filename, stored, tag in rows]
+
+    def key_range(
+        self, low: str, after: str, high: str, limit: int
+    ) -> list[tuple[str, int, float, float, Any]]:
+        """Up to `limit` (key, size, store_time, access_time, tag) rows whose keys are at least
+        `low`, past `after` and below `high`, in key order (one bounded scan of the key index)."""
+        rows = self._cache._sql(
+            "SELECT key, size, store_time, access_time, tag FROM Cache"
+            " WHERE key >= ? AND key > ? AND key < ? ORDER BY key LIMIT ?",
+            (low, after, high, limit),
+        ).fetchall()
+        return [(key, size, stored, read, tag) for key, size, stored, read, tag in rows]
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def set(self, key: str, adopt: AdoptFile, tag: str) -> None:
+        """Index `adopt`'s file as `key`'s entry (moving it into the index tree)."""
+        self._cache.set(key, adopt, tag=tag)
+
+    def delete(self, key: str) -> bool:
+        """Remove `key`'s row, then its file; return whether it existed."""
+        return bool(self._cache.delete(key))
+
+    def delete_to_free_space(self, key: str) -> bool:
+        """`delete`, even on a disk filled to the last block."""
+        try:
+            return bool(self._cache.delete(key))
+        except sqlite3.OperationalError:
+            # A disk filled to the last block (by something else) leaves SQLite no room to
+            # write the deletion: free the victim's file first, then delete its row. A row
+            # whose file is gone reads as a miss, and start-up drops it if this fails too.
+            log.warning(
+                "the index cannot record evicting %s (disk full): removing its file first", key
+            )
+            rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
+            for (filename,) in rows.fetchall():
+                self._cache._disk.remove(filename)
+            return bool(self._cache.delete(key))
+
+    def delete_if_file(self, key: str, filename: str) -> bool:
+        """Remove `key`'s entry if its file is still `filename`, and return whether it was."""
+        with self._cache.transact():
+            # One transaction: a commit of a new version cannot land between check and delete.
+            rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
+            if [name for (name,) in rows.fetchall()] != [filename]:
+                return False
+            self._cache.delete(key)
+        return True
+
+    def write_access_times(self, touched: dict[str, float]) -> None:
+        """Record batched reads (key → `time.time()`) in one transaction."""
+        with self._cache.transact():
+            for key, at in touched.items():
+                self._cache._sql("UPDATE Cache SET access_time = ? WHERE key = ?", (at, key))
+
+    def drop_unindexed(self, adopt: AdoptFile) -> None:
+        """After a failed `set`, delete the file if it was moved into the index tree but no
+        row names it (an orphan that `du` would count and the index would not)."""
+        if adopt.adopted_as is None:
+            return
+        filename = os.path.relpath(adopt.adopted_as, self.directory)
+        with contextlib.suppress(sqlite3.Error, diskcache.Timeout):
+            query = "SELECT 1 FROM Cache WHERE filename = ?"
+            if self._cache._sql(query, (filename,)).fetchall():
+                return  # the row made it after all: the entry is whole
+        self._cache._disk.remove(filename)  # the file, then its emptied directories
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check(self, fix: bool) -> list[str]:
+        """diskcache's check: rows without files, files without rows, wrong sizes, SQLite's
+        integrity check. With `fix`, rows without files and stray files are removed."""
+        # diskcache reports through warnings it records; make sure none is turned into an
+        # exception (or silenced) by the caller's warning filters.
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            return [str(w.message) for w in self._cache.check(fix=fix)]
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep
+            self._cache.close()

@@ -1,0 +1,493 @@
+"""The store: space, reservations, commit and abort, lookups, over the index and the directory.
+
+A fill reserves its size first (`reserve`: eviction, by `cache.evictor`, runs *before* a byte is
+written, so the index plus reservations never exceed `capacity_bytes`, nor what the filesystem
+has free), writes a partial file (`cache.directory`), and is indexed only once complete, verified
+by the caller and fsynced (`commit`: the index adopts the file by renaming it, `cache.index`);
+diskcache deletes a file only after the index change commits, so a crash leaves either a whole
+entry or an orphan file that opening removes. Which entry eviction takes, and when a fill is
+not admitted (`NotAdmitted`: it streams through) are `cache.eviction`'s policies; look-ahead
+prefetches are held in `cache.transient`'s area.
+
+All methods block: callers run them on a worker thread, one hop per logical operation. Every
+failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
+through uncached. `problem()` says why the directory is unusable and reopens the store when its
+directory was replaced. This module knows nothing of HTTP or origins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.directory import REPLACED, CacheDirectory
+from shardcache.cache.entry import (
+    AdmissionState,
+    Entry,
+    EntryMeta,
+    IndexedEntry,
+    Reservation,
+    StoredEntry,
+    StoreUsage,
+    parse_meta,
+)
+from shardcache.cache.evictor import FILESYSTEM_HEADROOM_BYTES, Evictor
+from shardcache.cache.index import AdoptFile, Index, map_store_errors
+from shardcache.cache.space import Room, cannot_fit, startup_warnings
+from shardcache.errors import CacheError, CacheFull, NotAdmitted
+from shardcache.plans import PlanBook
+
+log = logging.getLogger("shardcache.store")
+ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
+
+
+class Store:
+    def __init__(
+        self,
+        directory: Path,
+        capacity_bytes: int,
+        on_evict: Callable[[str, int, bool], None] | None = None,
+        repair: bool = True,
+        admission: ScanResistantAdmission | None = None,
+        transient_max_bytes: int = 0,
+        plans: PlanBook | None = None,
+    ) -> None:
+        """Open (creating) the store; sweep partials; drop index rows and files that disagree.
+
+        `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits. With
+        `repair=False` (`shardcache verify`), nothing is created, swept or fixed. `admission`
+        and `transient_max_bytes`: `cache.eviction` and `cache.transient` (None: plain LRU).
+        Raises CacheError if the directory is unusable or another daemon holds it.
+        """
+        self.capacity_bytes = capacity_bytes
+        self.admission = admission
+        self.plans = plans
+        self._bypassed = 0
+        self._lock = threading.Lock()
+        self._reserved_bytes = 0
+        self._directory = directory
+        self._dir = CacheDirectory(directory, repair)  # raises CacheError for `verify`
+        self._index_dir = self._dir.index_dir
+        self._last_usage = StoreUsage(0, 0, 0, capacity_bytes)
+        self._evictor = Evictor(
+            lambda: self._index,
+            capacity_bytes,
+            self._used_bytes,
+            self._dir.free_bytes,
+            directory,
+            on_evict,
+            admission,
+            transient_max_bytes,
+            plans,
+        )
+        self.swept_partials = 0
+        self._open(repair)
+        self._dir.remember_device()
+        if repair:  # the daemon's store, not `shardcache verify`'s look at one
+            self._warn_if_larger_than_filesystem()
+
+    def _open(self, repair: bool) -> None:
+        """Lock the directory and open the index (again, after the directory was replaced)."""
+        self._dir.lock(repair)
+        if repair:
+            self.swept_partials = self._dir.sweep_partials()
+        with map_store_errors(f"cannot open the index in {self._directory}"):
+            self._index = Index(self._index_dir)
+            self._db_identity = self._index.identity
+            if repair:
+                self._index.add_access_time_index()
+                self._drop_damaged_entries()
+                for _ in range(3):  # drop rows without files and files without rows; a fix
+                    if not self._index.check(fix=True):  # can leave an empty dir for the next
+                        break
+        self._evictor.touched = {}
+        if self.plans is not None:  # what is cached now, for the plans' heap
+            self.plans.forget_cached(self._index.keys())
+
+    def _drop_damaged_entries(self) -> None:
+        """Drop entries whose metadata is unreadable or whose file has another size than
+        the entry says, before diskcache's check would "fix" the size to the damaged file."""
+        for key, filename, tag in self._index.rows():
+            try:
+                is_sound = parse_meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
+            except (CacheError, FileNotFoundError):
+                is_sound = False
+            if not is_sound:
+                log.warning("dropping damaged entry %s", key)
+                self._index.delete(key)
+
+    def _warn_if_larger_than_filesystem(self) -> None:
+        with contextlib.suppress(OSError, CacheError):
+            for warning in startup_warnings(self._room(), self._directory):
+                log.warning("%s", warning)
+
+    def _room(self) -> Room:
+        entries = self._index.entry_bytes()
+        entry_bytes = entries + ENTRY_OVERHEAD_BYTES * len(self._index)
+        index_bytes = self._used_bytes() - entry_bytes
+        free = self._dir.free_bytes()
+        return Room(self.capacity_bytes, free, entry_bytes, index_bytes, FILESYSTEM_HEADROOM_BYTES)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def lookup(self, key: str) -> Entry | None:
+        """Return the open entry for `key` and mark it used, or None. Caller must close it."""
+        with map_store_errors(f"cannot look up {key}"):
+            fd, tag = self._index.get(key)
+        if fd is None:
+            return None
+        try:
+            meta = parse_meta(tag)
+        except CacheError:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._evictor.touched[key] = time.time()
+        return Entry(fd, meta)
+
+    def note_request(self, key: str, found: bool) -> None:
+        """A client read `key`; `found`: it was served from a committed entry. Feeds admission
+        (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop safe."""
+        hit = found and not self._evictor.transients.holds(key)
+        if self.admission is not None:
+            self.admission.on_request(key, hit)
+        if self.plans is not None:
+            self.plans.on_request(key, hit)
+
+    def note_warm(self, key: str) -> None:
+        """A shard is being warmed: admission protects it as it would a read; plans do not
+        move (no job read it). Event-loop safe."""
+        if self.admission is not None:
+            self.admission.on_request(key, False)
+
+    def admission_state(self) -> AdmissionState:
+        admission, plans = self.admission, self.plans
+        active = plans.status() if plans is not None else []
+        policy = "plan" if active else "lru" if admission is None else "scan-resistant"
+        return AdmissionState(
+            policy,
+            self._bypassed,
+            self._evictor.transients.held_bytes(),
+            self._evictor.transients.area_bytes,
+            self._evictor.transients.kept,
+            self._evictor.transients.dropped,
+            admission is None or admission.is_serving(),
+            active,
+        )
+
+    def _is_transient(self, key: str) -> bool:
+        """A look-ahead prefetch (pinned) that only admission ranks: one a plan reads is an
+        ordinary fill, which the plans rank as needed soon."""
+        if self.admission is None or key not in self._evictor.pinned:
+            return False
+        return self.plans is None or self.plans.next_use_s(key) is None
+
+    def peek(self, key: str) -> EntryMeta | None:
+        """Return `key`'s metadata without opening it or touching its LRU position."""
+        with map_store_errors(f"cannot look up {key}"):
+            tag = self._index.tag_of(key)
+        return None if tag is None else parse_meta(tag)
+
+    def usage(self) -> StoreUsage:
+        """What the cache holds; while the index cannot be read, the last figures known."""
+        try:
+            with map_store_errors("cannot read the index size"):
+                usage = StoreUsage(
+                    self._used_bytes(), len(self._index), self._reserved_bytes, self.capacity_bytes
+                )
+        except CacheError as exc:
+            log.debug("usage: %s", exc)
+            return dataclasses.replace(self._last_usage, reserved_bytes=self._reserved_bytes)
+        self._last_usage = usage
+        return usage
+
+    def _used_bytes(self) -> int:
+        """Bytes on disk as `du` counts them: entries, the index database, and allowances
+        for what grows between reservations (the write-ahead log, up to its checkpoint
+        size, and per-entry directory blocks and block rounding)."""
+        entries = self._index.entry_bytes()
+        return entries + self._dir.index_bytes() + ENTRY_OVERHEAD_BYTES * len(self._index)
+
+    # -- fills ---------------------------------------------------------------------------
+
+    def reserve(self, size_bytes: int, key: str | None = None) -> Reservation:
+        """Make room for `size_bytes` by evicting LRU unpinned entries, and open a partial file.
+
+        `key` pinned already (a look-ahead prefetch) makes the fill transient. Raises
+        NotAdmitted when admission spares the entries eviction would take, CacheFull when
+        reservations and pinned entries leave no room, CacheError when the directory is
+        unusable; the caller should then stream the object through uncached. The caller must
+        `commit()` or `abort()`.
+        """
+        transient = key is not None and self._is_transient(key)
+        with self._lock, map_store_errors("cannot make room"):
+            if problem := cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+                raise CacheFull(problem)  # before anything is evicted for it
+            self._evictor.settle_read_transients(self._reserved_bytes)
+            if transient:
+                self._evictor.evict_until_free(
+                    size_bytes, self._reserved_bytes, protect=False, for_key=key
+                )
+            else:
+                try:
+                    self._evictor.evict_until_free(
+                        size_bytes,
+                        self._reserved_bytes,
+                        protect=True,
+                        keep_free=self._evictor.area_free(),
+                        for_key=key,
+                    )
+                except NotAdmitted:
+                    self._bypassed += 1
+                    raise
+            self._evictor.evict_for_filesystem(size_bytes)
+            self._reserved_bytes += size_bytes
+            if transient:
+                self._evictor.transients.reserved(size_bytes)
+        try:
+            path, fd = self._dir.new_partial()
+        except OSError as exc:
+            self._release(size_bytes, transient)
+            raise CacheError(f"cannot create a partial file: {exc.strerror or exc}") from exc
+        reservation = Reservation(size_bytes, path, fd, is_transient=transient)
+        try:
+            # Claim the blocks now: a full disk fails the fill before its first byte (the
+            # caller streams the object through instead), never halfway through a shard.
+            self._allocate(reservation)
+        except OSError as exc:
+            os.close(fd)
+            self.abort(reservation)
+            raise CacheFull(f"cannot allocate {size_bytes} bytes: {exc.strerror or exc}") from exc
+        return reservation
+
+    def _allocate(self, reservation: Reservation) -> None:
+        if not reservation.size_bytes:
+            return
+        try:
+            os.posix_fallocate(reservation.fd, 0, reservation.size_bytes)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # Concurrent reservations each saw room for themselves: make room again, once.
+            with self._lock, map_store_errors("cannot make room"):
+                self._evictor.evict_for_filesystem(reservation.size_bytes)
+            os.posix_fallocate(reservation.fd, 0, reservation.size_bytes)
+
+    def commit(self, reservation: Reservation, key: str, meta: EntryMeta) -> None:
+        """Make a complete, verified partial file the entry for `key`.
+
+        fsyncs the data first, so a power loss cannot leave an indexed entry with missing
+        bytes. The reservation's fd stays open for readers; the caller closes it. Raises
+        CacheError (the partial file is gone then, and nothing is left in the index tree).
+        """
+        adopt = AdoptFile(str(reservation.path), meta.size_bytes)
+        try:
+            with map_store_errors(f"cannot commit {key}"):
+                os.fsync(reservation.fd)
+                self._index.set(key, adopt, json.dumps(dataclasses.asdict(meta)))
+        except CacheError:
+            self._index.drop_unindexed(adopt)
+            self.abort(reservation)
+            raise
+        if self.plans is not None:
+            self.plans.on_cached(key)
+        if reservation.is_transient:
+            transients = self._evictor.transients
+            with self._lock:
+                # Held first, then the pin checked: an unpin between the two finds it held.
+                transients.committed(key, meta.size_bytes)
+                if key not in self._evictor.pinned:  # a client read it while it was fetched
+                    transients.unpinned(key)
+        self._release_reservation(reservation)
+
+    def abort(self, reservation: Reservation) -> None:
+        """Discard a fill's partial file and give its space back. Safe to call twice; never
+        raises: the space is given back even when the file cannot be removed now (a
+        read-only directory), and removing it is tried again by `problem()`."""
+        try:
+            self._dir.remove_partial(reservation.path)
+        finally:
+            self._release_reservation(reservation)
+
+    def _release_reservation(self, reservation: Reservation) -> None:
+        if not reservation.is_released:
+            reservation.is_released = True
+            self._release(reservation.size_bytes, reservation.is_transient)
+
+    def _release(self, size_bytes: int, transient: bool) -> None:
+        with self._lock:
+            self._reserved_bytes -= size_bytes
+            if transient:
+                self._evictor.transients.released(size_bytes)
+
+    # -- eviction and pins (`cache.evictor`) ------------------------------------------------
+
+    def pin(self, key: str) -> None:
+        """Protect `key` from eviction (a prefetched shard nobody has read yet). Event-loop
+        safe: takes no lock (`Evictor.pin` says why that is sound)."""
+        self._evictor.pin(key)
+
+    def unpin(self, key: str) -> bool:
+        """Make `key` an ordinary LRU entry again (a transient one is settled at the next
+        reservation: kept or dropped); return whether it was pinned. Event-loop safe."""
+        return self._evictor.unpin(key)
+
+    def delete(self, key: str) -> bool:
+        """Remove `key`'s entry (its file goes after the index commits); return if it existed.
+        Raises CacheError, the entry untouched, when the directory is not writable: SQLite's
+        files were opened before, so the row would go and the file would stay."""
+        if not os.access(self._index_dir, os.W_OK):
+            raise CacheError(f"cannot delete {key}: cache dir {self._index_dir} is not writable")
+        self._evictor.pinned.discard(key)
+        with map_store_errors(f"cannot delete {key}"):
+            deleted = bool(self._index.delete(key))
+        with self._lock:
+            self._evictor.forget(key)
+        return deleted
+
+    def next_use_s(self, key: str) -> float | None:
+        """Seconds until a loader's plan reads `key`, or None when no plan names it (or plans
+        are off). Takes the plans' lock: call it from a worker thread."""
+        return self.plans.next_use_s(key) if self.plans is not None else None
+
+    def would_admit(self, key: str, size_bytes: int, look_ahead: bool) -> bool:
+        """Whether a fill of `key` would be admitted now, without evicting anything: a prefetch
+        asks before fetching, so that one the policy would refuse is not downloaded only to
+        be thrown away. A dry run of the first eviction only (the fill itself decides).
+
+        Under plain LRU too: a prefetch that finds no room at its reservation has sent its
+        GET already (it streams through, and the loader's read fetches the shard again). The
+        dry run catches the cache whose room fills under way hold, or whose every entry is
+        pinned; not one where evicting all that is unpinned would still fall short."""
+        unplanned = self.plans is None or self.plans.next_use_s(key) is None
+        with self._lock, map_store_errors(f"cannot size up {key}"):
+            if cannot_fit(size_bytes, self._room(), self._reserved_bytes):
+                return False  # as `reserve` would find, whatever it evicted
+            if look_ahead and self.admission is not None and unplanned:
+                return True  # a transient fill: it may evict within its area
+            self._evictor.flush_touches()
+            room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
+            if room - self._evictor.area_free() >= size_bytes:
+                return True
+            try:
+                return self._evictor.choose_victim("", key, protect=True) is not None
+            except NotAdmitted:
+                return False
+
+    # -- health ------------------------------------------------------------------------------
+
+    def problem(self) -> str | None:
+        """Return why the cache directory cannot be used now, or None when it can.
+
+        When the directory was deleted and is back (or its index is gone), the store reopens
+        itself there, empty: fills are cached again without a restart. Until then, and while
+        the directory is read-only, fills stream through uncached (`reserve` fails).
+        """
+        with self._lock:
+            problem = self._dir.index_problem(self._db_identity)
+            if problem == REPLACED:
+                try:
+                    self._open(repair=True)
+                except CacheError as exc:
+                    return f"cache dir {self._directory} cannot be reopened: {exc}"
+                log.warning("the cache dir %s was replaced: reopened it, empty", self._directory)
+            elif problem is not None:
+                return problem
+        return self._dir.usage_problem()
+
+    # -- the online scrub (`shardcache.scrub`) ----------------------------------------------
+
+    def entries_after(self, rowid: int, limit: int) -> list[StoredEntry]:
+        """Up to `limit` entries after `rowid`, in index (rowid) order: a stable walk in which
+        a re-filled key keeps its place (diskcache updates its row). Raises CacheError."""
+        with map_store_errors("cannot list the index"):
+            rows = self._index.rows_after(rowid, limit)
+        found = []
+        for row, key, filename, stored_at, tag in rows:
+            try:
+                meta: EntryMeta | None = parse_meta(tag)
+            except CacheError:
+                meta = None
+            path = self._index_dir / str(filename)
+            found.append(StoredEntry(row, str(key), str(filename), path, stored_at, meta))
+        return found
+
+    def drop_if_unchanged(self, key: str, filename: str) -> bool:
+        """Remove `key`'s entry if it is still the version stored in `filename`, and return
+        whether it was removed: a version committed since (a re-fill) is never dropped for
+        damage found in the one before. Raises CacheError, the entry untouched."""
+        if not os.access(self._index_dir, os.W_OK):
+            raise CacheError(f"cannot drop {key}: cache dir {self._index_dir} is not writable")
+        with map_store_errors(f"cannot drop {key}"):
+            if not self._index.delete_if_file(key, filename):
+                return False
+        with self._lock:
+            self._evictor.forget(key)
+        return True
+
+    # -- listing (`GET /_/cache`, `shardcache ls`) -----------------------------------------
+
+    def key_range(self, low: str, after: str, high: str, limit: int) -> list[IndexedEntry]:
+        """Up to `limit` entries whose cache keys are at least `low`, past `after` and below
+        `high`, in key order (the index on `key`: one bounded range scan however large the
+        cache). Raises CacheError."""
+        with map_store_errors("cannot list the index"):
+            rows = self._index.key_range(low, after, high, limit)
+        touched = self._evictor.touched  # reads not yet flushed to access_time (a GIL-atomic get)
+        return [
+            IndexedEntry(str(key), int(size), stored, max(read, touched.get(key, 0.0)), str(tag))
+            for key, size, stored, read, tag in rows
+        ]
+
+    def pinned_by(self, key: str) -> list[str]:
+        """Why eviction spares `key`: "look-ahead" (prefetched, unread) and/or "plan" (a loader's
+        plan reads it again). Takes the plans' lock: call it from a worker thread."""
+        reasons = ["look-ahead"] if key in self._evictor.pinned else []
+        return reasons + (["plan"] if self.next_use_s(key) is not None else [])
+
+    # -- offline checks (`shardcache verify`) --------------------------------------------------
+
+    def entries(self) -> Iterator[tuple[str, Path, EntryMeta | None]]:
+        """Every indexed entry: key, file path, metadata (None when unreadable)."""
+        with map_store_errors("cannot list the index"):
+            listed = self._index.rows()
+        for key, filename, tag in listed:
+            try:
+                meta: EntryMeta | None = parse_meta(tag)
+            except CacheError:
+                meta = None
+            yield str(key), self._index_dir / str(filename), meta
+
+    def partial_files(self) -> list[Path]:
+        return self._dir.partial_files()
+
+    def index_problems(self, fix: bool) -> list[str]:
+        """diskcache's check: rows without files, files without rows, wrong sizes, SQLite's
+        integrity check. With `fix`, rows without files and stray files are removed."""
+        with map_store_errors("cannot check the index"):
+            return self._index.check(fix)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    def check(self) -> list[str]:
+        """Return inconsistencies between index and files (empty when sound); for tests and
+        post-mortems. Partial files are reported only when no reservation is open."""
+        problems = self.index_problems(fix=False)
+        if self._reserved_bytes == 0:
+            problems += [f"stray partial file {p}" for p in self._dir.partial_dir.iterdir()]
+        return problems
+
+    def close(self) -> None:
+        with contextlib.suppress(CacheError), self._lock, map_store_errors("cannot close"):
+            self._evictor.flush_touches()  # the LRU order survives a restart
+        self._index.close()
+        self._dir.close()

@@ -1,0 +1,120 @@
+"""The diskcache adapter against the installed diskcache: the `Cache` table's schema and the `Disk`
+seam it relies on (private to diskcache, so an upgrade may change them without notice; this is
+where that shows), then one round trip through every query it sends. Temp dir, no sockets."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import diskcache
+import diskcache.core
+import pytest
+
+from shardcache.cache.index import COLUMNS_USED, AdoptFile, Index
+from shardcache.errors import CacheError
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Iterator[Index]:
+    opened = Index(tmp_path / "index")
+    opened.add_access_time_index()
+    yield opened
+    opened.close()
+
+
+def _adopt(index: Index, tmp_path: Path, key: str, data: bytes) -> None:
+    partial = tmp_path / f"partial-{len(os.listdir(tmp_path))}"
+    partial.write_bytes(data)
+    index.set(key, AdoptFile(str(partial), len(data)), f"tag of {key}")
+
+
+def test_the_cache_table_has_the_columns_the_adapter_reads(index: Index) -> None:
+    with contextlib.closing(sqlite3.connect(index.directory / "cache.db")) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(Cache)")}
+        indexes = {row[1] for row in db.execute("PRAGMA index_list(Cache)")}
+    assert set(COLUMNS_USED) <= columns, (
+        f"diskcache's Cache table lost {set(COLUMNS_USED) - columns}"
+    )
+    assert "Cache_access_time" in indexes  # least_recently_used is one ordered scan
+
+
+def test_the_disk_seam_is_the_one_the_adapter_overrides(index: Index) -> None:
+    """`_AdoptingDisk` overrides `store` and `fetch` and calls `filename`, `remove` and
+    `_directory`; `Index` calls the Cache's private `_sql` and `_disk`."""
+    parameters = {
+        name: list(inspect.signature(getattr(diskcache.Disk, name)).parameters)
+        for name in ("store", "fetch", "filename", "remove")
+    }
+    assert parameters == {
+        "store": ["self", "value", "read", "key"],
+        "fetch": ["self", "mode", "filename", "value", "read"],
+        "filename": ["self", "key", "value"],
+        "remove": ["self", "file_path"],
+    }
+    assert isinstance(diskcache.core.MODE_BINARY, int)
+    cache = index._cache  # the adapter's own test: the private parts of diskcache it uses
+    assert isinstance(cache._disk, diskcache.Disk)
+    assert cache._disk._directory == str(index.directory)
+    assert cache._sql("SELECT count(*) FROM Cache").fetchall() == [(0,)]
+
+
+def test_every_query_round_trips(index: Index, tmp_path: Path) -> None:
+    _adopt(index, tmp_path, "b", b"bb")
+    _adopt(index, tmp_path, "a", b"a")
+    _adopt(index, tmp_path, "c", b"ccc")
+    assert len(index) == 3 and index.entry_bytes() == 6
+    assert sorted(index.keys()) == ["a", "b", "c"]
+    fd, tag = index.get("a")
+    assert fd is not None and os.pread(fd, 10, 0) == b"a" and tag == "tag of a"
+    os.close(fd)
+    assert index.get("missing") == (None, None)
+    assert index.tag_of("c") == "tag of c" and index.tag_of("missing") is None
+    assert index.size_of("b") == 2 and index.size_of("missing") is None
+
+    index.write_access_times({"b": 3e9, "a": 2e9})  # c was stored now: oldest
+    assert index.least_recently_used(2) == [("c", 3), ("a", 1)]
+    rows = index.rows()
+    assert [key for key, _, _ in rows] == ["b", "a", "c"]
+    files = {key: filename for key, filename, _ in rows}
+    assert all((index.directory / name).is_file() for name in files.values())
+    first, *_ = index.rows_after(0, 1)
+    assert first[1:3] == ("b", files["b"]) and first[4] == "tag of b"
+    assert [key for _, key, _, _, _ in index.rows_after(first[0], 10)] == ["a", "c"]
+    assert [row[0] for row in index.key_range("a", "a", "c", 10)] == ["b"]
+    assert index.key_range("a", "", "z", 10)[0][3] == 2e9  # access_time as written
+
+    assert not index.delete_if_file("a", "another-version")
+    assert index.delete_if_file("a", files["a"]) and index.size_of("a") is None
+    assert not (index.directory / files["a"]).exists()  # the file goes after the row
+    assert index.delete_to_free_space("b") and not index.delete("b")
+    assert index.check(fix=False) == []
+
+
+def test_a_failed_set_leaves_no_orphan_in_the_index_tree(index: Index, tmp_path: Path) -> None:
+    partial = tmp_path / "partial"
+    partial.write_bytes(b"xyz")
+    adopt = AdoptFile(str(partial), 3)
+    with contextlib.closing(sqlite3.connect(index.directory / "cache.db")) as db, db:
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON Cache BEGIN SELECT RAISE(ABORT, 'no'); END"
+        )
+    with pytest.raises(sqlite3.Error):
+        index.set("k", adopt, "tag")
+    assert adopt.adopted_as is not None and os.path.exists(adopt.adopted_as)  # moved, no row
+    index.drop_unindexed(adopt)
+    assert not os.path.exists(adopt.adopted_as)
+    assert index.check(fix=False) == []
+
+
+def test_vendor_errors_become_cache_errors(index: Index) -> None:
+    from shardcache.cache.index import map_store_errors
+
+    with pytest.raises(CacheError, match="the index failed"), map_store_errors("listing"):
+        raise sqlite3.OperationalError("database or disk is full")
+    with pytest.raises(CacheError, match="x: the index failed"), map_store_errors("x"):
+        raise diskcache.Timeout()
