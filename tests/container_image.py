@@ -32,8 +32,9 @@ mirrors), so three things stand in for what a user's `docker build` would downlo
   command itself, as `docker stop` sends it to the container's PID 1.
 
 Both the base image and the wheels are cached under /var/cache/shardcache-test, keyed by what
-made them (a second run reuses them; a clean machine builds them, about two minutes more).
-The image under test is built afresh on every run (no layer cache).
+made them: a second run reuses them; a clean machine makes them (about 50 s on two busy cores:
+mmdebstrap 31 s, where debootstrap took 51 s for a bigger tree, and the wheels 17 s). The image
+under test is built afresh on every run (no layer cache; 9-13 s).
 """
 
 from __future__ import annotations

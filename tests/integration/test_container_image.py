@@ -5,7 +5,7 @@ The image is built with buildah (`--isolation chroot`, `--pull=never`) and run w
 `buildah run --isolation chroot`, no Docker engine or registry being reachable here; the base
 image and the wheels are local stand-ins. What differs from a user's `docker build` and
 `docker run` is written down in tests/container_image.py. A cold run (clean machine) takes
-about three minutes, a warm one (base and wheels cached in /var/cache/shardcache-test) under one.
+about 70 s, a warm one (base and wheels cached in /var/cache/shardcache-test) about 20 s.
 """
 
 from __future__ import annotations
