@@ -10,6 +10,7 @@ about 70 s, a warm one (base and wheels cached in /var/cache/shardcache-test) ab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -253,7 +254,11 @@ def test_daemon_serves_a_shard_answers_its_healthcheck_and_stops_on_sigterm(
         assert time.monotonic() - stopping < 15
         assert not [pid for pid in processes if _is_alive(pid)], "a process outlived the daemon"
     finally:
+        # Killing `buildah run` leaves the container's processes running: kill them first.
         if runner.poll() is None:
+            for pid in _descendants(runner.pid):
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    os.kill(pid, signal.SIGKILL)
             runner.kill()
             runner.wait()
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
