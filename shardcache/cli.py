@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
 from shardcache.commands import arguments, cached, check
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.printable import printable
 from shardcache.status_text import format_status
 from shardcache.units import format_size
 
@@ -69,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--watch",
         nargs="?",
-        type=float,
+        type=_interval,
         const=2.0,
         metavar="SECONDS",
         help="refresh every SECONDS (default 2) until interrupted",
@@ -135,6 +137,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+WATCH_MAX_S = 86400.0  # a day between refreshes is the longest that means anything
+
+
+def _interval(text: str) -> float:
+    """`--watch SECONDS`: a finite number of seconds above 0 and at most a day (argparse makes
+    a ValueError from here one line and exit 2)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= WATCH_MAX_S:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"expected seconds above 0 and at most {WATCH_MAX_S:g}, not {printable(text[:40])!r}"
+        )
+    return seconds
+
+
 def _add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--daemon",
@@ -186,7 +205,7 @@ def _url(args: argparse.Namespace) -> int:
     known, listen = _configured(args)
     daemon = client.daemon_url(args.daemon, listen)
     for url in args.urls:
-        local = client.map_url(url, known, daemon)
+        local = printable(client.map_url(url, known, daemon))  # origin names: from the daemon
         header = f"-H @{args.curl_header} " if args.curl_header else ""
         print(f"pipe:curl -s -f {header}{local}" if args.pipe else local)
     return 0
@@ -197,19 +216,22 @@ def _prefetch(args: argparse.Namespace) -> int:
     daemon = client.daemon_url(args.daemon, listen)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon, warm=not args.lookahead)
-    print(
-        f"queued {answer['queued']}, already cached {answer['cached']}, "
-        f"already in flight {answer['in_flight']}",
-        file=sys.stderr,
-    )
+    with client.reading_answer(daemon):
+        print(
+            printable(
+                f"queued {answer['queued']}, already cached {answer['cached']}, "
+                f"already in flight {answer['in_flight']}"
+            ),
+            file=sys.stderr,
+        )
+        batch = int(answer["batch"])
     if not args.wait:
         return 0
-    batch = int(answer["batch"])
     try:
         return _wait_for_batch(batch, daemon)
     except KeyboardInterrupt:
         # Waiting was the point: what is still queued of this batch goes too.
-        dropped = client.cancel_prefetch(batch, daemon)["dropped"]
+        dropped = printable(client.cancel_prefetch(batch, daemon).get("dropped", "?"))
         print(f"interrupted: dropped {dropped} queued shards of batch {batch}", file=sys.stderr)
         return 130
 
@@ -225,7 +247,8 @@ def _stats(args: argparse.Namespace) -> int:
     daemon = _daemon(args)
     while True:
         document = client.status(daemon)
-        text = json.dumps(document, indent=2) if args.json else format_status(document)
+        with client.reading_answer(daemon):
+            text = json.dumps(document, indent=2) if args.json else format_status(document)
         if args.watch:
             print("\033[2J\033[H", end="")  # clear the terminal between refreshes
         print(text, flush=True)
@@ -239,6 +262,11 @@ PROGRESS_LINE_STEP = 0.1  # … or per tenth of the batch, whichever comes first
 
 
 def _wait_for_batch(batch_id: int, daemon: str) -> int:
+    with client.reading_answer(daemon):  # every field read below is the daemon's answer
+        return _follow_batch(batch_id, daemon)
+
+
+def _follow_batch(batch_id: int, daemon: str) -> int:
     batch = client.prefetch_status(batch_id, daemon)["batch"]
     if batch["total"] == 0:
         print("nothing to wait for: every shard was cached or in flight already", file=sys.stderr)
@@ -250,7 +278,8 @@ def _wait_for_batch(batch_id: int, daemon: str) -> int:
         batch = _follow_with_lines(batch_id, daemon, batch["total"])
     for failure in batch["failures"]:
         print(
-            f"shardcache: prefetch of {failure['url']} failed: {failure['error']}", file=sys.stderr
+            printable(f"shardcache: prefetch of {failure['url']} failed: {failure['error']}"),
+            file=sys.stderr,
         )
     if batch.get("not_cached"):
         print(
@@ -271,7 +300,7 @@ def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
             bar.n = batch["done"] + batch["failed"]
             waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
             bar.set_postfix_str(
-                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}"
+                printable(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}")
             )
             bar.refresh()
             if batch["is_finished"]:
@@ -295,8 +324,10 @@ def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]
         ):
             waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
             print(
-                f"prefetch: {finished}/{total} shards ({share:.0%}), "
-                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}",
+                printable(
+                    f"prefetch: {finished}/{total} shards ({share:.0%}), "
+                    f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}"
+                ),
                 file=sys.stderr,
                 flush=True,
             )
@@ -371,8 +402,8 @@ def _verify_live(
                 bar.update(tally["checked_bytes"] - bar.n)
         if tally.get("error"):
             raise client.ClientError(f"the daemon's check failed: {tally['error']}")
-    except (client.ClientError, KeyError, TypeError) as exc:
-        reason = exc if isinstance(exc, client.ClientError) else f"unexpected answer ({exc!r})"
+    except (client.ClientError, KeyError, TypeError, ValueError) as exc:
+        reason = exc if isinstance(exc, client.ClientError) else client.not_understood(daemon, exc)
         message = f"cannot verify {directory}: {in_use}; asking it: {reason}"
         print(f"shardcache: error: {message}", file=sys.stderr)
         if args.json:
@@ -390,7 +421,7 @@ def _verify_live(
     )
     for problem in tally["problems"]:
         dropped = "dropped" if problem["dropped"] else "NOT dropped: see the daemon's log"
-        print(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})")
+        print(printable(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})"))
     skipped = tally.get("skipped", 0)
     if skipped:  # not damage, not checked either: say so, and do not call the cache clean
         print(f"{skipped} could not be read now (not damage; the daemon's log says why)")
@@ -474,13 +505,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     except ConfigError as exc:
-        print(f"shardcache: error: {exc}", file=sys.stderr)
+        print(f"shardcache: error: {printable(exc)}", file=sys.stderr)
         return 2
     except ShardcacheError as exc:
-        print(f"shardcache: {exc}", file=sys.stderr)
+        print(f"shardcache: {printable(exc)}", file=sys.stderr)
         return 1
-    except client.ClientError as exc:
-        print(f"shardcache: error: {exc}", file=sys.stderr)
+    except client.ClientError as exc:  # the daemon unreachable, refusing, or not understood
+        print(f"shardcache: error: {printable(exc)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         if not exc.name or exc.name.partition(".")[0] == "shardcache":

@@ -187,9 +187,10 @@ ALLOWED: dict[str, set[str]] = {
     "lanes": set(),
     "tuning": set(),
     "patterns": {"errors"},
-    "client": set(),
+    "client": {"printable"},
+    "printable": set(),
     "webdataset": {"client"},
-    "logs": set(),
+    "logs": {"printable"},
     "sample": set(),
     "notify": set(),
     "daemon": {"*"},
@@ -200,6 +201,7 @@ ALLOWED: dict[str, set[str]] = {
         "daemon",
         "errors",
         "logs",
+        "printable",
         "sample",
         "client",
         "status_text",
@@ -210,7 +212,7 @@ ALLOWED: dict[str, set[str]] = {
     # check through the daemon's own origin construction.
     "commands": set(),
     "commands.arguments": set(),
-    "commands.cached": {"client", "units"},
+    "commands.cached": {"client", "printable", "units"},
     "commands.check": {
         "config",
         "daemon",
@@ -218,9 +220,10 @@ ALLOWED: dict[str, set[str]] = {
         "keys",
         "logs",
         "origins.receivers",
+        "printable",
         "units",
     },
-    "status_text": {"units"},
+    "status_text": {"printable", "units"},
     "verify": {"store", "checksums", "errors"},
     "scrub": {"store", "errors", "scrub_check"},
     "scrub_check": {"store", "checksums", "errors", "verify"},
@@ -237,7 +240,7 @@ VENDORS = {
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs", "serving.status_page"}
 # Run in dataloader workers, and all the loader-only install (`pip install shardcache`, no
 # extra) can run: stdlib and each other only.
-LOADER_SIDE = {"client", "webdataset", "sample"}
+LOADER_SIDE = {"client", "printable", "webdataset", "sample"}
 # What the `shardcache` command imports before it knows the subcommand: the loader-only install
 # runs `url`, `prefetch` and `stats` with it, so its module-level closure is stdlib only too.
 LIGHT_ENTRY_POINTS = {"__init__", "__main__", "cli", *LOADER_SIDE}
