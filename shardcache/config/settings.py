@@ -98,9 +98,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"--config: {path} is not a regular file")
         with os.fdopen(fd, "rb") as stream:
-            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                raise ConfigError(f"--config: {path} is not a regular file")
             data = stream.read(CONFIG_FILE_MAX_BYTES + 1)  # st_size lies for /proc files
     except OSError as exc:
         raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
