@@ -1,14 +1,17 @@
 """The command line: `serve`, `demo`, `url`, `prefetch`, `stats` and `verify` here; `ls`,
-`purge` and `check` in `commands/` (this module builds the parser and dispatches).
+`purge`, `check` and following a prefetch batch in `commands/` (this module builds the parser
+and dispatches).
 
 A bad setting or a mistyped option prints one line naming it on stderr and exits 2 (with the
-option it was probably meant to be: `commands.arguments`); never a traceback.
+option it was probably meant to be: `commands.arguments`); never a traceback. So does a daemon
+that cannot be reached or answers what this client does not understand (`client.ClientError`),
+and what a daemon or an origin says is printed with its control characters escaped
+(`printable`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -18,11 +21,10 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
-from shardcache.commands import arguments, cached, check
+from shardcache.commands import arguments, batch_progress, cached, check
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.printable import printable
 from shardcache.status_text import format_status
@@ -228,7 +230,7 @@ def _prefetch(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     try:
-        return _wait_for_batch(batch, daemon)
+        return batch_progress.wait_for_batch(batch, daemon)
     except KeyboardInterrupt:
         # Waiting was the point: what is still queued of this batch goes too.
         dropped = printable(client.cancel_prefetch(batch, daemon).get("dropped", "?"))
@@ -255,86 +257,6 @@ def _stats(args: argparse.Namespace) -> int:
         if not args.watch:
             return 0
         time.sleep(args.watch)
-
-
-PROGRESS_LINE_EVERY_S = 60.0  # without a terminal: a line a minute …
-PROGRESS_LINE_STEP = 0.1  # … or per tenth of the batch, whichever comes first
-
-
-def _wait_for_batch(batch_id: int, daemon: str) -> int:
-    with client.reading_answer(daemon):  # every field read below is the daemon's answer
-        return _follow_batch(batch_id, daemon)
-
-
-def _follow_batch(batch_id: int, daemon: str) -> int:
-    batch = client.prefetch_status(batch_id, daemon)["batch"]
-    if batch["total"] == 0:
-        print("nothing to wait for: every shard was cached or in flight already", file=sys.stderr)
-        return 0
-    # No bar without tqdm (the loader-only install has none): the lines a log file gets.
-    if sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
-        batch = _follow_with_bar(batch_id, daemon, batch["total"])
-    else:
-        batch = _follow_with_lines(batch_id, daemon, batch["total"])
-    for failure in batch["failures"]:
-        print(
-            printable(f"shardcache: prefetch of {failure['url']} failed: {failure['error']}"),
-            file=sys.stderr,
-        )
-    if batch.get("not_cached"):
-        print(
-            f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
-            "the cache, its room held by pinned look-ahead, or full of shards still in use: "
-            "see docs/sizing.md); see the daemon's log",
-            file=sys.stderr,
-        )
-    return 1 if batch["failed"] or batch.get("not_cached") else 0
-
-
-def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="shard", dynamic_ncols=True) as bar:
-        while True:
-            batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
-            bar.n = batch["done"] + batch["failed"]
-            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
-            bar.set_postfix_str(
-                printable(f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}")
-            )
-            bar.refresh()
-            if batch["is_finished"]:
-                return batch
-            time.sleep(0.2)
-
-
-def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
-    """Progress for a log file or a pipe: a line per tenth of the batch or per minute, not a
-    bar redrawn five times a second."""
-    last_line_at, last_share = time.monotonic(), 0.0
-    while True:
-        batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
-        finished = batch["done"] + batch["failed"]
-        share = finished / total
-        now = time.monotonic()
-        if (
-            batch["is_finished"]
-            or share - last_share >= PROGRESS_LINE_STEP
-            or now - last_line_at >= PROGRESS_LINE_EVERY_S
-        ):
-            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
-            print(
-                printable(
-                    f"prefetch: {finished}/{total} shards ({share:.0%}), "
-                    f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}"
-                ),
-                file=sys.stderr,
-                flush=True,
-            )
-            last_line_at, last_share = now, share
-        if batch["is_finished"]:
-            return batch
-        time.sleep(0.2)
 
 
 def _verify(args: argparse.Namespace) -> int:

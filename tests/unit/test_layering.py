@@ -213,6 +213,7 @@ ALLOWED: dict[str, set[str]] = {
     "commands": set(),
     "commands.arguments": set(),
     "commands.cached": {"client", "printable", "units"},
+    "commands.batch_progress": {"client", "printable", "units"},
     "commands.check": {
         "config",
         "daemon",
