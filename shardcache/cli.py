@@ -1,15 +1,19 @@
 """The command line: `serve`, `demo`, `url`, `prefetch`, `stats` and `verify` here; `ls`,
-`purge` and `check` in `commands/` (this module builds the parser and dispatches).
+`purge`, `check` and following a prefetch batch in `commands/` (this module builds the parser
+and dispatches).
 
 A bad setting or a mistyped option prints one line naming it on stderr and exits 2 (with the
-option it was probably meant to be: `commands.arguments`); never a traceback.
+option it was probably meant to be: `commands.arguments`); never a traceback. So does a daemon
+that cannot be reached or answers what this client does not understand (`client.ClientError`),
+and what a daemon or an origin says is printed with its control characters escaped
+(`printable`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import math
 import os
 import signal
 import sys
@@ -17,12 +21,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
-from shardcache.commands import arguments, cached, check
+from shardcache.commands import arguments, batch_progress, cached, check
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.printable import printable
 from shardcache.status_text import format_status
 from shardcache.units import format_size
 
@@ -69,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--watch",
         nargs="?",
-        type=float,
+        type=_interval,
         const=2.0,
         metavar="SECONDS",
         help="refresh every SECONDS (default 2) until interrupted",
@@ -135,6 +139,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+WATCH_MAX_S = 86400.0  # a day between refreshes is the longest that means anything
+
+
+def _interval(text: str) -> float:
+    """`--watch SECONDS`: a finite number of seconds above 0 and at most a day (argparse makes
+    a ValueError from here one line and exit 2)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= WATCH_MAX_S:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"expected seconds above 0 and at most {WATCH_MAX_S:g}, not {printable(text[:40])!r}"
+        )
+    return seconds
+
+
 def _add_daemon_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--daemon",
@@ -186,7 +207,7 @@ def _url(args: argparse.Namespace) -> int:
     known, listen = _configured(args)
     daemon = client.daemon_url(args.daemon, listen)
     for url in args.urls:
-        local = client.map_url(url, known, daemon)
+        local = printable(client.map_url(url, known, daemon))  # origin names: from the daemon
         header = f"-H @{args.curl_header} " if args.curl_header else ""
         print(f"pipe:curl -s -f {header}{local}" if args.pipe else local)
     return 0
@@ -197,19 +218,22 @@ def _prefetch(args: argparse.Namespace) -> int:
     daemon = client.daemon_url(args.daemon, listen)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon, warm=not args.lookahead)
-    print(
-        f"queued {answer['queued']}, already cached {answer['cached']}, "
-        f"already in flight {answer['in_flight']}",
-        file=sys.stderr,
-    )
+    with client.reading_answer(daemon):
+        print(
+            printable(
+                f"queued {answer['queued']}, already cached {answer['cached']}, "
+                f"already in flight {answer['in_flight']}"
+            ),
+            file=sys.stderr,
+        )
+        batch = int(answer["batch"])
     if not args.wait:
         return 0
-    batch = int(answer["batch"])
     try:
-        return _wait_for_batch(batch, daemon)
+        return batch_progress.wait_for_batch(batch, daemon)
     except KeyboardInterrupt:
         # Waiting was the point: what is still queued of this batch goes too.
-        dropped = client.cancel_prefetch(batch, daemon)["dropped"]
+        dropped = printable(client.cancel_prefetch(batch, daemon).get("dropped", "?"))
         print(f"interrupted: dropped {dropped} queued shards of batch {batch}", file=sys.stderr)
         return 130
 
@@ -225,85 +249,14 @@ def _stats(args: argparse.Namespace) -> int:
     daemon = _daemon(args)
     while True:
         document = client.status(daemon)
-        text = json.dumps(document, indent=2) if args.json else format_status(document)
+        with client.reading_answer(daemon):
+            text = json.dumps(document, indent=2) if args.json else format_status(document)
         if args.watch:
             print("\033[2J\033[H", end="")  # clear the terminal between refreshes
         print(text, flush=True)
         if not args.watch:
             return 0
         time.sleep(args.watch)
-
-
-PROGRESS_LINE_EVERY_S = 60.0  # without a terminal: a line a minute …
-PROGRESS_LINE_STEP = 0.1  # … or per tenth of the batch, whichever comes first
-
-
-def _wait_for_batch(batch_id: int, daemon: str) -> int:
-    batch = client.prefetch_status(batch_id, daemon)["batch"]
-    if batch["total"] == 0:
-        print("nothing to wait for: every shard was cached or in flight already", file=sys.stderr)
-        return 0
-    # No bar without tqdm (the loader-only install has none): the lines a log file gets.
-    if sys.stderr.isatty() and importlib.util.find_spec("tqdm") is not None:
-        batch = _follow_with_bar(batch_id, daemon, batch["total"])
-    else:
-        batch = _follow_with_lines(batch_id, daemon, batch["total"])
-    for failure in batch["failures"]:
-        print(
-            f"shardcache: prefetch of {failure['url']} failed: {failure['error']}", file=sys.stderr
-        )
-    if batch.get("not_cached"):
-        print(
-            f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
-            "the cache, its room held by pinned look-ahead, or full of shards still in use: "
-            "see docs/sizing.md); see the daemon's log",
-            file=sys.stderr,
-        )
-    return 1 if batch["failed"] or batch.get("not_cached") else 0
-
-
-def _follow_with_bar(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="shard", dynamic_ncols=True) as bar:
-        while True:
-            batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
-            bar.n = batch["done"] + batch["failed"]
-            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
-            bar.set_postfix_str(
-                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}"
-            )
-            bar.refresh()
-            if batch["is_finished"]:
-                return batch
-            time.sleep(0.2)
-
-
-def _follow_with_lines(batch_id: int, daemon: str, total: int) -> dict[str, Any]:
-    """Progress for a log file or a pipe: a line per tenth of the batch or per minute, not a
-    bar redrawn five times a second."""
-    last_line_at, last_share = time.monotonic(), 0.0
-    while True:
-        batch: dict[str, Any] = client.prefetch_status(batch_id, daemon)["batch"]
-        finished = batch["done"] + batch["failed"]
-        share = finished / total
-        now = time.monotonic()
-        if (
-            batch["is_finished"]
-            or share - last_share >= PROGRESS_LINE_STEP
-            or now - last_line_at >= PROGRESS_LINE_EVERY_S
-        ):
-            waiting = f"; waiting for {batch['waiting_for']}" if batch.get("waiting_for") else ""
-            print(
-                f"prefetch: {finished}/{total} shards ({share:.0%}), "
-                f"{format_size(batch['bytes_done'])}, {batch['failed']} failed{waiting}",
-                file=sys.stderr,
-                flush=True,
-            )
-            last_line_at, last_share = now, share
-        if batch["is_finished"]:
-            return batch
-        time.sleep(0.2)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -371,8 +324,8 @@ def _verify_live(
                 bar.update(tally["checked_bytes"] - bar.n)
         if tally.get("error"):
             raise client.ClientError(f"the daemon's check failed: {tally['error']}")
-    except (client.ClientError, KeyError, TypeError) as exc:
-        reason = exc if isinstance(exc, client.ClientError) else f"unexpected answer ({exc!r})"
+    except (client.ClientError, KeyError, TypeError, ValueError) as exc:
+        reason = exc if isinstance(exc, client.ClientError) else client.not_understood(daemon, exc)
         message = f"cannot verify {directory}: {in_use}; asking it: {reason}"
         print(f"shardcache: error: {message}", file=sys.stderr)
         if args.json:
@@ -390,7 +343,7 @@ def _verify_live(
     )
     for problem in tally["problems"]:
         dropped = "dropped" if problem["dropped"] else "NOT dropped: see the daemon's log"
-        print(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})")
+        print(printable(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})"))
     skipped = tally.get("skipped", 0)
     if skipped:  # not damage, not checked either: say so, and do not call the cache clean
         print(f"{skipped} could not be read now (not damage; the daemon's log says why)")
@@ -474,13 +427,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     except ConfigError as exc:
-        print(f"shardcache: error: {exc}", file=sys.stderr)
+        print(f"shardcache: error: {printable(exc)}", file=sys.stderr)
         return 2
     except ShardcacheError as exc:
-        print(f"shardcache: {exc}", file=sys.stderr)
+        print(f"shardcache: {printable(exc)}", file=sys.stderr)
         return 1
-    except client.ClientError as exc:
-        print(f"shardcache: error: {exc}", file=sys.stderr)
+    except client.ClientError as exc:  # the daemon unreachable, refusing, or not understood
+        print(f"shardcache: error: {printable(exc)}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         if not exc.name or exc.name.partition(".")[0] == "shardcache":

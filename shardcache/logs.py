@@ -20,6 +20,11 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web import BaseRequest, StreamResponse
 
+from shardcache.printable import CONTROL as _CONTROL
+from shardcache.printable import CONTROL_BUT_NEWLINE as _CONTROL_BUT_NEWLINE
+from shardcache.printable import escape_controls as escape_controls  # re-exported
+from shardcache.printable import escaped as _escaped
+
 _SECRETS = re.compile(
     r"(?P<pre>://[^/@\s:]+:)[^/@\s]+(?=@)"  # user:PASSWORD@host
     r"|(?P<query>[?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|token|sig)=)"
@@ -105,26 +110,6 @@ class UnparseableRequests(logging.Filter):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.exc_info, record.exc_text = None, None
         return True
-
-
-# C0, DEL and C1 (NEL, U+0085, ends a line for some readers), the Unicode line and paragraph
-# separators, the bidirectional overrides that reorder what a terminal shows (CVE-2021-42574),
-# and lone surrogates (undecodable bytes, which a UTF-8 stream cannot even write).
-_OTHER_CONTROLS = "\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
-_CONTROL = re.compile(f"[\x00-\x1f{_OTHER_CONTROLS}]")
-_CONTROL_BUT_NEWLINE = re.compile(f"[\x00-\x09\x0b-\x1f{_OTHER_CONTROLS}]")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def escape_controls(text: str) -> str:
-    """`text` with control characters written as \\xNN or \\uNNNN: a path like
-    `/a%0d%0aFAKE LINE` decodes to a CR LF, which must not forge a line in the log, nor may an
-    ESC sequence or a U+2028 rewrite what a terminal or a log viewer shows."""
-    return _CONTROL.sub(_escaped, text)
 
 
 def escape_traceback(text: str, exc: BaseException | None) -> str:

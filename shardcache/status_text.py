@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shardcache.printable import printable
 from shardcache.units import format_size
 
 
@@ -43,7 +44,9 @@ def _receivers_line(receivers: dict[str, Any] | None) -> str:
 
 
 def format_status(document: dict[str, Any]) -> str:
-    """Render `/_/status` as a short table for people."""
+    """Render `/_/status` as a short table for people, control characters escaped.
+
+    Raises KeyError, TypeError or ValueError for a document not shaped as `/_/status` is."""
 
     def percent(value: float | None) -> str:
         return "-" if value is None else f"{value * 100:.1f}%"
@@ -90,7 +93,9 @@ def format_status(document: dict[str, Any]) -> str:
             lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
         for unusable in origin.get("unusable_checksums", []):
             lines.append(f"  checksum set aside: {_fields(unusable)}")
-    return "\n".join(lines)
+    # Names, URLs and errors are the daemon's (an upstream's last error quotes an origin):
+    # each line escaped on its own, so a newline or an ESC inside one shows as \x0a, \x1b.
+    return "\n".join(printable(line) for line in lines)
 
 
 def _origin_read_line(document: dict[str, Any]) -> str:

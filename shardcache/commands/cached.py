@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from shardcache import client
+from shardcache.printable import printable
 from shardcache.units import format_size
 
 PAGE = 1000  # entries asked per request (the daemon's most)
@@ -76,6 +77,11 @@ def _count(text: str) -> int:
 
 
 def run_ls(args: argparse.Namespace, daemon: str) -> int:
+    with client.reading_answer(daemon):  # entries are the daemon's answers, read as they come
+        return _ls(args, daemon)
+
+
+def _ls(args: argparse.Namespace, daemon: str) -> int:
     origins = [args.origin_name] if args.origin_name else sorted(client.origins(daemon))
     shown, total, now = 0, 0, time.time()
     for origin in origins:
@@ -90,12 +96,17 @@ def run_ls(args: argparse.Namespace, daemon: str) -> int:
                 )
                 return 0
             _show(origin, entry, args.json, now)
-            shown, total = shown + 1, total + entry["size_bytes"]
+            shown, total = shown + 1, total + int(entry["size_bytes"])
     print(f"{shown} entries, {format_size(total)}", file=sys.stderr)
     return 0
 
 
 def run_purge(args: argparse.Namespace, daemon: str) -> int:
+    with client.reading_answer(daemon):  # the pages are the daemon's answers
+        return _purge(args, daemon)
+
+
+def _purge(args: argparse.Namespace, daemon: str) -> int:
     origin, pattern = args.origin_name, args.pattern
     if args.dry_run:
         count, total, now = 0, 0, time.time()
@@ -103,7 +114,7 @@ def run_purge(args: argparse.Namespace, daemon: str) -> int:
             if count == 0:
                 print(_HEADER)
             _show(origin, entry, False, now)
-            count, total = count + 1, total + entry["size_bytes"]
+            count, total = count + 1, total + int(entry["size_bytes"])
         print(
             f"would purge {_entries_count(count)} ({format_size(total)}) of origin {origin} "
             f"matching {pattern!r}; nothing purged (--dry-run)",
@@ -113,10 +124,10 @@ def run_purge(args: argparse.Namespace, daemon: str) -> int:
     count, total, after = 0, 0, ""
     while True:
         answer = client.purge_cached(origin, pattern, after, daemon)
-        count, total = count + len(answer["deleted"]), total + answer["deleted_bytes"]
+        count, total = count + len(answer["deleted"]), total + int(answer["deleted_bytes"])
         if not answer["next"]:
             break
-        after = answer["next"]
+        after = _advanced(answer["next"], after, daemon)
     print(
         f"purged {_entries_count(count)} ({format_size(total)}) of origin {origin} "
         f"matching {pattern!r}"
@@ -132,7 +143,17 @@ def _entries(origin: str, pattern: str, daemon: str) -> Iterator[dict[str, Any]]
         yield from page["entries"]
         if not page["next"]:
             return
-        after = page["next"]
+        after = _advanced(page["next"], after, daemon)
+
+
+def _advanced(cursor: object, after: str, daemon: str) -> str:
+    """The `next` cursor of a page, which must come after the one asked with: the daemon
+    pages in key order, and a cursor that does not advance would page forever."""
+    if not isinstance(cursor, str) or cursor <= after:
+        raise client.not_understood(
+            daemon, f"a `next` cursor that does not advance ({cursor!r} after {after!r})"
+        )
+    return cursor
 
 
 _HEADER = f"{'SIZE':>10}  {'AGE':>6}  {'READ':>8}  {'VERIFIED AGAINST':<28}  {'PINNED':<15}  KEY"
@@ -142,12 +163,12 @@ def _show(origin: str, entry: dict[str, Any], as_json: bool, now: float) -> None
     if as_json:
         print(json.dumps({"origin": origin, **entry}))
         return
-    verified = ", ".join(entry["verified_by"]) or "-"
-    pinned = ", ".join(entry["pinned_by"]) or "-"
+    verified = printable(", ".join(entry["verified_by"]) or "-")
+    pinned = printable(", ".join(entry["pinned_by"]) or "-")
     print(
         f"{format_size(entry['size_bytes']):>10}  {_ago(entry['age_s']):>6}  "
         f"{_ago(now - entry['read_at']) + ' ago':>8}  {verified:<28}  {pinned:<15}  "
-        f"{origin}/{entry['key']}"
+        f"{printable(origin)}/{printable(entry['key'])}"
     )
 
 

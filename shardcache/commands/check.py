@@ -32,6 +32,7 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.keys import validate_key
+from shardcache.printable import printable
 from shardcache.units import format_size
 
 PROBE_KEY = ".shardcache-check/no-such-key"
@@ -89,11 +90,12 @@ def run_check(args: argparse.Namespace) -> int:
         verdicts = asyncio.run(_check_all(settings, keys))
     finally:
         pool.close()
-    for verdict in verdicts:
+    for verdict in verdicts:  # problems quote origins' answers (status texts, messages)
         for problem in verdict.problems:
-            print(redact(f"{verdict.origin}: {problem}"), file=sys.stderr)
+            print(printable(redact(f"{verdict.origin}: {problem}")), file=sys.stderr)
         if not verdict.problems:
-            print(redact(f"{verdict.origin}: OK ({verdict.url}: {'; '.join(verdict.found)})"))
+            found = "; ".join(verdict.found)
+            print(printable(redact(f"{verdict.origin}: OK ({verdict.url}: {found})")))
     return 1 if any(v.problems for v in verdicts) else 0
 
 

@@ -9,7 +9,9 @@ This package is the only one that reads `os.environ` for the daemon.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,15 +81,40 @@ class Settings:
         return f"{host}:{self.listen_port}"
 
 
+CONFIG_FILE_MAX_BYTES = 1 << 20  # a settings file is a few KiB; /dev/zero is not one
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Return the parsed TOML at `path`; raise ConfigError with the file and problem."""
+    """Return the parsed TOML at `path`; raise ConfigError with the file and problem.
+
+    Only a regular file of at most CONFIG_FILE_MAX_BYTES, UTF-8, is read: a FIFO would hang
+    the command, a device or a huge file take all memory, and TOML nested thousands deep
+    exhausts the parser's recursion."""
     try:
-        with path.open("rb") as stream:
-            return tomllib.load(stream)
+        # O_NONBLOCK: opening a FIFO for reading waits for a writer; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ConfigError(f"--config: {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(f"--config: {path} is not a regular file")
+        with os.fdopen(fd, "rb") as stream:
+            data = stream.read(CONFIG_FILE_MAX_BYTES + 1)  # st_size lies for /proc files
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > CONFIG_FILE_MAX_BYTES:
+        raise ConfigError(f"--config: {path} is larger than 1 MiB: not a settings file")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"--config: {path} is not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"--config: cannot read {path}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"--config: cannot read {path}: nested too deep") from None
 
 
 def load_settings(

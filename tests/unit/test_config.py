@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from shardcache.config import load_settings
+from shardcache.config import load_settings, read_config_file
+from shardcache.config.settings import CONFIG_FILE_MAX_BYTES
 from shardcache.errors import ConfigError
 
 
@@ -85,6 +88,31 @@ def test_file_errors(tmp_path: Path) -> None:
     config.write_text("not toml [")
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings({"config": str(config)}, {})
+
+
+def test_a_config_file_that_is_no_settings_file_is_refused_by_name(tmp_path: Path) -> None:
+    """A FIFO (would hang), a device (/dev/zero: would fill memory), a directory, a file over
+    1 MiB, bytes that are not UTF-8, TOML nested 100,000 deep (the parser's recursion)."""
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    (tmp_path / "binary.toml").write_bytes(b"listen = '\xff'\n")
+    (tmp_path / "deep.toml").write_text("a = " + "[" * 100_000)
+    (tmp_path / "large.toml").write_text("# padding\n" * 120_000)
+    (tmp_path / "exactly.toml").write_bytes(b"#" * (CONFIG_FILE_MAX_BYTES - 1) + b"\n")
+    cases = {
+        str(fifo): "is not a regular file",
+        "/dev/zero": "is not a regular file",
+        str(tmp_path): "is not a regular file",
+        str(tmp_path / "binary.toml"): r"is not UTF-8 text \(byte 10\)",
+        str(tmp_path / "deep.toml"): "nested too deep",
+        str(tmp_path / "large.toml"): "is larger than 1 MiB",
+    }
+    for path, problem in cases.items():
+        with pytest.raises(
+            ConfigError, match=f"^--config: (cannot read )?{re.escape(path)}.*{problem}"
+        ):
+            read_config_file(Path(path))
+    assert read_config_file(tmp_path / "exactly.toml") == {}  # 1 MiB is still read
 
 
 def test_follow_redirects_is_a_per_origin_toml_setting(tmp_path: Path) -> None:

@@ -225,9 +225,10 @@ ALLOWED: dict[str, set[str]] = {
     "lanes": set(),
     "tuning": set(),
     "patterns": {"errors"},
-    "client": set(),
+    "client": {"printable"},
+    "printable": set(),
     "webdataset": {"client"},
-    "logs": set(),
+    "logs": {"printable"},
     "sample": set(),
     "notify": set(),
     "daemon": {"*"},
@@ -238,6 +239,7 @@ ALLOWED: dict[str, set[str]] = {
         "daemon",
         "errors",
         "logs",
+        "printable",
         "sample",
         "client",
         "status_text",
@@ -248,7 +250,8 @@ ALLOWED: dict[str, set[str]] = {
     # check through the daemon's own origin construction.
     "commands": set(),
     "commands.arguments": set(),
-    "commands.cached": {"client", "units"},
+    "commands.cached": {"client", "printable", "units"},
+    "commands.batch_progress": {"client", "printable", "units"},
     "commands.check": {
         "config",
         "daemon",
@@ -256,9 +259,10 @@ ALLOWED: dict[str, set[str]] = {
         "keys",
         "logs",
         "origins.receivers",
+        "printable",
         "units",
     },
-    "status_text": {"units"},
+    "status_text": {"printable", "units"},
     "verify": {"cache.directory", "cache.entry", "cache.store", "checksums", "errors"},
     "scrub": {"cache.entry", "cache.store", "errors", "scrub_check"},
     "scrub_check": {"cache.entry", "cache.store", "checksums", "errors", "verify"},
@@ -275,7 +279,7 @@ VENDORS = {
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs", "serving.status_page"}
 # Run in dataloader workers, and all the loader-only install (`pip install shardcache`, no
 # extra) can run: stdlib and each other only.
-LOADER_SIDE = {"client", "webdataset", "sample"}
+LOADER_SIDE = {"client", "printable", "webdataset", "sample"}
 # What the `shardcache` command imports before it knows the subcommand: the loader-only install
 # runs `url`, `prefetch` and `stats` with it, so its module-level closure is stdlib only too.
 LIGHT_ENTRY_POINTS = {"__init__", "__main__", "cli", *LOADER_SIDE}

@@ -153,3 +153,14 @@ def test_recent_failures_are_kept_bounded_newest_last_with_long_texts_cut() -> N
     assert recent[-1]["kind"] == "timeout"
     assert recent[-1]["message"] == "k" * RECENT_MESSAGE_CHARS + "…"
     failures.close()
+
+
+def test_printable_escapes_what_a_terminal_would_act_on() -> None:
+    """The CLI's one helper for text from daemons and origins: the log's rule, on one line."""
+    from shardcache.printable import printable
+
+    assert printable("a\x1b]0;t\x07\x1b[2J\r\nb\u202e\x85c") == (
+        "a\\x1b]0;t\\x07\\x1b[2J\\x0d\\x0ab\\u202e\\x85c"
+    )
+    assert printable(42) == "42"
+    assert printable(printable("\x1b")) == printable("\x1b")  # escaping twice changes nothing
