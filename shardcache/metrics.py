@@ -9,7 +9,7 @@ cache and prefetch state gauges are read at scrape time through callbacks.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +18,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
-from shardcache.breaker import BreakerState, Health
 from shardcache.checksums import ALGORITHMS
 from shardcache.receiver_metrics import ReceiverCollector
 from shardcache.scrub_metrics import ScrubCollector, ScrubGauges
 from shardcache.stall import StallClock
 from shardcache.status import Snapshot
+from shardcache.upstream_metrics import LoneHomes, UpstreamCollector, UpstreamRows
 
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
@@ -198,44 +198,6 @@ class _StateCollector(Collector):
             "1 when the cached entries stopped serving hits (the workload moved on)",
             value=state.resident_set_stale,
         )
-
-
-UpstreamRows = Callable[[], Iterable[tuple[str, str, Health]]]  # (origin, role, health)
-LoneHomes = Callable[[], Mapping[str, str]]  # origin → its one URL (no mirror, no tier)
-
-
-class _UpstreamCollector:
-    """Each upstream's breaker, read at scrape time (`origins.upstreams`), and the home of
-    each origin with one URL: the dashboard's upstream panel then shows every origin, not
-    only those with a tier or mirrors."""
-
-    def __init__(self, read: UpstreamRows, lone_homes: LoneHomes) -> None:
-        self._read = read
-        self._lone_homes = lone_homes
-
-    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
-        labels = ["origin", "upstream", "role"]
-        up = GaugeMetricFamily(
-            "shardcache_upstream_up",
-            "1 while an upstream (tier member, mirror, home) answers, 0 from its failure until "
-            "a probe succeeds (skipped while its circuit breaker is open)",
-            labels=labels,
-        )
-        failures = CounterMetricFamily(
-            "shardcache_upstream_failures",
-            "Requests to an upstream that failed over to the next one (connect, 5xx, stall)",
-            labels=labels,
-        )
-        for origin, role, health in self._read():
-            row = [origin, health.upstream, role]
-            up.add_metric(row, 1 if health.state is BreakerState.CLOSED else 0)
-            failures.add_metric(row, health.failures_total)
-        for origin, url in self._lone_homes().items():
-            # No breaker: with nothing to fail over to it is never skipped, so always up.
-            up.add_metric([origin, url, "home"], 1)
-            failures.add_metric([origin, url, "home"], 0)
-        yield up
-        yield failures
 
 
 class Metrics:
@@ -453,7 +415,7 @@ class Metrics:
         self.registry.register(ReceiverCollector(read))
 
     def watch_upstreams(self, read: UpstreamRows, lone_homes: LoneHomes) -> None:
-        self.registry.register(_UpstreamCollector(read, lone_homes))
+        self.registry.register(UpstreamCollector(read, lone_homes))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -161,15 +161,17 @@ ALLOWED: dict[str, set[str]] = {
     "body": {"cache.fill", "checksums", "errors", "origins.base"},
     "metrics": {
         "__init__",
-        "breaker",
         "checksums",
         "receiver_metrics",
         "scrub_metrics",
         "stall",
         "status",
+        "upstream_metrics",
     },
     "scrub_metrics": set(),
     "receiver_metrics": set(),
+    # Each origin's upstreams, read at scrape time from their breakers.
+    "upstream_metrics": {"breaker"},
     "stall": set(),
     "status": set(),
     "middleware": {
@@ -273,7 +275,13 @@ VENDORS = {
     "boto3": {"origins.s3"},
     "botocore": {"origins.s3"},
     "diskcache": {"cache.index"},
-    "prometheus_client": {"metrics", "receiver_metrics", "scrub_metrics", "daemon"},
+    "prometheus_client": {
+        "metrics",
+        "receiver_metrics",
+        "scrub_metrics",
+        "upstream_metrics",
+        "daemon",
+    },
     "uvloop": {"daemon"},
 }
 AIOHTTP_WEB = {"server", "middleware", "admin", "daemon", "logs", "serving.status_page"}
