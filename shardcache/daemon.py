@@ -46,7 +46,7 @@ from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.origins.upstreams import FailoverOrigin, redact_url
 from shardcache.plans import PlanBook
-from shardcache.prefetch import PrefetchQueue
+from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.scrub import Scrubber
 from shardcache.scrub_metrics import ScrubGauges
 from shardcache.segments import FIRST_SEGMENT_BYTES, RetryPolicy

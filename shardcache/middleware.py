@@ -41,7 +41,7 @@ from shardcache.errors import (
 from shardcache.keys import ERROR_KIND_HEADER
 from shardcache.logs import FailureLog, redact
 from shardcache.metrics import Metrics
-from shardcache.prefetch import PrefetchQueue
+from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.server_state import ServerState
 
 log = logging.getLogger("shardcache.server")

@@ -80,7 +80,7 @@ from shardcache.middleware import (
     json_error,
     track_connection,
 )
-from shardcache.prefetch import PrefetchQueue
+from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.ranges import ByteRange, parse_range
 from shardcache.server_state import ServerState
 from shardcache.serving.status_page import status_page

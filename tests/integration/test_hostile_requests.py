@@ -65,7 +65,7 @@ def test_brace_bombs_are_refused_at_once(daemon: Daemon, pattern: str) -> None:
 
 def test_the_prefetch_queue_is_bounded(daemon: Daemon) -> None:
     from shardcache.patterns import MAX_EXPANSION
-    from shardcache.prefetch import MAX_PENDING
+    from shardcache.prefetch.queue import MAX_PENDING
 
     body = json.dumps({"origin": "web", "keys": [f"nope/{{1..{MAX_EXPANSION}}}.tar"]}).encode()
     answers = [_request(daemon, "POST", "/_/prefetch", body) for _ in range(3)]

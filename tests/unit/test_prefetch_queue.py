@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import prefetch
 from shardcache.admission import ScanResistantAdmission
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
 from shardcache.observer import NullObserver
 from shardcache.plans import PlanBook
-from shardcache.prefetch import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
+from shardcache.prefetch import queue as prefetch
+from shardcache.prefetch.queue import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin, Pace
 

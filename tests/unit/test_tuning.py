@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from shardcache.tuning import HOLD_WINDOWS, ConcurrencyTuner
+from shardcache.prefetch.tuning import HOLD_WINDOWS, ConcurrencyTuner
 
 MB = 1_000_000
 

@@ -44,10 +44,19 @@ from shardcache.errors import (
     ShuttingDown,
 )
 from shardcache.keys import validate_key
-from shardcache.lanes import NO_BATCH, Batch, Entry, Item, Lane, Start, entry_batch, entry_key
 from shardcache.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION, count, expand, next_keys
-from shardcache.tuning import ConcurrencyTuner
+from shardcache.prefetch.lanes import (
+    NO_BATCH,
+    Batch,
+    Entry,
+    Item,
+    Lane,
+    Start,
+    entry_batch,
+    entry_key,
+)
+from shardcache.prefetch.tuning import ConcurrencyTuner
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
