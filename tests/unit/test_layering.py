@@ -189,7 +189,17 @@ ALLOWED: dict[str, set[str]] = {
     "serving": set(),
     "serving.status_page": {"serving.status_page_html"},
     "serving.status_page_html": set(),
-    "admin": {"catalog", "errors", "middleware", "plans", "prefetch.queue", "scrub"},
+    # The (origin, key) targets a prefetch or plans body names: request parsing, pure.
+    "serving.targets": {"errors", "keys", "patterns"},
+    "admin": {
+        "catalog",
+        "errors",
+        "middleware",
+        "plans",
+        "prefetch.queue",
+        "scrub",
+        "serving.targets",
+    },
     # What the cache holds, by origin and glob (the index's key order): below the routes.
     "catalog": {"errors", "origins.base", "cache.store"},
     "server": {
@@ -219,7 +229,6 @@ ALLOWED: dict[str, set[str]] = {
         "cache.shard_cache",
         "cache.fill",
         "errors",
-        "keys",
         "logs",
         "patterns",
         "prefetch.lanes",

@@ -7,7 +7,7 @@ import pytest
 from shardcache.client import ClientError, local_path, map_url
 from shardcache.errors import BadRequest, InvalidKey
 from shardcache.patterns import expand, next_keys
-from shardcache.prefetch.queue import parse_targets
+from shardcache.serving.targets import parse_targets
 
 
 @pytest.mark.parametrize(
