@@ -2,13 +2,16 @@
 
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
-- `queue`: `PrefetchQueue`, the order (earliest deadline first, across every loader), the
-  dispatchers, read-ahead, warming, and the counts and batches `/_/prefetch` shows.
+- `queue`: `PrefetchQueue`, the facade: the order (earliest deadline first, across every
+  loader), the dispatchers, read-ahead, warming, the batches and the counts `/_/prefetch` shows.
+- `budget`: `LookaheadBudget`, the prefetched-but-unread bytes allowed ahead of the loaders:
+  admission in the queue's order, the bytes held until a fill pins its shard, the wait's reason.
+- `slots`: `Slots`, how many prefetches run at once in each lane, fixed or tuned every window
+  on the bytes the followed fills received; `tuning`: `ConcurrencyTuner`, the rule (pure).
 - `lanes`: what the queue holds: batches, items, and the lanes they wait in (GC-light entries).
-- `tuning`: `ConcurrencyTuner`, how many prefetches run at once, found from what the origin
-  delivers (pure).
 
-What this folder must not know: HTTP (the routes and the request bodies are the serving
-side's: the queue takes validated (origin, key) pairs), how an origin is reached or a fill is
-made (it asks `ShardCache` to start, and follows, fills), metrics libraries, the daemon.
+What this folder must not know: HTTP (the routes and their request bodies are the serving
+side's, `serving/targets`: the queue takes validated (origin, key) pairs), how an origin is
+reached or a fill is made (it asks `ShardCache` to start fills and follows them), metrics
+libraries, the daemon. Its clock is handed in.
 """

@@ -6,15 +6,14 @@
   per place from the post's time), so that eight workers each posting their next four are
   served a1, b1, … h1, a2, … as a `DataLoader` reads them, not a1 … a4, b1 … b4.
 - Concurrency: `concurrency` prefetches at once, or, when it is None (`auto`, the default), as
-  many as the origin rewards (`tuning.ConcurrencyTuner`, between 1 and MAX_CONCURRENCY,
-  judged every TUNING_WINDOW_S on the bytes prefetches received). Client misses never wait
-  here: they go straight to `ShardCache.open`, and a client asking for a key being prefetched
-  joins that fill; a queued prefetch whose key is being fetched already (a client came early:
-  the late prefetch jumps the queue) follows that fill without holding a slot.
+  many as the origin rewards (`slots.Slots`, tuned on the bytes prefetches receive). Client
+  misses never wait here: they go straight to `ShardCache.open`, and a client asking for a key
+  being prefetched joins that fill; a queued prefetch whose key is being fetched already (a
+  client came early: the late prefetch jumps the queue) follows that fill without a slot.
 - Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
   within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
-  HEAD answers first (`_admit`). Unread entries are pinned in the store, so later prefetches
-  can never evict them before the loader reads them (no thrash).
+  HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
+  later prefetches can never evict them before the loader reads them (no thrash).
 - Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
   ends the run quietly (the end of the dataset, not a failure).
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
@@ -44,6 +43,7 @@ from shardcache.errors import (
 )
 from shardcache.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION, next_keys
+from shardcache.prefetch.budget import LookaheadBudget
 from shardcache.prefetch.lanes import (
     NO_BATCH,
     Batch,
@@ -54,16 +54,12 @@ from shardcache.prefetch.lanes import (
     entry_batch,
     entry_key,
 )
-from shardcache.prefetch.tuning import ConcurrencyTuner
-from shardcache.units import format_size
+from shardcache.prefetch.slots import Slots
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
-START_CONCURRENCY = 8  # where `auto` starts
-MAX_CONCURRENCY = 32  # `auto`'s ceiling; each prefetch may open --origin-connections more
-TUNING_WINDOW_S = 0.25
 PUSH_BATCH = 4096  # items queued between yields to the event loop
 
 
@@ -95,34 +91,23 @@ class PrefetchQueue:
     ) -> None:
         """`concurrency`: prefetches at once, or None to let the tuner find it (module doc)."""
         self.cache = cache
-        self.tuner = (
-            ConcurrencyTuner(START_CONCURRENCY, MAX_CONCURRENCY) if concurrency is None else None
-        )
-        self.concurrency = concurrency if concurrency is not None else START_CONCURRENCY
-        self.max_unread_bytes = max_unread_bytes
         self.readahead = readahead
         self._clock = clock
         self._lookahead = Lane(is_warming=False)
         self._warming = Lane(is_warming=True)
         self._lanes = (self._lookahead, self._warming)
+        self.budget = LookaheadBudget(cache, max_unread_bytes, self._lookahead)
+        self.slots = Slots(concurrency, self._is_saturated, clock)
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
-        self._admitted_bytes = 0  # look-ahead budget held by items not pinned yet
-        self._largest_sized = 0  # the largest look-ahead shard sized so far: a guess for others
-        self._said_waiting = False  # a wait for the budget is logged once
-        self._budget_waiters = 0  # items waiting for the look-ahead budget now
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
-        self._slot_freed = asyncio.Event()
-        self._following: set[Fill] = set()  # fills prefetches follow: their bytes tune
-        self._followed_bytes = 0  # received by fills no longer followed
         self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
         self._batch_ids = itertools.count(1)
         self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
         self._batches: dict[int, Batch] = {}
         self.is_closed = False  # the daemon is stopping: nothing new is queued or started
-        self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
         self.completed = 0  # every item that ended without an error …
         self.fetched = 0  # … of which the prefetch itself fetched from the origin
         self.failed = 0
@@ -282,13 +267,26 @@ class PrefetchQueue:
         return MAX_PENDING - self._pending_count - self._reserved_pending
 
     @property
+    def max_unread_bytes(self) -> int:
+        return self.budget.max_unread_bytes
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why look-ahead is not moving, while it is not (the budget's wait)."""
+        return self.budget.waiting_for
+
+    def _is_saturated(self) -> bool:
+        """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
+        return self._pending_count > 0 and self.waiting_for is None
+
+    @property
     def in_flight(self) -> int:
         return self._running
 
     @property
     def limit(self) -> int:
         """Prefetches allowed at once now (the tuner's choice, or the fixed setting)."""
-        return self.tuner.limit if self.tuner is not None else self.concurrency
+        return self.slots.limit
 
     def status(self) -> dict[str, object]:
         return {
@@ -302,7 +300,7 @@ class PrefetchQueue:
             "unread_bytes": self.cache.unread_bytes,
             "max_unread_bytes": self.max_unread_bytes,
             "concurrency": self.limit,
-            "concurrency_mode": "auto" if self.tuner is not None else "fixed",
+            "concurrency_mode": "auto" if self.slots.tuner is not None else "fixed",
             "readahead": self.readahead,
             "recent_failures": list(self.recent_failures),
         }
@@ -326,8 +324,8 @@ class PrefetchQueue:
             asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
             for lane, name in zip(self._lanes, ("look-ahead", "warming"), strict=True)
         ]
-        if self.tuner is not None:
-            self._dispatchers.append(asyncio.create_task(self._tune(), name="prefetch tuner"))
+        if self.slots.tuner is not None:
+            self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
 
     async def aclose(self) -> None:
         """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
@@ -349,52 +347,10 @@ class PrefetchQueue:
             while not lane.pending:
                 lane.has_work.clear()
                 await lane.has_work.wait()
-            await self._acquire_slot(lane)
+            await self.slots.acquire(lane)
             if lane.pending:  # still: a clear() may have emptied the lane meanwhile
                 return self._item(lane.pop())
-            self._release_slot(lane)
-
-    # -- slots and their tuning ------------------------------------------------------------
-
-    async def _acquire_slot(self, lane: Lane) -> None:
-        """Each lane has `limit` slots of its own: look-ahead items waiting for the budget
-        hold theirs, and warming, which never waits for the budget, must not wait behind
-        them."""
-        while lane.busy >= self.limit:
-            self._slot_freed.clear()
-            await self._slot_freed.wait()
-        lane.busy += 1
-
-    def _release_slot(self, lane: Lane) -> None:
-        lane.busy -= 1
-        self._slot_freed.set()
-
-    def _received_bytes(self) -> int:
-        return self._followed_bytes + sum(fill.received_bytes for fill in self._following)
-
-    def _is_saturated(self) -> bool:
-        """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
-        return self._pending_count > 0 and self.waiting_for is None
-
-    async def _tune(self) -> None:
-        """Every TUNING_WINDOW_S, tell the tuner what the prefetches received; a window is
-        saturated when the queue was at its start and at its end."""
-        assert self.tuner is not None
-        received, at, was_saturated = self._received_bytes(), self._clock(), False
-        while True:
-            await asyncio.sleep(TUNING_WINDOW_S)
-            now_received, now, is_saturated = (
-                self._received_bytes(),
-                self._clock(),
-                self._is_saturated(),
-            )
-            rate = (now_received - received) / max(now - at, 1e-3)
-            before = self.tuner.limit
-            after = self.tuner.observe(rate, was_saturated and is_saturated)
-            if after != before:
-                log.debug("prefetch concurrency %d -> %d (%.1f MB/s)", before, after, rate / 1e6)
-                self._slot_freed.set()  # a raise frees slots for the dispatchers
-            received, at, was_saturated = now_received, now, is_saturated
+            self.slots.release(lane)
 
     async def _dispatch(self, lane: Lane) -> None:
         """Take one lane's items in its order, each once there is a free slot (the lane's own),
@@ -419,30 +375,28 @@ class PrefetchQueue:
                 item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
             )
         except _Dropped:
-            self._release_slot(lane)
+            self.slots.release(lane)
             return
         except ShardcacheError as exc:
             if not start.is_dropped:
                 self._finish_item(item, exc)
-            self._release_slot(lane)
+            self.slots.release(lane)
             return
         except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
             log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
             if not start.is_dropped:
                 self._finish_item(item, CacheError(f"internal error while prefetching: {exc}"))
-            self._release_slot(lane)
+            self.slots.release(lane)
             return
         finally:
             lane.starting.pop(start, None)
-            self._admitted_bytes -= start.admitted_bytes  # pinned now, or never will be
-            start.admitted_bytes = 0
-            self.cache.unread_changed.set()  # another item may fit the budget now
+            self.budget.release(start)  # pinned now, or never will be
         if fill is None:
             if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
                 item.batch.not_cached += 1
             if not start.is_dropped:
                 self._finish_item(item, None)
-            self._release_slot(lane)
+            self.slots.release(lane)
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
             self.cache.release_unread([fill.cache_key])
@@ -450,73 +404,8 @@ class PrefetchQueue:
             item.batch.pinned.add(fill.cache_key)
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
-            self._release_slot(lane)
+            self.slots.release(lane)
         await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
-
-    async def _admit(self, start: Start, size_bytes: int) -> None:
-        """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
-        than the whole budget is admitted alone), then hold them until the fill pins the shard.
-
-        Items are sized side by side, and their HEADs answer in any order; the budget still
-        goes in the queue's order, without one slow HEAD holding up the rest while there is
-        room: an item is admitted when the budget holds it on top of what each item taken
-        before it and not admitted yet is owed (`_ahead_of`). CI, room for three, s0..s2's
-        HEADs slower than s3's, when the alone rule looked only at what was held:
-        1. s3 is sized; nothing is held, so it was admitted alone;
-        2. s0 and s1 are admitted; s2 waits for the budget that s3 took.
-        A wait is logged once, and shown in the status until it ends: a loader reading what
-        was prefetched, or an emptied queue, ends it."""
-        start.size_bytes = size_bytes
-        if size_bytes <= self.max_unread_bytes:  # one larger goes alone: no guess for others
-            self._largest_sized = max(self._largest_sized, size_bytes)
-        waiting = False
-        try:
-            while not start.is_dropped:
-                held = self.cache.unread_bytes + self._admitted_bytes
-                ahead, owed = self._ahead_of(start)
-                if (not held and not ahead) or held + owed + size_bytes <= self.max_unread_bytes:
-                    break
-                if not waiting:
-                    waiting = True
-                    self._budget_waiters += 1
-                self.waiting_for = (
-                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
-                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
-                    "(--prefetch-max-bytes); loaders reading them free it"
-                )
-                if not self._said_waiting:  # once per wait of the queue, not per item
-                    self._said_waiting = True
-                    log.info("prefetch waits for %s", self.waiting_for)
-                self.cache.unread_changed.clear()
-                await self.cache.unread_changed.wait()
-        finally:
-            if waiting:
-                self._budget_waiters -= 1
-            if not self._budget_waiters:
-                self.waiting_for, self._said_waiting = None, False
-        if not start.is_dropped:
-            start.admitted_bytes = size_bytes
-            start.is_admitted = True
-            self._admitted_bytes += size_bytes
-            self.cache.unread_changed.set()  # the next in line may go now
-
-    def _ahead_of(self, start: Start) -> tuple[int, int]:
-        """The items taken before `start` and not admitted yet (being sized, or waiting), and
-        the budget they are owed before it: each one's size once its HEAD has answered, else
-        the largest shard sized so far (its own size is not known yet, and a guess of `start`'s
-        size let the small last shard of a dataset pass the one before it).
-
-        An earlier item that waits makes every later one wait too (each needs its room on top
-        of that item's), so its sizing wakes no one; its admission or its leaving does."""
-        ahead = owed = 0
-        for earlier in self._lookahead.starting:
-            if earlier is start:
-                break
-            if not earlier.is_admitted and not earlier.is_dropped:
-                ahead += 1
-                size = earlier.size_bytes
-                owed += size if size is not None else self._largest_sized
-        return ahead, owed
 
     def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
         """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
@@ -524,7 +413,7 @@ class PrefetchQueue:
 
         async def admit(size_bytes: int) -> None:
             if not lane.is_warming:
-                await self._admit(start, size_bytes)
+                await self.budget.admit(start, size_bytes)
             if start.is_dropped:
                 raise _Dropped
 
@@ -541,9 +430,7 @@ class PrefetchQueue:
     ) -> None:
         """Wait for a started item's fill and count its outcome (not a dropped item's)."""
         self._running += 1
-        counted = fill not in self._following  # two items may follow one fill
-        if counted:
-            self._following.add(fill)
+        counted = self.slots.follow(fill)
         try:
             outcome = await self.cache.finish_prefetch(fill, outcome)
         except ShardcacheError as exc:
@@ -560,10 +447,9 @@ class PrefetchQueue:
         finally:
             self._running -= 1
             if counted:
-                self._following.discard(fill)
-                self._followed_bytes += fill.received_bytes
+                self.slots.unfollow(fill)
             if holds_slot:
-                self._release_slot(lane)
+                self.slots.release(lane)
 
     def _finish_item(
         self,

@@ -223,7 +223,8 @@ ALLOWED: dict[str, set[str]] = {
     "admission": set(),
     "plans": set(),
     "connections": set(),
-    # prefetch/: the queue over its lanes and the concurrency tuner (both pure).
+    # prefetch/: the queue over the look-ahead budget and the slots; they over the lanes, and
+    # the slots over the concurrency tuner (pure).
     "prefetch": set(),
     "prefetch.queue": {
         "cache.shard_cache",
@@ -231,10 +232,12 @@ ALLOWED: dict[str, set[str]] = {
         "errors",
         "logs",
         "patterns",
+        "prefetch.budget",
         "prefetch.lanes",
-        "prefetch.tuning",
-        "units",
+        "prefetch.slots",
     },
+    "prefetch.budget": {"cache.shard_cache", "prefetch.lanes", "units"},
+    "prefetch.slots": {"cache.fill", "prefetch.lanes", "prefetch.tuning"},
     "prefetch.lanes": set(),
     "prefetch.tuning": set(),
     "patterns": {"errors"},

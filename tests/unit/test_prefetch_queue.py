@@ -18,7 +18,9 @@ from shardcache.errors import QueueFull
 from shardcache.observer import NullObserver
 from shardcache.plans import PlanBook
 from shardcache.prefetch import queue as prefetch
-from shardcache.prefetch.queue import MAX_CONCURRENCY, START_CONCURRENCY, PrefetchQueue
+from shardcache.prefetch import slots
+from shardcache.prefetch.queue import PrefetchQueue
+from shardcache.prefetch.slots import MAX_CONCURRENCY, START_CONCURRENCY
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin, Pace
 
@@ -109,7 +111,7 @@ async def test_concurrency_climbs_while_the_origin_delivers_more(
 ) -> None:
     """An origin that caps each connection: a fixed 4 prefetches use 4 connections' worth.
     The tuner raises the limit while the aggregate grows."""
-    monkeypatch.setattr(prefetch, "TUNING_WINDOW_S", 0.1)
+    monkeypatch.setattr(slots, "TUNING_WINDOW_S", 0.1)
     origin.pace = Pace(chunk_delay_s=0.01)  # 1.6 MB/s per connection
     keys = [f"s{n:03d}.tar" for n in range(300)]
     for key in keys:
@@ -128,7 +130,7 @@ async def test_concurrency_climbs_while_the_origin_delivers_more(
 async def test_concurrency_stays_low_when_more_fetches_only_share_the_bandwidth(
     cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(prefetch, "TUNING_WINDOW_S", 0.1)
+    monkeypatch.setattr(slots, "TUNING_WINDOW_S", 0.1)
     origin.pace = Pace(chunk_delay_s=0.002, shared=True)  # one connection's worth in all
     keys = [f"s{n:03d}.tar" for n in range(300)]
     for key in keys:
@@ -380,13 +382,13 @@ async def test_a_later_item_sized_first_does_not_take_an_earlier_ones_budget(
         # 1. s3..s7 are sized: one of them is admitted (wrong), or they wait (right).
         await _until(
             "a later item to be admitted or to wait",
-            lambda: bool(_fetch_order(origin)) or queue._budget_waiters == 5,
+            lambda: bool(_fetch_order(origin)) or queue.budget.waiters == 5,
         )
         # 2. s0, s1 and s2 are sized, the three of them at once.
         for gate in gates.values():
             gate.set()
         await _until("three prefetches", lambda: queue.completed >= 3)
-        await _until("the rest to wait for the budget", lambda: queue._budget_waiters == 7)
+        await _until("the rest to wait for the budget", lambda: queue.budget.waiters == 7)
     finally:
         await queue.aclose()
     # Admitted together, the three ask the store for room side by side (on threads), so
@@ -409,11 +411,11 @@ async def test_a_smaller_later_shard_does_not_take_the_budget_a_larger_earlier_o
         await queue.submit([("fake", key) for key in ("a.tar", "b.tar", "c.tar")])
         await _until("a", lambda: queue.completed == 1)
         gates["b.tar"].set()
-        await _until("b to wait for the budget", lambda: queue._budget_waiters == 1)
+        await _until("b to wait for the budget", lambda: queue.budget.waiters == 1)
         gates["c.tar"].set()
         await _until(
             "c to be admitted or to wait",
-            lambda: "c.tar" in _fetch_order(origin) or queue._budget_waiters == 2,
+            lambda: "c.tar" in _fetch_order(origin) or queue.budget.waiters == 2,
         )
         assert _fetch_order(origin) == ["a.tar"]
         lease = await cache.open("fake", "a.tar")  # the loader reads a: b goes, then c
@@ -444,7 +446,7 @@ async def test_the_small_last_shard_does_not_pass_an_earlier_one_being_sized(
         gates["s3.tar"].set()
         await _until(
             "s3 to be admitted or to wait",
-            lambda: "s3.tar" in _fetch_order(origin) or queue._budget_waiters == 1,
+            lambda: "s3.tar" in _fetch_order(origin) or queue.budget.waiters == 1,
         )
         gates["s2.tar"].set()
         await _until("s2", lambda: queue.completed == 3)

@@ -1,0 +1,104 @@
+"""The look-ahead budget: how many prefetched, unread bytes the queue may have ahead of loaders.
+
+A look-ahead item starts its fill only once its size (from a HEAD) fits `max_unread_bytes` on
+top of what is unread (the cache's pins) and what items admitted before it hold until their
+fills pin their shards; admission follows the queue's order, whichever HEAD answers first.
+It owns those held bytes, the wait's message (`waiting_for`) and the count of items waiting
+(`waiters`); it reads the cache's unread ledger and the look-ahead lane's starting items, and
+knows nothing of dispatchers, slots or warming (warming pins nothing and never asks it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.prefetch.lanes import Lane, Start
+from shardcache.units import format_size
+
+log = logging.getLogger("shardcache.prefetch")
+
+
+class LookaheadBudget:
+    def __init__(self, cache: ShardCache, max_unread_bytes: int, lane: Lane) -> None:
+        """`lane`: the look-ahead lane, whose `starting` items are admitted in order."""
+        self.cache = cache
+        self.max_unread_bytes = max_unread_bytes
+        self._lane = lane
+        self.admitted_bytes = 0  # held by items admitted and not pinned yet
+        self._largest_sized = 0  # the largest look-ahead shard sized so far: a guess for others
+        self._said_waiting = False  # a wait for the budget is logged once
+        self.waiters = 0  # items waiting for the budget now
+        self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
+
+    async def admit(self, start: Start, size_bytes: int) -> None:
+        """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
+        than the whole budget is admitted alone), then hold them until the fill pins the shard.
+
+        Items are sized side by side, and their HEADs answer in any order; the budget still
+        goes in the queue's order, without one slow HEAD holding up the rest while there is
+        room: an item is admitted when the budget holds it on top of what each item taken
+        before it and not admitted yet is owed (`_ahead_of`). CI, room for three, s0..s2's
+        HEADs slower than s3's, when the alone rule looked only at what was held:
+        1. s3 is sized; nothing is held, so it was admitted alone;
+        2. s0 and s1 are admitted; s2 waits for the budget that s3 took.
+        A wait is logged once, and shown in the status until it ends: a loader reading what
+        was prefetched, or an emptied queue, ends it."""
+        start.size_bytes = size_bytes
+        if size_bytes <= self.max_unread_bytes:  # one larger goes alone: no guess for others
+            self._largest_sized = max(self._largest_sized, size_bytes)
+        waiting = False
+        try:
+            while not start.is_dropped:
+                held = self.cache.unread_bytes + self.admitted_bytes
+                ahead, owed = self._ahead_of(start)
+                if (not held and not ahead) or held + owed + size_bytes <= self.max_unread_bytes:
+                    break
+                if not waiting:
+                    waiting = True
+                    self.waiters += 1
+                self.waiting_for = (
+                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
+                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
+                    "(--prefetch-max-bytes); loaders reading them free it"
+                )
+                if not self._said_waiting:  # once per wait of the queue, not per item
+                    self._said_waiting = True
+                    log.info("prefetch waits for %s", self.waiting_for)
+                self.cache.unread_changed.clear()
+                await self.cache.unread_changed.wait()
+        finally:
+            if waiting:
+                self.waiters -= 1
+            if not self.waiters:
+                self.waiting_for, self._said_waiting = None, False
+        if not start.is_dropped:
+            start.admitted_bytes = size_bytes
+            start.is_admitted = True
+            self.admitted_bytes += size_bytes
+            self.cache.unread_changed.set()  # the next in line may go now
+
+    def _ahead_of(self, start: Start) -> tuple[int, int]:
+        """The items taken before `start` and not admitted yet (being sized, or waiting), and
+        the budget they are owed before it: each one's size once its HEAD has answered, else
+        the largest shard sized so far (its own size is not known yet, and a guess of `start`'s
+        size let the small last shard of a dataset pass the one before it).
+
+        An earlier item that waits makes every later one wait too (each needs its room on top
+        of that item's), so its sizing wakes no one; its admission or its leaving does."""
+        ahead = owed = 0
+        for earlier in self._lane.starting:
+            if earlier is start:
+                break
+            if not earlier.is_admitted and not earlier.is_dropped:
+                ahead += 1
+                size = earlier.size_bytes
+                owed += size if size is not None else self._largest_sized
+        return ahead, owed
+
+    def release(self, start: Start) -> None:
+        """Give back what `start` held once its fill pinned the shard (or never will): another
+        item may fit now."""
+        self.admitted_bytes -= start.admitted_bytes
+        start.admitted_bytes = 0
+        self.cache.unread_changed.set()
