@@ -15,7 +15,6 @@ import contextlib
 import gc
 import logging
 import os
-import resource
 import signal
 import time
 from collections.abc import Callable
@@ -27,25 +26,20 @@ from prometheus_client import CollectorRegistry
 
 from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
-from shardcache.admission import ScanResistantAdmission
 from shardcache.breaker import Health
 from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.entry import AdmissionState
 from shardcache.cache.shard_cache import ShardCache
-from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
-from shardcache.errors import CacheError, ConfigError, ShardcacheError
+from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.notify import monotonic_usec, notify
-from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.capped import CappedOrigin
-from shardcache.origins.file import FileOrigin
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.origins.upstreams import FailoverOrigin, redact_url
-from shardcache.plans import PlanBook
 from shardcache.prefetch import PrefetchQueue
 from shardcache.scrub import Scrubber
 from shardcache.scrub_metrics import ScrubGauges
@@ -54,53 +48,10 @@ from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.status import build_status
 from shardcache.units import format_size
+from shardcache.wiring import build_origins, open_store, raise_open_file_limit
 
 log = logging.getLogger("shardcache.daemon")
 STORE_CHECK_INTERVAL_S = 2.0
-
-
-def build_origins(
-    settings: Settings,
-    keep: dict[str, OriginSpec] | None = None,
-    existing: dict[str, Origin] | None = None,
-) -> dict[str, Origin]:
-    """Return one backend per configured origin; raise ConfigError for an unusable one.
-
-    On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
-    its connections and fills in flight carry on.
-    """
-    timeouts = Timeouts(
-        settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
-    )
-    origins: dict[str, Origin] = {}
-    for spec in settings.origins:
-        if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
-            origins[spec.name] = existing[spec.name]
-            continue
-        origin = make_origin(spec, timeouts)
-        if isinstance(origin, FileOrigin) and not origin.root.is_dir():
-            raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
-        origins[spec.name] = origin
-    return origins
-
-
-def open_store(settings: Settings, metrics: Metrics) -> Store:
-    def on_evict(key: str, size_bytes: int, was_pinned: bool) -> None:
-        metrics.evicted(size_bytes, was_pinned)
-
-    admission = ScanResistantAdmission() if settings.eviction == "auto" else None
-    plans = PlanBook() if settings.eviction in ("auto", "plan") else None
-    try:
-        return Store(
-            settings.cache_dir,
-            settings.cache_size,
-            on_evict,
-            admission=admission,
-            transient_max_bytes=settings.prefetch_budget_bytes,
-            plans=plans,
-        )
-    except CacheError as exc:
-        raise ConfigError(f"--cache-dir: {exc}") from None
 
 
 class Daemon:
@@ -197,7 +148,7 @@ class Daemon:
             auto_decompress=False,
         )
         await self.runner.setup()
-        _raise_open_file_limit(settings.max_connections)
+        raise_open_file_limit(settings.max_connections)
         try:
             # aiohttp's low-level server as its docs show it (`loop.create_server(server, …)`),
             # its protocol wrapped so the guard sees every connection.
@@ -522,26 +473,6 @@ def _access_summary(settings: Settings) -> str:
 
 def _responses(count: int) -> str:
     return f"{count} response" + ("" if count == 1 else "s")
-
-
-def _raise_open_file_limit(max_connections: int) -> None:
-    """Lift the soft limit on open files to the hard one: each connection can hold three (its
-    socket, a cache entry, a poll dup). Say so when even that is below `max_connections`."""
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    needed = 3 * max_connections + 256
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        log.warning(
-            "open-file limit %d is below the %d that --max-connections %d can use; "
-            "raise LimitNOFILE / ulimit -n or lower --max-connections",
-            soft,
-            needed,
-            max_connections,
-        )
 
 
 async def serve(
