@@ -1,5 +1,6 @@
 """The composition root: build store, origins, cache and server from Settings, serve on uvloop,
-and shut down in one visible order.
+and shut down in one visible order. What it builds from is in `wiring` (origins, store); what
+`/_/status` and the scrape-time gauges read of the started parts is in `readouts`.
 
 Shutdown order (`Daemon.stop`): (1) `/readyz` and new shard requests answer 503, (2) responses
 in flight finish within `--shutdown-grace`, (3) stop listening, (4) stop prefetching and cancel
@@ -15,11 +16,12 @@ import contextlib
 import gc
 import logging
 import os
-import resource
 import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 
 import uvloop
 from aiohttp import web
@@ -27,80 +29,41 @@ from prometheus_client import CollectorRegistry
 
 from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
-from shardcache.admission import ScanResistantAdmission
-from shardcache.breaker import Health
 from shardcache.cache.directory import LAYOUT_VERSION
-from shardcache.cache.entry import AdmissionState
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
-from shardcache.config import OriginSpec, Settings, settings_needing_restart
+from shardcache.config import Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
-from shardcache.errors import CacheError, ConfigError, ShardcacheError
+from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.logs import AccessLogger, redact
-from shardcache.metrics import CacheGauges, Metrics
+from shardcache.metrics import Metrics
 from shardcache.notify import monotonic_usec, notify
-from shardcache.origins import Origin, Timeouts, make_origin
-from shardcache.origins.capped import CappedOrigin
-from shardcache.origins.file import FileOrigin
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
-from shardcache.origins.upstreams import FailoverOrigin, redact_url
-from shardcache.plans import PlanBook
+from shardcache.origins.upstreams import redact_url
 from shardcache.prefetch.queue import PrefetchQueue
+from shardcache.readouts import Readouts, upstream_rows
 from shardcache.scrub import Scrubber
-from shardcache.scrub_metrics import ScrubGauges
 from shardcache.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
-from shardcache.status import build_status
 from shardcache.units import format_size
+from shardcache.wiring import build_origins, open_store, raise_open_file_limit
 
 log = logging.getLogger("shardcache.daemon")
 STORE_CHECK_INTERVAL_S = 2.0
 
 
-def build_origins(
-    settings: Settings,
-    keep: dict[str, OriginSpec] | None = None,
-    existing: dict[str, Origin] | None = None,
-) -> dict[str, Origin]:
-    """Return one backend per configured origin; raise ConfigError for an unusable one.
+@dataclass(frozen=True, slots=True)
+class Started:
+    """What `Daemon.start` builds once the store is open; `Daemon._started` is None before."""
 
-    On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
-    its connections and fills in flight carry on.
-    """
-    timeouts = Timeouts(
-        settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
-    )
-    origins: dict[str, Origin] = {}
-    for spec in settings.origins:
-        if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
-            origins[spec.name] = existing[spec.name]
-            continue
-        origin = make_origin(spec, timeouts)
-        if isinstance(origin, FileOrigin) and not origin.root.is_dir():
-            raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
-        origins[spec.name] = origin
-    return origins
-
-
-def open_store(settings: Settings, metrics: Metrics) -> Store:
-    def on_evict(key: str, size_bytes: int, was_pinned: bool) -> None:
-        metrics.evicted(size_bytes, was_pinned)
-
-    admission = ScanResistantAdmission() if settings.eviction == "auto" else None
-    plans = PlanBook() if settings.eviction in ("auto", "plan") else None
-    try:
-        return Store(
-            settings.cache_dir,
-            settings.cache_size,
-            on_evict,
-            admission=admission,
-            transient_max_bytes=settings.prefetch_budget_bytes,
-            plans=plans,
-        )
-    except CacheError as exc:
-        raise ConfigError(f"--cache-dir: {exc}") from None
+    store: Store
+    cache: ShardCache
+    prefetch: PrefetchQueue
+    scrub: Scrubber
+    runner: web.AppRunner
+    readouts: Readouts  # the status document and the scrape-time gauges, read from the above
 
 
 class Daemon:
@@ -110,8 +73,9 @@ class Daemon:
         self.settings = settings
         self._reload_settings = reload_settings
         self.origins = build_origins(settings)  # the cache owns (and closes) them once built
+        self._specs = {o.name: o for o in settings.origins}  # what `origins` were built from
         self.metrics = Metrics(CollectorRegistry(), self.origins)
-        self.metrics.watch_upstreams(self._upstream_rows, self._lone_homes)
+        self.metrics.watch_upstreams(partial(upstream_rows, self.origins), self._lone_homes)
         self.started_at = time.monotonic()
         self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
@@ -119,6 +83,7 @@ class Daemon:
         # them; sized and started in `start`, restarted by a reload, let go at the end.
         self.receivers = receiver_pool()
         self.metrics.watch_receivers(self.receivers.status)
+        self._started: Started | None = None
         self._store_watch: asyncio.Task[None] | None = None
         self._stop_now = asyncio.Event()  # a second stop signal: the grace is over
         self._listener: asyncio.Server | None = None
@@ -153,63 +118,24 @@ class Daemon:
         )
         self.receivers = configure_receivers(settings.receivers)
         self.receivers.start()
-        self.store = await asyncio.to_thread(open_store, settings, self.metrics)
-        if self.store.swept_partials:
-            log.info(
-                "removed %d partial files left by an interrupted run", self.store.swept_partials
-            )
-        policy = RetryPolicy(
-            retries=settings.origin_retries,
-            read_timeout_s=settings.origin_read_timeout,
-            min_bytes_per_s=settings.origin_min_speed,
-            connections=settings.origin_connections,
-            segment_bytes=settings.segment_size,
-            first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
-        )
-        self.cache = ShardCache(self.store, self.origins, policy, self.metrics)
-        self.prefetch = PrefetchQueue(
-            self.cache,
-            settings.prefetch_concurrency,
-            settings.prefetch_budget_bytes,
-            settings.readahead,
-        )
-        self.metrics.watch_cache(self._gauges)
-        self.scrub = Scrubber(
-            self.store,
-            settings.scrub_rate,
-            position_file=settings.cache_dir / LAYOUT_VERSION / "scrub-position.json",
-        )
-        self.state.scrub = self.scrub  # POST /_/verify
-        self.metrics.watch_scrub(self._scrub_gauges)
-        access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
-        app = make_app(self.cache, self.prefetch, self.metrics, self.state, access, self.guard)
-        # In-flight responses are drained before cleanup, so cleanup's own wait is short.
-        self.runner = web.AppRunner(
-            app,
-            access_log_class=AccessLogger,
-            handle_signals=False,
-            shutdown_timeout=1.0,
-            # A backstop only: the guard closes idle connections first (and counts them).
-            keepalive_timeout=2 * settings.client_idle_timeout,
-            # aiohttp would inflate a gzip/deflate request body on the event loop as it
-            # arrives, read or not: 500 KB of gzip held the loop for 1.5 s. Bodies stay raw,
-            # and an encoded one is refused (server.refuse_encoded_bodies).
-            auto_decompress=False,
-        )
-        await self.runner.setup()
-        _raise_open_file_limit(settings.max_connections)
+        store = await asyncio.to_thread(open_store, settings, self.metrics)
+        if store.swept_partials:
+            log.info("removed %d partial files left by an interrupted run", store.swept_partials)
+        started = self._started = self._build(store)
+        await started.runner.setup()
+        raise_open_file_limit(settings.max_connections)
         try:
             # aiohttp's low-level server as its docs show it (`loop.create_server(server, …)`),
             # its protocol wrapped so the guard sees every connection.
-            assert self.runner.server is not None
+            assert started.runner.server is not None
             self._listener = await asyncio.get_running_loop().create_server(
-                self.guard.protocol_factory(self.runner.server),
+                self.guard.protocol_factory(started.runner.server),
                 settings.listen_host,
                 settings.listen_port,
                 reuse_address=True,
             )
         except OSError as exc:
-            await self.runner.cleanup()
+            await started.runner.cleanup()
             await self._close()
             raise ConfigError(
                 f"--listen: cannot listen on {settings.listen}: {exc.strerror or exc}"
@@ -225,11 +151,11 @@ class Daemon:
                 "reach the port can prefetch, purge and read the configuration",
                 settings.listen,
             )
-        self.prefetch.start()
-        self.scrub.start()
+        started.prefetch.start()
+        started.scrub.start()
         self.guard.start()
-        self._store_watch = asyncio.create_task(self._watch_store(), name="store watch")
-        usage = self.store.usage()
+        self._store_watch = asyncio.create_task(self._watch_store(store), name="store watch")
+        usage = store.usage()
         log.info(
             "shardcache %s serving on http://%s (%s); cache %s: %s of %s used, %d entries, "
             "--eviction %s; origins: %s",
@@ -245,21 +171,81 @@ class Daemon:
         )
         notify(f"READY=1\nSTATUS=serving on http://{settings.listen}\nMAINPID={os.getpid()}")
 
+    def _build(self, store: Store) -> Started:
+        """Wire the parts over the open store: cache, prefetch queue, scrub, the app."""
+        settings = self.settings
+        policy = RetryPolicy(
+            retries=settings.origin_retries,
+            read_timeout_s=settings.origin_read_timeout,
+            min_bytes_per_s=settings.origin_min_speed,
+            connections=settings.origin_connections,
+            segment_bytes=settings.segment_size,
+            first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
+        )
+        cache = ShardCache(store, self.origins, policy, self.metrics)
+        prefetch = PrefetchQueue(
+            cache,
+            settings.prefetch_concurrency,
+            settings.prefetch_budget_bytes,
+            settings.readahead,
+        )
+        scrub = Scrubber(
+            store,
+            settings.scrub_rate,
+            position_file=settings.cache_dir / LAYOUT_VERSION / "scrub-position.json",
+        )
+        self.state.scrub = scrub  # POST /_/verify
+        readouts = Readouts(
+            listen=settings.listen,
+            cache_dir=str(settings.cache_dir),
+            eviction=settings.eviction,
+            started_at=self.started_at,
+            metrics=self.metrics,
+            store=store,
+            cache=cache,
+            prefetch=prefetch,
+            scrub=scrub,
+            guard=self.guard,
+            receivers=self.receivers,
+            origins=self.origins,
+            origin_urls=self.origin_urls,
+        )
+        self.metrics.watch_cache(readouts.cache_gauges)
+        self.metrics.watch_scrub(readouts.scrub_gauges)
+        access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
+        app = make_app(cache, prefetch, self.metrics, self.state, access, self.guard)
+        # In-flight responses are drained before cleanup, so cleanup's own wait is short.
+        runner = web.AppRunner(
+            app,
+            access_log_class=AccessLogger,
+            handle_signals=False,
+            shutdown_timeout=1.0,
+            # A backstop only: the guard closes idle connections first (and counts them).
+            keepalive_timeout=2 * settings.client_idle_timeout,
+            # aiohttp would inflate a gzip/deflate request body on the event loop as it
+            # arrives, read or not: 500 KB of gzip held the loop for 1.5 s. Bodies stay raw,
+            # and an encoded one is refused (server.refuse_encoded_bodies).
+            auto_decompress=False,
+        )
+        return Started(store, cache, prefetch, scrub, runner, readouts)
+
     async def stop(self) -> None:
         """Drain and stop, in order: (1) refuse new work with 503 and fail /readyz, stop the
         scrub and the prefetch queue (and the fills only it wanted), (2) let responses in
         flight finish within the grace period (or until `stop_now`), (3) stop listening,
         (4) discard unfinished fills, (5) close origins and the store."""
         notify("STOPPING=1")
+        # (1)
         self.state.is_shutting_down = True
-        if hasattr(self, "scrub"):
-            self.scrub.stop()  # at its next chunk: SIGTERM never waits for a scrub pass
-        # Nothing new is fetched for the rest of the drain: queued and read-ahead shards would
-        # only be discarded unfinished at its end (a slow client held a stop 17 s while
-        # read-ahead downloaded on). Fills a draining response reads go on.
-        if hasattr(self, "prefetch"):
-            await self.prefetch.aclose()
-            self.cache.stop_unread_fills()
+        started = self._started
+        if started is not None:
+            started.scrub.stop()  # at its next chunk: SIGTERM never waits for a scrub pass
+            # Nothing new is fetched for the rest of the drain: queued and read-ahead shards
+            # would only be discarded unfinished at its end (a slow client held a stop 17 s
+            # while read-ahead downloaded on). Fills a draining response reads go on.
+            await started.prefetch.aclose()
+            started.cache.stop_unread_fills()
+        # (2)
         grace = self.settings.shutdown_grace
         log.info(
             "shutting down: %s in flight, %.0f s grace (a second signal stops at once)",
@@ -271,10 +257,13 @@ class Daemon:
                 "grace period over with %s in flight; closing them",
                 _responses(self.in_flight.count),
             )
+        # (3)
         if self._listener is not None:
             self._listener.close()
         await self.guard.aclose()
-        await self.runner.cleanup()
+        if started is not None:
+            await started.runner.cleanup()
+        # (4) and (5)
         await self._close()
         log.info("stopped")
 
@@ -311,7 +300,7 @@ class Daemon:
         try:
             new = self._reload_settings()
             new_origins = {o.name: o for o in new.origins}
-            built = build_origins(new, keep=self._origin_specs(), existing=self.origins)
+            built = build_origins(new, keep=self._specs, existing=self.origins)
         except ShardcacheError as exc:
             log.error("reload failed, nothing changed: %s", exc)
             notify("READY=1")
@@ -321,7 +310,7 @@ class Daemon:
         self.receivers.restart(new.receivers)
         self.origins.clear()
         self.origins.update(built)
-        self.cache.replace_origins(built)  # closes the replaced ones once their fills end
+        self._running().cache.replace_origins(built)  # closes the old ones once their fills end
         self.metrics.touch(built)
         self.origin_urls.clear()
         self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
@@ -337,26 +326,30 @@ class Daemon:
         )
         notify("READY=1")
 
-    def _origin_specs(self) -> dict[str, OriginSpec]:
-        return getattr(self, "_specs", {o.name: o for o in self.settings.origins})
-
     async def _close(self) -> None:
+        """Steps (4) and (5) of `stop`, and the end of a start that could not listen: stop
+        the store watch, the scrub and the prefetch queue, close the cache (its unfinished
+        fills, then the origins) and the store, let the receiving processes go."""
         if self._store_watch is not None:
             self._store_watch.cancel()
             await asyncio.gather(self._store_watch, return_exceptions=True)
-        if hasattr(self, "scrub"):
-            await self.scrub.aclose()
-        if hasattr(self, "prefetch"):
-            await self.prefetch.aclose()
-        if hasattr(self, "cache"):
-            await self.cache.aclose()  # and the origins, which it owns
+        started = self._started
+        if started is not None:
+            await started.scrub.aclose()
+            await started.prefetch.aclose()
+            await started.cache.aclose()  # and the origins, which it owns
+            await asyncio.to_thread(started.store.close)
         else:
             for origin in self.origins.values():
                 with contextlib.suppress(Exception):  # closing one must not stop the others
                     await origin.aclose()
-        if hasattr(self, "store"):
-            await asyncio.to_thread(self.store.close)
         self.receivers.close()  # each exits once its open requests end (none are left)
+
+    def _running(self) -> Started:
+        """The started parts: the routes, probes and reloads that read them come after start."""
+        if self._started is None:
+            raise RuntimeError("the daemon is not started")
+        return self._started
 
     def _count_closed_connection(self, reason: str) -> None:
         if reason == "limit":
@@ -366,46 +359,18 @@ class Daemon:
         else:
             self.metrics.client_timeouts.labels(reason).inc()
 
-    def _gauges(self) -> CacheGauges:
-        usage = self.store.usage()
-        return CacheGauges(
-            usage.size_bytes,
-            usage.capacity_bytes,
-            usage.entries,
-            self.prefetch.depth,
-            self.prefetch.in_flight,
-            self.prefetch.completed,
-            self.prefetch.failed,
-            self.cache.unread_bytes,
-            self.guard.open_count,
-            *_eviction_gauges(self.store.admission_state()),
-            prefetch_concurrency=self.prefetch.limit,
-        )
-
-    def _scrub_gauges(self) -> ScrubGauges:
-        stats = self.scrub.stats
-        return ScrubGauges(
-            self.scrub.rate_bytes_per_s,
-            stats.checked_bytes,
-            stats.checked_entries,
-            stats.corrupt,
-            stats.passes,
-            stats.last_full_pass_at,
-            stats.skipped,
-        )
-
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""
-        problem = self.store.problem()
+        problem = self._running().store.problem()
         return f"{problem}; serving uncached until it is usable" if problem else None
 
-    async def _watch_store(self) -> None:
+    async def _watch_store(self, store: Store) -> None:
         """Check the cache directory every few seconds, so a replaced or repaired directory
         is taken back into use without a restart (or a readiness probe) and a broken one is
         logged once, when it breaks."""
         reported: str | None = None
         while True:
-            problem = await asyncio.to_thread(self.store.problem)
+            problem = await asyncio.to_thread(store.problem)
             if problem != reported:
                 if problem:
                     log.warning("the cache is unusable, serving uncached: %s", problem)
@@ -415,102 +380,11 @@ class Daemon:
             await asyncio.sleep(STORE_CHECK_INTERVAL_S)
 
     def _status(self) -> dict[str, object]:
-        usage = self.store.usage()
-        return build_status(
-            version=__version__,
-            uptime_s=time.monotonic() - self.started_at,
-            listen=self.settings.listen,
-            snapshot=self.metrics.snapshot(self.origins),
-            cache={
-                "dir": str(self.settings.cache_dir),
-                "size_bytes": usage.size_bytes,
-                "capacity_bytes": usage.capacity_bytes,
-                "entries": usage.entries,
-                "reserved_bytes": usage.reserved_bytes,
-                "eviction": _eviction_status(self.settings.eviction, self.store.admission_state()),
-            },
-            prefetch=self.prefetch.status(),
-            origins=dict(self.origin_urls),
-            upstreams=_upstreams_status(self._upstream_rows()),
-            scrub=self.scrub.status(),
-            receivers=self.receivers.status(),
-            unusable_checksums=self.cache.checksum_trust.status(),
-        )
-
-    def _upstream_rows(self) -> list[tuple[str, str, Health]]:
-        """(origin, role, health) of every upstream of the origins that have several."""
-        rows: list[tuple[str, str, Health]] = []
-        for name, origin in self.origins.items():
-            inner = origin.inner if isinstance(origin, CappedOrigin) else origin
-            if isinstance(inner, FailoverOrigin):
-                rows += [(name, role, health) for role, health in inner.health()]
-        return rows
+        return self._running().readouts.status()
 
     def _lone_homes(self) -> dict[str, str]:
         """Origin → its URL, for origins with one (no mirror, no tier): their home upstream."""
-        specs = self._origin_specs().values()
-        return {o.name: redact_url(o.url) for o in specs if not o.has_upstreams}
-
-
-def _upstreams_status(rows: list[tuple[str, str, Health]]) -> dict[str, list[dict[str, object]]]:
-    by_origin: dict[str, list[dict[str, object]]] = {}
-    for origin, role, health in rows:
-        by_origin.setdefault(origin, []).append(
-            {
-                "url": health.upstream,
-                "role": role,
-                "state": health.state.value,
-                "failures": health.failures_total,
-                "failures_in_a_row": health.failures_in_a_row,
-                "retry_in_s": health.retry_in_s,
-                "last_error": health.last_error,
-            }
-        )
-    return by_origin
-
-
-def _eviction_status(setting: str, state: AdmissionState) -> dict[str, object]:
-    return {
-        "setting": setting,
-        "policy": state.policy,
-        "bypassed": state.bypassed,
-        "transient_bytes": state.transient_bytes,
-        "transient_area_bytes": state.transient_area_bytes,
-        "transient_kept": state.transient_kept,
-        "transient_dropped": state.transient_dropped,
-        "resident_set_serving": state.is_serving,
-        "plans": [
-            {
-                "job": plan.job,
-                "epoch": plan.epoch,
-                "position": plan.position,
-                "length": plan.length,
-                "reads": plan.reads,
-                "measured_hit_ratio": _rounded(plan.measured_hit_ratio),
-                "predicted_hit_ratio": _rounded(plan.predicted_hit_ratio),
-                "seconds_per_shard": _rounded(plan.pace_s),
-            }
-            for plan in state.plans
-        ],
-    }
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-def _eviction_gauges(
-    state: AdmissionState,
-) -> tuple[str, int, int, int, int, int, list[tuple[str, float | None, float | None]]]:
-    return (
-        state.policy,
-        state.bypassed,
-        state.transient_bytes,
-        state.transient_kept,
-        state.transient_dropped,
-        int(not state.is_serving),
-        [(p.job, p.predicted_hit_ratio, p.measured_hit_ratio) for p in state.plans],
-    )
+        return {o.name: redact_url(o.url) for o in self._specs.values() if not o.has_upstreams}
 
 
 def _access_summary(settings: Settings) -> str:
@@ -522,26 +396,6 @@ def _access_summary(settings: Settings) -> str:
 
 def _responses(count: int) -> str:
     return f"{count} response" + ("" if count == 1 else "s")
-
-
-def _raise_open_file_limit(max_connections: int) -> None:
-    """Lift the soft limit on open files to the hard one: each connection can hold three (its
-    socket, a cache entry, a poll dup). Say so when even that is below `max_connections`."""
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    needed = 3 * max_connections + 256
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        log.warning(
-            "open-file limit %d is below the %d that --max-connections %d can use; "
-            "raise LimitNOFILE / ulimit -n or lower --max-connections",
-            soft,
-            needed,
-            max_connections,
-        )
 
 
 async def serve(

@@ -7,5 +7,5 @@ run them.
 
 `cached` and `batch_progress` talk to the daemon only through `client` (what it holds, pins
 included, lives in the daemon); `check` builds origins as the daemon does
-(`daemon.build_origins`). None knows the store, the cache or HTTP routes.
+(`wiring.build_origins`). None knows the store, the cache or HTTP routes.
 """

@@ -2,7 +2,7 @@
 read from it (reachable, TLS certificate trusted, credentials accepted, bucket there, and each
 example key given with `--key` found), without a daemon.
 
-The origins are built from the settings as the daemon builds them (`daemon.build_origins`:
+The origins are built from the settings as the daemon builds them (`wiring.build_origins`:
 the same specs, CA files, credentials chain and timeouts), one at a time so that one unusable
 origin does not hide the others, and each is asked with a HEAD, as a fill asks. Without an
 example key the HEAD is of a key no dataset has (`PROBE_KEY`): its "not found" shows the origin
@@ -122,7 +122,7 @@ async def _check_all(settings: config.Settings, keys: dict[str, list[str]]) -> l
 async def _check_one(
     settings: config.Settings, spec: config.OriginSpec, keys: list[str]
 ) -> Verdict:
-    from shardcache.daemon import build_origins
+    from shardcache.wiring import build_origins
 
     verdict = Verdict(spec.name, spec.url, [], [])
     try:

@@ -247,6 +247,37 @@ ALLOWED: dict[str, set[str]] = {
     "logs": {"printable"},
     "sample": set(),
     "notify": set(),
+    # The daemon's wiring (origins and store from Settings), below the daemon so that `check`
+    # builds origins as it does without importing the server.
+    "wiring": {
+        "admission",
+        "cache.store",
+        "config",
+        "errors",
+        "metrics",
+        "origins",
+        "origins.file",
+        "plans",
+    },
+    # What `/_/status` and the scrape-time gauges read of the started parts (observability's
+    # job, beside `status`, which shapes the document): above every part it reads.
+    "readouts": {
+        "__init__",
+        "breaker",
+        "cache.entry",
+        "cache.shard_cache",
+        "cache.store",
+        "connections",
+        "metrics",
+        "origins.base",
+        "origins.capped",
+        "origins.receivers",
+        "origins.upstreams",
+        "prefetch.queue",
+        "scrub",
+        "scrub_metrics",
+        "status",
+    },
     "daemon": {"*"},
     "cli": {
         "__init__",
@@ -263,20 +294,20 @@ ALLOWED: dict[str, set[str]] = {
         "verify",
     },
     # Subcommands in their own modules: ls/purge only through the daemon's HTTP API (client),
-    # check through the daemon's own origin construction.
+    # check through the daemon's own origin construction (`wiring`).
     "commands": set(),
     "commands.arguments": set(),
     "commands.cached": {"client", "printable", "units"},
     "commands.batch_progress": {"client", "printable", "units"},
     "commands.check": {
         "config",
-        "daemon",
         "errors",
         "keys",
         "logs",
         "origins.receivers",
         "printable",
         "units",
+        "wiring",
     },
     "status_text": {"printable", "units"},
     "verify": {"cache.directory", "cache.entry", "cache.store", "checksums", "errors"},

@@ -1,0 +1,90 @@
+"""The daemon's wiring: one backend per configured origin and the store, built from
+`Settings`, and the open-file limit lifted before the port is bound.
+
+Apart from `daemon.py` so that `shardcache check` builds its origins exactly as the daemon does
+without importing the server, and so that daemon.py keeps to the lifecycle (start, drain, stop,
+reload). Logs as `shardcache.daemon`: these are the daemon's start-up lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+
+from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.store import Store
+from shardcache.config import OriginSpec, Settings
+from shardcache.errors import CacheError, ConfigError
+from shardcache.metrics import Metrics
+from shardcache.origins import Origin, Timeouts, make_origin
+from shardcache.origins.file import FileOrigin
+from shardcache.plans import PlanBook
+
+log = logging.getLogger("shardcache.daemon")
+
+
+def build_origins(
+    settings: Settings,
+    keep: dict[str, OriginSpec] | None = None,
+    existing: dict[str, Origin] | None = None,
+) -> dict[str, Origin]:
+    """Return one backend per configured origin; raise ConfigError for an unusable one.
+
+    On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
+    its connections and fills in flight carry on.
+    """
+    timeouts = Timeouts(
+        settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
+    )
+    origins: dict[str, Origin] = {}
+    for spec in settings.origins:
+        if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
+            origins[spec.name] = existing[spec.name]
+            continue
+        origin = make_origin(spec, timeouts)
+        if isinstance(origin, FileOrigin) and not origin.root.is_dir():
+            raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
+        origins[spec.name] = origin
+    return origins
+
+
+def open_store(settings: Settings, metrics: Metrics) -> Store:
+    """Open the store with the eviction policy `--eviction` names, evictions counted in
+    `metrics`; raise ConfigError for an unusable cache dir."""
+
+    def on_evict(key: str, size_bytes: int, was_pinned: bool) -> None:
+        metrics.evicted(size_bytes, was_pinned)
+
+    admission = ScanResistantAdmission() if settings.eviction == "auto" else None
+    plans = PlanBook() if settings.eviction in ("auto", "plan") else None
+    try:
+        return Store(
+            settings.cache_dir,
+            settings.cache_size,
+            on_evict,
+            admission=admission,
+            transient_max_bytes=settings.prefetch_budget_bytes,
+            plans=plans,
+        )
+    except CacheError as exc:
+        raise ConfigError(f"--cache-dir: {exc}") from None
+
+
+def raise_open_file_limit(max_connections: int) -> None:
+    """Lift the soft limit on open files to the hard one: each connection can hold three (its
+    socket, a cache entry, a poll dup). Say so when even that is below `max_connections`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    needed = 3 * max_connections + 256
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "open-file limit %d is below the %d that --max-connections %d can use; "
+            "raise LimitNOFILE / ulimit -n or lower --max-connections",
+            soft,
+            needed,
+            max_connections,
+        )
