@@ -20,6 +20,11 @@ A change to the daemon (any `/_/` request but GET, HEAD and OPTIONS) that a web 
 browser send is refused, token or not (`is_cross_site`): without a token a loopback daemon would
 otherwise take a prefetch, a plan or a verify from any page open on the node. Browsers mark such
 requests (`Sec-Fetch-Site`, `Origin`); the commands, the client and curl send neither.
+
+A daemon on a loopback address answers only requests whose `Host` names this machine's loopback
+(`localhost`, `127.x.x.x`, `[::1]`; `is_foreign_host`): a page whose name an attacker re-points
+at 127.0.0.1 (DNS rebinding) makes the browser send its own name as `Host` and `Origin`, which
+would otherwise pass as same-origin and read shards, status and origins, or purge.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 ADMIN_PREFIX = "/_/"
@@ -44,9 +50,12 @@ def _digest(text: str) -> bytes:
 class AccessPolicy:
     """Decides whether a request's `Authorization` header lets it reach a path."""
 
-    def __init__(self, token: str | None, require_for_reads: bool = False) -> None:
+    def __init__(
+        self, token: str | None, require_for_reads: bool = False, loopback_only: bool = False
+    ) -> None:
         self._digest = _digest(token) if token is not None else None
         self.require_for_reads = require_for_reads and token is not None
+        self.loopback_only = loopback_only  # listening on loopback: refuse foreign Host names
 
     @property
     def is_enabled(self) -> bool:
@@ -89,6 +98,25 @@ def is_cross_site(
         return False
     _, _, authority = origin.strip().partition("://")
     return not authority or host is None or authority.lower() != host.strip().lower()
+
+
+def is_foreign_host(host: str | None) -> bool:
+    """Whether a request's `Host` names something other than this machine's loopback (a
+    rebound DNS name); a request with no `Host` (HTTP/1.0) is not refused for it."""
+    if host is None:
+        return False
+    name = host.strip().lower()
+    if name.startswith("["):  # [::1]:8470
+        name = name[1 : name.find("]")] if "]" in name else name[1:]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761 §6.3: always loopback
+        return False
+    try:
+        return not ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return True
 
 
 def _basic_password(credentials: str) -> str:

@@ -140,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 WATCH_MAX_S = 86400.0  # a day between refreshes is the longest that means anything
+_NOT_DROPPED = "NOT dropped: see the daemon's log"
+VERIFY_STALL_S = 60.0  # a live verify whose daemon reports no progress this long is given up on
 
 
 def _interval(text: str) -> float:
@@ -317,34 +319,43 @@ def _verify_live(
         if serving.resolve() != directory.resolve():
             raise client.ClientError(f"the daemon at {daemon} serves {serving} (pass --daemon)")
         tally = client.verify(daemon)["verify"]
+        progressed_at, checked = time.monotonic(), -1
         with tqdm(unit="B", unit_scale=True, disable=not show_progress, leave=False) as bar:
             while not tally["is_finished"]:
+                if tally["checked_bytes"] != checked:
+                    progressed_at, checked = time.monotonic(), tally["checked_bytes"]
+                elif time.monotonic() - progressed_at > VERIFY_STALL_S:
+                    raise client.ClientError(f"its check made no progress for {VERIFY_STALL_S} s")
                 time.sleep(0.2)
                 tally = client.verify_status(daemon)["verify"]
-                bar.update(tally["checked_bytes"] - bar.n)
+                bar.update(int(tally["checked_bytes"]) - bar.n)
         if tally.get("error"):
             raise client.ClientError(f"the daemon's check failed: {tally['error']}")
-    except (client.ClientError, KeyError, TypeError, ValueError) as exc:
+        damaged, skipped = int(tally["damaged"]), int(tally.get("skipped", 0))
+        summary = (
+            f"{directory} (checked by the daemon at {daemon}): {int(tally['entries'])} entries, "
+            f"{format_size(int(tally['checked_bytes']))} read; {int(tally['digest_checked'])} "
+            f"checked against a digest, {int(tally['length_only'])} by length"
+        )
+        problems = [
+            f"  {problem['kind']}: {problem['key']}: {problem['detail']} "
+            f"({'dropped' if problem['dropped'] else _NOT_DROPPED})"
+            for problem in tally["problems"]
+        ]
+    except (client.ClientError, KeyError, TypeError, ValueError, OverflowError) as exc:
         reason = exc if isinstance(exc, client.ClientError) else client.not_understood(daemon, exc)
         message = f"cannot verify {directory}: {in_use}; asking it: {reason}"
-        print(f"shardcache: error: {message}", file=sys.stderr)
+        print(printable(f"shardcache: error: {message}"), file=sys.stderr)
         if args.json:
             print(json.dumps({"directory": str(directory), "error": str(reason)}))
         return 2
-    damaged = tally["damaged"]
     if args.json:
         document = {"directory": str(directory), "daemon": daemon, **tally}
         print(json.dumps(document | {"clean": not damaged}, indent=2))
-        return 1 if damaged else 2 if tally.get("skipped", 0) else 0
-    print(
-        f"{directory} (checked by the daemon at {daemon}): {tally['entries']} entries, "
-        f"{format_size(tally['checked_bytes'])} read; {tally['digest_checked']} checked "
-        f"against a digest, {tally['length_only']} by length"
-    )
-    for problem in tally["problems"]:
-        dropped = "dropped" if problem["dropped"] else "NOT dropped: see the daemon's log"
-        print(printable(f"  {problem['kind']}: {problem['key']}: {problem['detail']} ({dropped})"))
-    skipped = tally.get("skipped", 0)
+        return 1 if damaged else 2 if skipped else 0
+    print(printable(summary))
+    for line in problems:
+        print(printable(line))
     if skipped:  # not damage, not checked either: say so, and do not call the cache clean
         print(f"{skipped} could not be read now (not damage; the daemon's log says why)")
     print(f"{damaged} damaged, dropped: refetched on next read" if damaged else "no damage found")

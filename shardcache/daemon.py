@@ -212,7 +212,9 @@ class Daemon:
         )
         self.metrics.watch_cache(readouts.cache_gauges)
         self.metrics.watch_scrub(readouts.scrub_gauges)
-        access = AccessPolicy(settings.admin_token, settings.require_token_for_reads)
+        access = AccessPolicy(
+            settings.admin_token, settings.require_token_for_reads, settings.is_loopback
+        )
         app = make_app(cache, prefetch, self.metrics, self.state, access, self.guard)
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(

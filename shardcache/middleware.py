@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.access import AccessPolicy, is_cross_site
+from shardcache.access import AccessPolicy, is_cross_site, is_foreign_host
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
@@ -113,6 +113,13 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
         response.force_close()
         return response
     headers = request.headers
+    access = request.app[ACCESS_KEY]
+    if access.loopback_only and is_foreign_host(headers.get("Host")):
+        request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
+        raise CrossSite(
+            "this daemon listens on loopback and answers only to localhost, 127.0.0.1 or "
+            "[::1] as Host (another name may be a DNS rebinding)"
+        )
     if is_cross_site(
         request.method,
         request.path,
@@ -122,7 +129,6 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
     ):
         request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
         raise CrossSite("a change to the daemon sent by a web page of another site is refused")
-    access = request.app[ACCESS_KEY]
     if access.is_protected(request.path):
         basic = access.takes_basic(request.method, request.path)  # the status page
         if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -36,7 +37,10 @@ def parse_size(text: str | int) -> int:
     if match is None or match.group(2).lower() not in _UNITS:
         raise ValueError(f"cannot read {text!r} as a size (use e.g. 500MiB, 20GiB, 1TiB or bytes)")
     number, unit = match.groups()
-    size = int(float(number) * _UNITS[unit.lower()])
+    scaled = float(number) * _UNITS[unit.lower()]
+    if not math.isfinite(scaled):  # int() of an infinity raises OverflowError, not ValueError
+        raise ValueError(f"{str(text)[:40]!r}… is too large a size")
+    size = int(scaled)
     if size <= 0:
         raise ValueError(f"size must be positive, got {text!r}")
     return size

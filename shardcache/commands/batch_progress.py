@@ -45,9 +45,11 @@ def _follow_batch(batch_id: int, daemon: str) -> int:
         )
     if batch.get("not_cached"):
         print(
-            f"shardcache: {batch['not_cached']} of the shards could not be cached (larger than "
-            "the cache, its room held by pinned look-ahead, or full of shards still in use: "
-            "see docs/sizing.md); see the daemon's log",
+            printable(
+                f"shardcache: {batch['not_cached']} of the shards could not be cached (larger "
+                "than the cache, its room held by pinned look-ahead, or full of shards still in "
+                "use: see docs/sizing.md); see the daemon's log"
+            ),
             file=sys.stderr,
         )
     return 1 if batch["failed"] or batch.get("not_cached") else 0

@@ -268,3 +268,42 @@ def test_a_change_a_web_page_sends_is_refused_even_without_a_token(
     with urllib.request.urlopen(own, timeout=10) as response:
         assert response.status == 202
     assert _send(daemon, "POST", "/_/prefetch", b'{"urls": ["/web/s_000.tar"]}')[0] == 202
+
+
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("evil.example:{port}", 403),  # a name re-pointed at 127.0.0.1: DNS rebinding
+        ("127.0.0.1.evil.example:{port}", 403),
+        ("10.0.0.1:{port}", 403),
+        ("localhost:{port}", 200),
+        ("LOCALHOST.:{port}", 200),
+        ("127.0.0.1:{port}", 200),
+        ("127.0.0.1", 200),
+    ],
+)
+def test_a_loopback_daemon_answers_only_to_loopback_host_names(
+    host: str, answered: int, origin: OriginServer, start_daemon
+) -> None:
+    """A page on evil.example whose DNS is re-pointed at 127.0.0.1 makes the browser send
+    `Host` and `Origin` of evil.example: same-origin by the headers, so it could read shards
+    fetched with the node's credentials, the status and origins, and purge (the re-attack).
+    A loopback daemon refuses any Host but its loopback names, on every path; curl, the client
+    and the commands send 127.0.0.1 or localhost."""
+    origin.put("s_000.tar", b"x" * 4096)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    port = daemon.url.rsplit(":", 1)[1]
+    for path in ("/web/s_000.tar", "/_/status"):
+        request = urllib.request.Request(
+            daemon.url + path, headers={"Host": host.format(port=port)}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status, body = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()
+        assert status == answered, (path, host, body[:200])
+        if status == 403:
+            assert "rebinding" in json.loads(body)["error"]
+    if answered == 403:
+        assert sum(origin.gets.values()) == 0  # nothing was fetched for the page

@@ -328,3 +328,51 @@ def test_serve_with_a_hostile_config_file_is_one_line_and_exit_2(tmp_path: Path)
     for path, needle in _hostile_configs(tmp_path).values():
         result = run_cli("serve", "--cache-dir", str(tmp_path / "c"), "--config", path, timeout=20)
         _assert_one_line_exit_2(result.returncode, result.stderr, needle)
+
+
+VERIFY_GARBAGE = {  # what a daemon may answer to the live verify's POST and its polls
+    "fields missing": {"verify": {"is_finished": True, "checked_bytes": 0}},
+    "problems of the wrong shape": {
+        "verify": {
+            "is_finished": True,
+            "checked_bytes": 0,
+            "entries": 1,
+            "digest_checked": 0,
+            "length_only": 0,
+            "damaged": 1,
+            "problems": ["x"],
+        }
+    },
+    "an error with escapes": {"verify": {"is_finished": True, "error": "\x1b]0;pwned\x07"}},
+}
+
+
+@pytest.mark.parametrize("answer", VERIFY_GARBAGE, ids=list(VERIFY_GARBAGE))
+def test_verify_through_a_daemon_answering_garbage_is_one_line_and_exit_2(
+    answer: str,
+    daemon: HostileDaemon,
+    start_daemon: Callable[..., object],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`verify` of a cache a daemon holds asks that daemon; fields it read after its checks
+    (damaged, entries, problems) were a KeyError/TypeError traceback, and an error's text
+    reached the terminal raw (the re-attack)."""
+    (tmp_path / "files").mkdir()
+    real = start_daemon({"f": (tmp_path / "files").as_uri()})  # holds the cache's lock
+    cache_dir = str(real.cache_dir)  # type: ignore[attr-defined]
+    status = {"cache": {"dir": cache_dir}}
+    daemon.answer = lambda target: _json(
+        status if target.startswith("/_/status") else VERIFY_GARBAGE[answer]
+    )
+    code, _, err = _main(capsys, "verify", "--cache-dir", cache_dir, "--daemon", daemon.url)
+    _assert_one_line_exit_2(code, err)
+
+
+def test_a_size_too_large_to_hold_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """A size of 400 digits made `int(float(...))` raise OverflowError: a traceback."""
+    config = tmp_path / "huge.toml"
+    config.write_text(f'cache_size = "{"9" * 400}TiB"\n')
+    done = run_cli("serve", "--config", str(config), timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "too large" in done.stderr, done.stderr
