@@ -125,7 +125,7 @@ def test_non_reading_idle_and_slowloris_clients_are_closed(daemon: Daemon) -> No
     non_reading = []
     for _ in range(400):
         sock = _connect(daemon, receive_buffer=4096)
-        sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         non_reading.append(sock)
     idle = [_connect(daemon) for _ in range(100)]
     slowloris = [_connect(daemon) for _ in range(20)]
@@ -160,7 +160,7 @@ def test_an_announced_body_that_never_comes_is_a_408(daemon: Daemon) -> None:
     sock = _connect(daemon)
     began = time.monotonic()
     sock.sendall(
-        b"POST /_/prefetch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /_/prefetch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: 1000\r\n\r\n{"
     )
     sock.settimeout(10)
@@ -173,7 +173,7 @@ def test_an_announced_body_that_never_comes_is_a_408(daemon: Daemon) -> None:
     assert b'"error"' in answer and 0.9 < elapsed < 4, elapsed
 
     huge = _connect(daemon)  # 99 GB announced: refused before a byte of it is read
-    huge.sendall(b"POST /_/prefetch HTTP/1.1\r\nHost: x\r\nContent-Length: 99000000000\r\n\r\n")
+    huge.sendall(b"POST /_/prefetch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99000000000\r\n\r\n")
     huge.settimeout(5)
     assert huge.recv(65536).startswith(b"HTTP/1.1 413")
     huge.close()
@@ -193,7 +193,7 @@ def test_one_client_cannot_take_every_slot(origin: OriginServer, start_daemon) -
     other = socket.socket()
     other.bind(("127.0.0.2", 0))
     other.connect(("127.0.0.1", daemon.port))
-    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    other.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     other.settimeout(5)
     assert other.recv(65536).startswith(b"HTTP/1.1 200")
     other.close()
@@ -236,7 +236,7 @@ def test_a_stalled_reader_does_not_stop_a_shared_fill(
     origin.put("cold.tar", SHARD)
     daemon = start_daemon({"web": origin.url}, "--readahead", "0", *TIMEOUTS)
     stalled = _connect(daemon, receive_buffer=4096)
-    stalled.sendall(b"GET /web/cold.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+    stalled.sendall(b"GET /web/cold.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     time.sleep(0.2)
     with urllib.request.urlopen(daemon.url + "/web/cold.tar", timeout=30) as response:
         assert response.read() == SHARD
@@ -251,7 +251,7 @@ def test_a_slow_reader_is_not_a_stalled_one(daemon: Daemon) -> None:
     """16 KB/s is slow, but it is reading: the send timeout (2 s here) counts time without
     progress, not time until the socket turns writable (half its 4 MiB buffer drained)."""
     sock = _connect(daemon, receive_buffer=16384)
-    sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+    sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     sock.settimeout(5)
     received = 0
     began = time.monotonic()

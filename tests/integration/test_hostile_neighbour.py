@@ -59,7 +59,7 @@ def test_a_compressed_body_is_refused_without_inflating_it(
     try:
         for path in ("/healthz", "/_/prefetch", "/web/x.tar"):
             head = (
-                f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: gzip\r\n"
                 f"Content-Length: {len(bomb)}\r\nConnection: close\r\n\r\n"
             )
             answer = _raw(daemon, head.encode() + bomb)
@@ -71,7 +71,7 @@ def test_a_compressed_body_is_refused_without_inflating_it(
     assert slowest[0] < 0.25, f"/healthz took {slowest[0]:.2f} s during the bombs"
     prefetch = _raw(
         daemon,
-        b"POST /_/prefetch HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+        b"POST /_/prefetch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: gzip\r\n"
         b"Content-Length: 20\r\nConnection: close\r\n\r\n" + bomb[:20],
     )
     assert prefetch.startswith(b"HTTP/1.1 415") and b'"error"' in prefetch
@@ -129,7 +129,7 @@ def test_a_malformed_authorization_line_does_not_log_the_token(
         f"Authorization: Bearer {TOKEN}\x0b\r\n",  # a control character
         f"Authorization : Bearer {TOKEN}\r\n",  # a space before the colon
     ):
-        request = f"GET /_/status HTTP/1.1\r\nHost: x\r\n{line}Connection: close\r\n\r\n"
+        request = f"GET /_/status HTTP/1.1\r\nHost: 127.0.0.1\r\n{line}Connection: close\r\n\r\n"
         assert _raw(daemon, request.encode()).split(b" ", 2)[1] == b"400"
     log = daemon.wait_for_log("unparseable request")
     assert TOKEN not in log and TOKEN[:12] not in log
@@ -143,7 +143,7 @@ def test_clients_that_leave_before_the_headers_leave_no_traceback(
     urllib.request.urlopen(daemon.url + "/web/s.tar", timeout=30).close()
     for _ in range(30):
         with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
-            sock.sendall(b"GET /web/s.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.sendall(b"GET /web/s.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     time.sleep(1)
     log = daemon.log()
     assert "Traceback" not in log and "Error handling request" not in log, log[-3000:]

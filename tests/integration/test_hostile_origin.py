@@ -82,7 +82,7 @@ def test_a_client_that_leaves_during_a_miss_is_no_error(origin: OriginServer, st
 
     for _ in range(3):
         with socket.create_connection(("127.0.0.1", daemon.port)) as client:
-            client.sendall(b"GET /web/s.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+            client.sendall(b"GET /web/s.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             assert client.recv(65536)  # headers and some body, then gone
     hit = None
     deadline = time.monotonic() + 30

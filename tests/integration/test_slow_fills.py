@@ -52,7 +52,7 @@ def test_a_hang_up_costs_one_get_per_counted_attempt(
 def _leave_after_headers(daemon: Daemon, path: str) -> None:
     """A client that reads the answer's first bytes and goes (`curl … | head -c 1`)."""
     with socket.create_connection(("127.0.0.1", daemon.port)) as client:
-        client.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        client.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         assert client.recv(65536).startswith(b"HTTP/1.1 200")
 
 
