@@ -173,7 +173,9 @@ def test_an_announced_body_that_never_comes_is_a_408(daemon: Daemon) -> None:
     assert b'"error"' in answer and 0.9 < elapsed < 4, elapsed
 
     huge = _connect(daemon)  # 99 GB announced: refused before a byte of it is read
-    huge.sendall(b"POST /_/prefetch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99000000000\r\n\r\n")
+    huge.sendall(
+        b"POST /_/prefetch HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 99000000000\r\n\r\n"
+    )
     huge.settimeout(5)
     assert huge.recv(65536).startswith(b"HTTP/1.1 413")
     huge.close()

@@ -102,7 +102,8 @@ def _drive_every_route(daemon: Daemon) -> None:
     assert _send(daemon, get.format(f"/files/a/..%2F{key}")) in (400, 404)
     assert _send(daemon, get.format(f"/_/{key}")) in (401, 404)
     assert _send(daemon, get.format(f"/_/{key}") + auth) == 404
-    assert _send(daemon, f"DELETE /_/cache/files/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth) == 404
+    delete = f"DELETE /_/cache/files/{key} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    assert _send(daemon, delete + auth) == 404
     # aiohttp refuses C0 and DEL in a header value (400), not obs-text: C1, U+2028, U+2029.
     for hostile in (PATH_HOSTILE, OBS_TEXT):
         value = hostile.encode("utf-8").decode("latin-1")

@@ -86,7 +86,8 @@ def test_head_does_not_fetch_the_body(origin: OriginServer, start_daemon) -> Non
 def _raw_get(port: int, path: str) -> tuple[int, dict[str, str]]:
     """Send a request line byte-for-byte (curl and yarl would normalize `..`)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        sock.sendall(request.encode())
         raw = b""
         while chunk := sock.recv(65536):
             raw += chunk
