@@ -279,7 +279,12 @@ class ReceiverPool:
         """Start receivers until `size` are alive (holding the lock). One that cannot be
         started (EMFILE, EAGAIN) is tried again at the next request; with none alive, the
         request fails with OriginUnavailable."""
-        self._receivers = [r for r in self._receivers if not r.is_dead]
+        # A dead one is counted here, where it leaves the list: two dying at once, the first
+        # one's replacement takes the second out before its own report comes (which then
+        # finds it gone, as it finds one let go), and it went uncounted.
+        alive = [r for r in self._receivers if not r.is_dead]
+        self.replaced += len(self._receivers) - len(alive)
+        self._receivers = alive
         while len(self._receivers) < self.size:
             try:
                 self._receivers.append(Receiver(self._died, self._threads))
@@ -319,13 +324,11 @@ class ReceiverPool:
         """On `receiver`'s reader thread, once it is gone: replace it, unless it was let go."""
         with self._lock:
             if receiver not in self._receivers:
-                return  # retired or closed: its end was asked for
-            self.replaced += 1
-            if not self._closed:
-                try:
-                    self._fill_up()
-                except OriginUnavailable:
-                    pass  # logged; the next request tries again
+                return  # retired or closed (its end was asked for), or already counted
+            try:
+                self._fill_up()  # counts it, and starts its replacement
+            except OriginUnavailable:
+                pass  # logged; the next request tries again
 
 
 def _orphaned(
