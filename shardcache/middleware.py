@@ -105,8 +105,10 @@ async def track_connection(request: web.Request, handler: Handler) -> web.Stream
 async def admit_request(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Refuse, before anything else is done for it, a request with an encoded body (none is
     taken; the daemon runs aiohttp with auto_decompress off, so nothing inflates one meanwhile)
-    and one for a protected path without the admin token. One middleware: each layer costs
-    every request, and 64 KiB hits are counted in requests per second."""
+    one a loopback daemon gets under a foreign Host name (DNS rebinding), a change a web page
+    of another site sent (`access.is_cross_site`), and one for a protected path without the
+    admin token. One middleware: each layer costs every request, and 64 KiB hits are counted
+    in requests per second."""
     encoding = request.headers.get("Content-Encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
