@@ -32,6 +32,7 @@ from shardcache.access import AccessPolicy
 from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
+from shardcache.cluster.upstreams import redact_url
 from shardcache.config import Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import ConfigError, ShardcacheError
@@ -40,7 +41,6 @@ from shardcache.metrics import Metrics
 from shardcache.notify import monotonic_usec, notify
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
-from shardcache.origins.upstreams import redact_url
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.readouts import Readouts, upstream_rows
 from shardcache.scrub import Scrubber

@@ -14,16 +14,16 @@ import time
 from dataclasses import dataclass
 
 from shardcache import __version__
-from shardcache.breaker import Health
 from shardcache.cache.entry import AdmissionState
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
+from shardcache.cluster.breaker import Health
+from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.connections import ConnectionGuard
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.origins.base import Origin
 from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.receivers import ReceiverPool
-from shardcache.origins.upstreams import FailoverOrigin
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.scrub import Scrubber
 from shardcache.scrub_metrics import ScrubGauges

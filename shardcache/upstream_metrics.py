@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from shardcache.breaker import BreakerState, Health
+from shardcache.cluster.breaker import BreakerState, Health
 
 UpstreamRows = Callable[[], Iterable[tuple[str, str, Health]]]  # (origin, role, health)
 LoneHomes = Callable[[], Mapping[str, str]]  # origin → its one URL (no mirror, no tier)

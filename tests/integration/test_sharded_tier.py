@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.rendezvous import rank
+from shardcache.cluster.rendezvous import rank
 from tests.daemon_process import Daemon
 from tests.integration.helpers import curl
 from tests.origin_server import OriginServer

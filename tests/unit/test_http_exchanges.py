@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from shardcache import errors
-from shardcache.breaker import BreakerState, CircuitBreaker
+from shardcache.cluster.breaker import BreakerState, CircuitBreaker
+from shardcache.cluster.upstreams import FailoverOrigin, Upstream
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
 from shardcache.origins import Timeouts, http, receivers
 from shardcache.origins.http import HttpOrigin, HttpTransport
 from shardcache.origins.receivers import ReceiverPool
-from shardcache.origins.upstreams import FailoverOrigin, Upstream
 from shardcache.segments import Segment
 
 # An answer: the bytes to write for (method, path), or None to hang up without answering.

@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "shardcache"
 
 # module → package modules it may import (besides itself); "*" means anything.
 ALLOWED: dict[str, set[str]] = {
+    "cluster": set(),
     "errors": set(),
     "units": set(),
     "keys": {"errors"},
@@ -25,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "observer": set(),
     "origins.base": {"checksums", "errors"},
     "origins": {
-        "breaker",
+        "cluster.breaker",
         "config",
         "errors",
         "keys",
@@ -34,12 +35,18 @@ ALLOWED: dict[str, set[str]] = {
         "origins.s3",
         "origins.http",
         "origins.file",
-        "origins.upstreams",
+        "cluster.upstreams",
     },
     "origins.capped": {"errors", "origins.base"},
-    "origins.upstreams": {"breaker", "checksums", "errors", "origins.base", "rendezvous"},
-    "breaker": set(),
-    "rendezvous": set(),
+    "cluster.upstreams": {
+        "cluster.breaker",
+        "checksums",
+        "errors",
+        "origins.base",
+        "cluster.rendezvous",
+    },
+    "cluster.breaker": set(),
+    "cluster.rendezvous": set(),
     "origins.file": {"config", "errors", "keys", "origins.base"},
     "origins.threads": set(),
     "origins.pool": {"origins.threads"},
@@ -171,7 +178,7 @@ ALLOWED: dict[str, set[str]] = {
     "scrub_metrics": set(),
     "receiver_metrics": set(),
     # Each origin's upstreams, read at scrape time from their breakers.
-    "upstream_metrics": {"breaker"},
+    "upstream_metrics": {"cluster.breaker"},
     "stall": set(),
     "status": set(),
     "middleware": {
@@ -263,7 +270,7 @@ ALLOWED: dict[str, set[str]] = {
     # job, beside `status`, which shapes the document): above every part it reads.
     "readouts": {
         "__init__",
-        "breaker",
+        "cluster.breaker",
         "cache.entry",
         "cache.shard_cache",
         "cache.store",
@@ -272,7 +279,7 @@ ALLOWED: dict[str, set[str]] = {
         "origins.base",
         "origins.capped",
         "origins.receivers",
-        "origins.upstreams",
+        "cluster.upstreams",
         "prefetch.queue",
         "scrub",
         "scrub_metrics",

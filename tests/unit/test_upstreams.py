@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.breaker import BreakerState, CircuitBreaker
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
+from shardcache.cluster.breaker import BreakerState, CircuitBreaker
+from shardcache.cluster.rendezvous import rank
+from shardcache.cluster.upstreams import FailoverOrigin, TierMembers, Upstream
 from shardcache.errors import (
     OriginBusy,
     OriginChanged,
@@ -26,8 +28,6 @@ from shardcache.errors import (
 from shardcache.observer import NullObserver
 from shardcache.origins.base import Origin
 from shardcache.origins.capped import CappedOrigin
-from shardcache.origins.upstreams import FailoverOrigin, TierMembers, Upstream
-from shardcache.rendezvous import rank
 from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.test_cache import read_all

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from shardcache.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.checksums import Checksum
+from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
+from shardcache.cluster.rendezvous import rank
 from shardcache.errors import (
     LocalBusy,
     OriginChanged,
@@ -47,7 +48,6 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, SpeedFloor, Spot
-from shardcache.rendezvous import rank
 
 log = logging.getLogger("shardcache.origin")
 T = TypeVar("T")
