@@ -36,6 +36,7 @@ from shardcache.cluster.upstreams import redact_url
 from shardcache.config import Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.logs import AccessLogger, redact
 from shardcache.metrics import Metrics
 from shardcache.notify import monotonic_usec, notify
@@ -44,7 +45,6 @@ from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.readouts import Readouts, upstream_rows
 from shardcache.scrub import Scrubber
-from shardcache.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.units import format_size

@@ -20,9 +20,9 @@ from shardcache.cache.store import Store
 from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.connections import ConnectionGuard
+from shardcache.fetch.capped import CappedOrigin
 from shardcache.metrics import CacheGauges, Metrics
 from shardcache.origins.base import Origin
-from shardcache.origins.capped import CappedOrigin
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.scrub import Scrubber

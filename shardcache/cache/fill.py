@@ -46,7 +46,6 @@ from shardcache.cache.fill_state import (
 )
 from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
-from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import (
     LOCAL_DIGEST,
     Checksum,
@@ -65,11 +64,12 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.limiter import RequestLimiter
+from shardcache.fetch.checksum_trust import ChecksumTrust
+from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.second_opinion import SecondOpinion
+from shardcache.fetch.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.second_opinion import SecondOpinion
-from shardcache.segments import OriginRequests, RetryPolicy, SegmentedDownload
 
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 
 from shardcache.checksums import Checksum
 from shardcache.errors import OriginChanged
+from shardcache.fetch.segments import OriginRequests
 from shardcache.origins.base import Landed, OriginStream, Spot, land_chunks
-from shardcache.segments import OriginRequests
 
 
 class ContinuedStream:

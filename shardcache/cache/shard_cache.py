@@ -22,14 +22,14 @@ from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill, FillState
 from shardcache.cache.flights import Flights
 from shardcache.cache.store import Store
-from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, from_headers
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
+from shardcache.fetch.checksum_trust import ChecksumTrust
+from shardcache.fetch.origin_table import OriginTable
+from shardcache.fetch.segments import OriginRequests, RetryPolicy
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
-from shardcache.origin_table import OriginTable
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-from shardcache.segments import OriginRequests, RetryPolicy
 
 log = logging.getLogger("shardcache.cache")
 RECENT_FILLS = 65536

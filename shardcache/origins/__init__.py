@@ -30,7 +30,7 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     member; caps wrap the whole in a `CappedOrigin`."""
     origin = _make_failover(spec, timeouts) if spec.has_upstreams else _make_one(spec, timeouts)
     if spec.max_requests or spec.max_requests_per_second:
-        from shardcache.origins.capped import CappedOrigin
+        from shardcache.fetch.capped import CappedOrigin
 
         return CappedOrigin(
             origin, spec.max_requests, spec.max_requests_per_second, max_wait_s=timeouts.read_s

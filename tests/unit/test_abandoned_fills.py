@@ -15,8 +15,8 @@ import pytest
 from shardcache.cache.fill import FillState
 from shardcache.cache.shard_cache import PrefetchOutcome, Result, ShardCache
 from shardcache.cache.store import Store
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all
 

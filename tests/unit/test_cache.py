@@ -14,8 +14,8 @@ from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin
 
 MiB = 1024 * 1024

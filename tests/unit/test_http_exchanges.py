@@ -16,10 +16,10 @@ from shardcache.cluster.breaker import BreakerState, CircuitBreaker
 from shardcache.cluster.upstreams import FailoverOrigin, Upstream
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
+from shardcache.fetch.segments import Segment
 from shardcache.origins import Timeouts, http, receivers
 from shardcache.origins.http import HttpOrigin, HttpTransport
 from shardcache.origins.receivers import ReceiverPool
-from shardcache.segments import Segment
 
 # An answer: the bytes to write for (method, path), or None to hang up without answering.
 Answer = Callable[[str, str], Awaitable[bytes | None]]

@@ -13,10 +13,10 @@ from aiohttp.test_utils import TestServer
 
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
+from shardcache.fetch.segments import Segment
 from shardcache.origins import Timeouts, http, pool, receivers
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool
-from shardcache.segments import Segment
 
 BODY = b"x" * (8 << 20)
 

@@ -25,8 +25,8 @@ from shardcache.errors import (
     OriginError,
     OriginUnavailable,
 )
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle
 

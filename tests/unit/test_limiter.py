@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from shardcache.errors import OriginShed, OriginThrottled
-from shardcache.limiter import BETA, CALM_S, CUBIC_C, RequestLimiter
+from shardcache.fetch.limiter import BETA, CALM_S, CUBIC_C, RequestLimiter
 from shardcache.origins.http import retry_after_s
 
 
@@ -169,8 +169,8 @@ async def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
     """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour;
     found: `Retry-After: 30` or more held a client 4 × 30 s before its 503. A hint longer
     than the read timeout is passed on to the client at once."""
+    from shardcache.fetch.segments import OriginRequests, RetryPolicy
     from shardcache.observer import NullObserver
-    from shardcache.segments import OriginRequests, RetryPolicy
     from tests.unit.fakes import FakeOrigin
 
     slept: list[float] = []
@@ -178,7 +178,7 @@ async def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr("shardcache.segments.asyncio.sleep", sleep)
+    monkeypatch.setattr("shardcache.fetch.segments.asyncio.sleep", sleep)
     policy = RetryPolicy(base_s=0.25, read_timeout_s=30.0)
     requests = OriginRequests(FakeOrigin(), "a.tar", policy, NullObserver())
     refusal = OriginThrottled("503 SlowDown", hint)

@@ -23,7 +23,7 @@ from shardcache.config.options import default
 from shardcache.connections import ConnectionLimits
 from shardcache.daemon import Daemon
 from shardcache.errors import ConfigError
-from shardcache.segments import RetryPolicy
+from shardcache.fetch.segments import RetryPolicy
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Settings fields that are not an option of the same name: `listen` is split in two, origins

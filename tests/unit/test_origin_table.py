@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from shardcache.fetch.origin_table import OriginTable
 from shardcache.observer import NullObserver
-from shardcache.origin_table import OriginTable
 from tests.unit.fakes import FakeOrigin
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from shardcache import errors
+from shardcache.fetch.segments import Segment
 from shardcache.origins import Timeouts, receivers
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool, default_size
 from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair
-from shardcache.segments import Segment
 from tests.unit.test_http_exchanges import RawOrigin, response
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardcache.segments import RetryPolicy, Segment, plan
+from shardcache.fetch.segments import RetryPolicy, Segment, plan
 
 MiB = 1 << 20
 POLICY = RetryPolicy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)

@@ -25,10 +25,10 @@ from shardcache.errors import (
     OriginTimeout,
     OriginUnavailable,
 )
+from shardcache.fetch.capped import CappedOrigin
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import Origin
-from shardcache.origins.capped import CappedOrigin
-from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.test_cache import read_all
 

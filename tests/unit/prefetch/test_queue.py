@@ -15,13 +15,13 @@ from shardcache.admission import ScanResistantAdmission
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.plans import PlanBook
 from shardcache.prefetch import queue as prefetch
 from shardcache.prefetch import slots
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.prefetch.slots import MAX_CONCURRENCY, START_CONCURRENCY
-from shardcache.segments import RetryPolicy
 from tests.unit.fakes import FakeOrigin, Pace
 
 KiB, MiB = 1024, 1024 * 1024

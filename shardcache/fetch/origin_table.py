@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from shardcache.limiter import RequestLimiter
+from shardcache.fetch.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import Origin
 

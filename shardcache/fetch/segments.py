@@ -29,7 +29,7 @@ from shardcache.errors import (
     OriginNotResumable,
     OriginThrottled,
 )
-from shardcache.limiter import RequestLimiter
+from shardcache.fetch.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 

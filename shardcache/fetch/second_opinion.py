@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from shardcache.checksum_trust import ChecksumTrust
 from shardcache.checksums import Checksum, Verifier
 from shardcache.errors import IntegrityError
+from shardcache.fetch.checksum_trust import ChecksumTrust
 
 
 @dataclass(frozen=True, slots=True)
