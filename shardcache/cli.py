@@ -264,7 +264,7 @@ def _stats(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from shardcache.verify import CacheInUse, total_bytes, verify_cache
+    from shardcache.cache.verify import CacheInUse, total_bytes, verify_cache
 
     flags = {"cache_dir": args.cache_dir, "config": args.config}
     settings = config.load_settings(flags, os.environ)

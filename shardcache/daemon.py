@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from shardcache import __version__, logs
 from shardcache.access import AccessPolicy
 from shardcache.cache.directory import LAYOUT_VERSION
+from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.upstreams import redact_url
@@ -44,7 +45,6 @@ from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.readouts import Readouts, upstream_rows
-from shardcache.scrub import Scrubber
 from shardcache.server import make_app
 from shardcache.server_state import InFlight, ServerState
 from shardcache.units import format_size

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from shardcache import __version__
 from shardcache.cache.entry import AdmissionState
+from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.breaker import Health
@@ -25,7 +26,6 @@ from shardcache.metrics import CacheGauges, Metrics
 from shardcache.origins.base import Origin
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.scrub import Scrubber
 from shardcache.scrub_metrics import ScrubGauges
 from shardcache.status import build_status
 

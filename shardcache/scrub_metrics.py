@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 
 @dataclass(frozen=True, slots=True)
 class ScrubGauges:
-    """The online scrub's totals (`shardcache.scrub`), read at scrape time."""
+    """The online scrub's totals (`shardcache.cache.scrub`), read at scrape time."""
 
     rate_bytes_per_s: int
     checked_bytes: int

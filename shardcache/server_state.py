@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardcache.scrub import Scrubber
+from shardcache.cache.scrub import Scrubber
 
 
 class InFlight:

@@ -12,14 +12,14 @@ import contextlib
 import logging
 import resource
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings
 from shardcache.errors import CacheError, ConfigError
 from shardcache.metrics import Metrics
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
-from shardcache.plans import PlanBook
 
 log = logging.getLogger("shardcache.daemon")
 

@@ -18,6 +18,11 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
   `map_store_errors`, the edge where SQLite and OS errors become `CacheError`.
 - `entry`, `space`: values (entry metadata, reservations, listed rows; `CacheFull`,
   `NotAdmitted`) and the pure arithmetic of room.
+- `admission`, `plans`: what the policies decide from (pure): the scan-resistant admission
+  filter's ghost list, and the loaders' posted read plans (next use of each key).
+- `verify`, `scrub_check`, `scrub`: every entry's bytes checked against the digest kept for it,
+  offline (`shardcache verify`) or by the daemon's paced scrub; `catalog`: what the cache
+  holds by origin and glob, for `ls` and `purge`.
 
 What this folder must not know: HTTP (no aiohttp, no status codes but the errors' own), how an
 origin is reached (it gets `Origin`s and their limits from the daemon), the prefetch queue's

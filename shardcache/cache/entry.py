@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardcache.cache.plans import PlanStatus
 from shardcache.errors import CacheError
-from shardcache.plans import PlanStatus
 
 
 @dataclass(frozen=True, slots=True)

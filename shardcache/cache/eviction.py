@@ -12,7 +12,7 @@ streams through uncached). The policies:
   what the next epoch reads;
 - `PlanAware`: while a loader's plan is active, what no plan reads again (LRU among those,
   sparing what admission protects), then what the plans read furthest away, admitting a fill
-  only when it is needed before that victim (`shardcache.plans.choose_victim`). A look-ahead
+  only when it is needed before that victim (`shardcache.cache.plans.choose_victim`). A look-ahead
   prefetch is then an ordinary fill (the plans rank it as needed soon): no transient area is
   kept free (`cache.transient`).
 
@@ -26,9 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
+from shardcache.cache.plans import PlanBook, choose_victim
 from shardcache.errors import NotAdmitted
-from shardcache.plans import PlanBook, choose_victim
 
 
 class EvictionPolicy(Protocol):

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.eviction import EvictionPolicy, PlanAware, ordinary_policy
 from shardcache.cache.index import WAL_ALLOWANCE_BYTES, Index
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.transient import TransientArea
 from shardcache.errors import CacheFull
-from shardcache.plans import PlanBook
 
 log = logging.getLogger("shardcache.store")
 _LRU_BATCH = 64

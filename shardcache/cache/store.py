@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.directory import REPLACED, CacheDirectory
 from shardcache.cache.entry import (
     AdmissionState,
@@ -42,9 +42,9 @@ from shardcache.cache.entry import (
 )
 from shardcache.cache.evictor import FILESYSTEM_HEADROOM_BYTES, Evictor
 from shardcache.cache.index import AdoptFile, Index, map_store_errors
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.space import Room, cannot_fit, startup_warnings
 from shardcache.errors import CacheError, CacheFull, NotAdmitted
-from shardcache.plans import PlanBook
 
 log = logging.getLogger("shardcache.store")
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
@@ -404,7 +404,7 @@ class Store:
                 return problem
         return self._dir.usage_problem()
 
-    # -- the online scrub (`shardcache.scrub`) ----------------------------------------------
+    # -- the online scrub (`shardcache.cache.scrub`) ----------------------------------------------
 
     def entries_after(self, rowid: int, limit: int) -> list[StoredEntry]:
         """Up to `limit` entries after `rowid`, in index (rowid) order: a stable walk in which

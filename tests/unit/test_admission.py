@@ -1,6 +1,6 @@
 """Scan-resistant admission in simulation.
 
-The traces and policies are `benchmarks/trace_sim.py`'s, the policy is `shardcache.admission`'s.
+The traces and policies are `benchmarks/trace_sim.py`'s, the policy is `cache.admission`'s.
 What the issue asks of the default policy without a plan: single-job sequential and reshuffled
 epochs at C/N within 0.03 from epoch 2, and never below LRU by more than 0.02."""
 
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import trace_sim  # noqa: E402
 
-from shardcache.admission import ScanResistantAdmission  # noqa: E402
+from shardcache.cache.admission import ScanResistantAdmission  # noqa: E402
 
 SHARDS = 200
 

@@ -10,11 +10,11 @@ from urllib.parse import quote
 
 import pytest
 
-from shardcache import catalog
+from shardcache.cache import catalog
 from shardcache.cache.entry import EntryMeta
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.errors import BadRequest
-from shardcache.plans import PlanBook
 
 
 class QuotingOrigin:

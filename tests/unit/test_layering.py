@@ -107,30 +107,30 @@ ALLOWED: dict[str, set[str]] = {
     # The cache, bottom up: values and pure rules; the diskcache adapter (the only module that
     # imports diskcache) and the directory; the evictor over the policies; the store over all.
     "cache": set(),
-    "cache.entry": {"errors", "plans"},
+    "cache.entry": {"errors", "cache.plans"},
     "cache.space": {"units"},
-    "cache.eviction": {"admission", "cache.entry", "errors", "plans"},
+    "cache.eviction": {"cache.admission", "cache.entry", "errors", "cache.plans"},
     "cache.transient": set(),
     "cache.index": {"errors"},
     "cache.directory": {"cache.entry", "cache.index", "errors"},
     "cache.evictor": {
-        "admission",
+        "cache.admission",
         "cache.entry",
         "cache.eviction",
         "cache.index",
         "cache.transient",
         "errors",
-        "plans",
+        "cache.plans",
     },
     "cache.store": {
-        "admission",
+        "cache.admission",
         "cache.directory",
         "cache.entry",
         "cache.evictor",
         "cache.index",
         "cache.space",
         "errors",
-        "plans",
+        "cache.plans",
     },
     "fetch.segments": {
         "origins.base",
@@ -200,23 +200,23 @@ ALLOWED: dict[str, set[str]] = {
         "prefetch.queue",
         "server_state",
     },
-    "server_state": {"scrub"},
+    "server_state": {"cache.scrub"},
     "serving": set(),
     "serving.status_page": {"serving.status_page_html"},
     "serving.status_page_html": set(),
     # The (origin, key) targets a prefetch or plans body names: request parsing, pure.
     "serving.targets": {"errors", "keys", "patterns"},
     "admin": {
-        "catalog",
+        "cache.catalog",
         "errors",
         "middleware",
-        "plans",
+        "cache.plans",
         "prefetch.queue",
-        "scrub",
+        "cache.scrub",
         "serving.targets",
     },
     # What the cache holds, by origin and glob (the index's key order): below the routes.
-    "catalog": {"errors", "origins.base", "cache.store"},
+    "cache.catalog": {"errors", "origins.base", "cache.store"},
     "server": {
         "access",
         "admin",
@@ -235,8 +235,8 @@ ALLOWED: dict[str, set[str]] = {
         "serving.status_page",
     },
     "access": set(),
-    "admission": set(),
-    "plans": set(),
+    "cache.admission": set(),
+    "cache.plans": set(),
     "connections": set(),
     # prefetch/: the queue over the look-ahead budget and the slots; they over the lanes, and
     # the slots over the concurrency tuner (pure).
@@ -265,14 +265,14 @@ ALLOWED: dict[str, set[str]] = {
     # The daemon's wiring (origins and store from Settings), below the daemon so that `check`
     # builds origins as it does without importing the server.
     "wiring": {
-        "admission",
+        "cache.admission",
         "cache.store",
         "config",
         "errors",
         "metrics",
         "origins",
         "origins.file",
-        "plans",
+        "cache.plans",
     },
     # What `/_/status` and the scrape-time gauges read of the started parts (observability's
     # job, beside `status`, which shapes the document): above every part it reads.
@@ -289,7 +289,7 @@ ALLOWED: dict[str, set[str]] = {
         "origins.receivers",
         "cluster.upstreams",
         "prefetch.queue",
-        "scrub",
+        "cache.scrub",
         "scrub_metrics",
         "status",
     },
@@ -306,7 +306,7 @@ ALLOWED: dict[str, set[str]] = {
         "client",
         "status_text",
         "units",
-        "verify",
+        "cache.verify",
     },
     # Subcommands in their own modules: ls/purge only through the daemon's HTTP API (client),
     # check through the daemon's own origin construction (`wiring`).
@@ -325,9 +325,9 @@ ALLOWED: dict[str, set[str]] = {
         "wiring",
     },
     "status_text": {"printable", "units"},
-    "verify": {"cache.directory", "cache.entry", "cache.store", "checksums", "errors"},
-    "scrub": {"cache.entry", "cache.store", "errors", "scrub_check"},
-    "scrub_check": {"cache.entry", "cache.store", "checksums", "errors", "verify"},
+    "cache.verify": {"cache.directory", "cache.entry", "cache.store", "checksums", "errors"},
+    "cache.scrub": {"cache.entry", "cache.store", "errors", "cache.scrub_check"},
+    "cache.scrub_check": {"cache.entry", "cache.store", "checksums", "errors", "cache.verify"},
     "__init__": set(),
     "__main__": {"cli"},
 }

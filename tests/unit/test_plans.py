@@ -1,4 +1,4 @@
-"""Plans (`shardcache.plans`): position tracking from reads, next planned use, Belady's victim,
+"""Plans (`cache.plans`): position tracking from reads, next planned use, Belady's victim,
 quiet plans dropped; and in simulation, the targets of issue 12 for `--eviction auto` with plans:
 at least 90% of the offline optimum, never below LRU by more than 0.02."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.plans import PlanBook, PlanRefused, choose_victim
+from shardcache.cache.plans import PlanBook, PlanRefused, choose_victim
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
@@ -94,7 +94,7 @@ def test_a_quiet_plan_is_dropped_and_a_new_post_replaces_the_old() -> None:
 
 
 def test_the_book_refuses_plans_beyond_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardcache.plans.MAX_PLANNED_KEYS", 10)
+    monkeypatch.setattr("shardcache.cache.plans.MAX_PLANNED_KEYS", 10)
     book = PlanBook(clock=Clock())
     book.post("a", 0, ["k"] * 8)
     with pytest.raises(PlanRefused):
@@ -174,7 +174,7 @@ def test_the_predicted_ratio_is_kept_up_to_date_without_a_scan() -> None:
 def test_a_refused_post_keeps_the_jobs_plan_and_finished_plans_give_way(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("shardcache.plans.MAX_PLANNED_KEYS", 10)
+    monkeypatch.setattr("shardcache.cache.plans.MAX_PLANNED_KEYS", 10)
     book = PlanBook(clock=Clock())
     book.post("j", 0, [f"k{i}" for i in range(10)])
     with pytest.raises(PlanRefused):
@@ -187,7 +187,7 @@ def test_a_refused_post_keeps_the_jobs_plan_and_finished_plans_give_way(
 
 
 def test_long_keys_are_bounded_by_characters(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shardcache.plans.MAX_PLANNED_KEY_CHARS", 10_000)
+    monkeypatch.setattr("shardcache.cache.plans.MAX_PLANNED_KEY_CHARS", 10_000)
     book = PlanBook(clock=Clock())
     with pytest.raises(PlanRefused):
         book.post("j", 0, [f"/{'a' * 990}{i}" for i in range(11)])
@@ -222,7 +222,7 @@ def test_a_large_plan_adds_few_objects_for_the_garbage_collector() -> None:
 def test_check_room_refuses_before_the_keys_are_expanded() -> None:
     """A post the book would refuse is refused on the count its body lists (issue 23, item
     7); the job's own plan, which a post replaces, and finished plans give way."""
-    from shardcache import plans as plans_module
+    from shardcache.cache import plans as plans_module
 
     book = PlanBook()
     room = plans_module.MAX_PLANNED_KEYS // 2

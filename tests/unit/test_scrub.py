@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import scrub
+from shardcache.cache import scrub
 from shardcache.cache.entry import EntryMeta
+from shardcache.cache.scrub import Pacer, Scrubber
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
-from shardcache.scrub import Pacer, Scrubber
 
 KiB = 1024
 MiB = 1024 * KiB

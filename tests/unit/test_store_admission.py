@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.entry import EntryMeta
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.errors import CacheFull, NotAdmitted
-from shardcache.plans import PlanBook
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -11,10 +11,10 @@ import pytest
 from shardcache import cli
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
+from shardcache.cache.verify import verify_cache
 from shardcache.errors import CacheError
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.verify import verify_cache
 from tests.unit.fakes import FakeOrigin
 from tests.unit.test_cache import read_all, settle
 

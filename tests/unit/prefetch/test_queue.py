@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.admission import ScanResistantAdmission
+from shardcache.cache.admission import ScanResistantAdmission
+from shardcache.cache.plans import PlanBook
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.plans import PlanBook
 from shardcache.prefetch import queue as prefetch
 from shardcache.prefetch import slots
 from shardcache.prefetch.queue import PrefetchQueue

@@ -5,7 +5,7 @@ Digests are the ones kept at commit time (`EntryMeta.digests`, computed while th
 in, so checking costs one read of each file) and the verified checksums an entry republishes;
 an entry committed before digests were kept is checked for its length only. The store's lock
 keeps a running daemon and this check apart: with one running, `verify_cache` raises CacheInUse
-and `cli` asks the daemon's scrub instead (`POST /_/verify`, `shardcache.scrub`). `repair` drops
+and `cli` asks the daemon's scrub instead (`POST /_/verify`, `cache.scrub`). `repair` drops
 what is damaged (entries, orphan files, rows without files) and the partial files of
 interrupted fills (listed, not counted as damage: the daemon sweeps them at start).
 """

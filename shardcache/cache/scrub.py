@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shardcache.cache.entry import StoredEntry
+from shardcache.cache.scrub_check import DAMAGE, Check, Pacer, check_entry
 from shardcache.cache.store import Store
 from shardcache.errors import CacheError
-from shardcache.scrub_check import DAMAGE, Check, Pacer, check_entry
 
-log = logging.getLogger("shardcache.scrub")
+log = logging.getLogger("shardcache.cache.scrub")
 T = TypeVar("T")
 BATCH_ENTRIES = 256  # index rows read per query
 PASS_PAUSE_S = 1.0  # between passes: an empty or tiny cache costs one query a second

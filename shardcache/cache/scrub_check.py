@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardcache.cache.entry import StoredEntry
+from shardcache.cache.verify import expected_checksums
 from shardcache.checksums import Verifier, cheapest
 from shardcache.errors import IntegrityError
-from shardcache.verify import expected_checksums
 
 CHUNK_BYTES = 1 << 20  # per pread: a bounded buffer, and the unit the pacer sleeps between
 # O_NONBLOCK: a FIFO left where an entry's file was would block `open` until a writer came,
