@@ -374,7 +374,8 @@ def _serve(
     stops: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, frame: stops.append(signum))
-    from shardcache import daemon, logs  # imported here so `--help` stays fast
+    from shardcache import daemon  # imported here so `--help` stays fast
+    from shardcache.observability import logs
 
     flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
     settings = config.load_settings(flags, os.environ)

@@ -27,7 +27,7 @@ import uvloop
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from shardcache import __version__, logs
+from shardcache import __version__
 from shardcache.access import AccessPolicy
 from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.scrub import Scrubber
@@ -38,9 +38,10 @@ from shardcache.config import Settings, settings_needing_restart
 from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
-from shardcache.logs import AccessLogger, redact
-from shardcache.metrics import Metrics
 from shardcache.notify import monotonic_usec, notify
+from shardcache.observability import logs
+from shardcache.observability.logs import AccessLogger, redact
+from shardcache.observability.metrics import Metrics
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue

@@ -39,8 +39,8 @@ from shardcache.errors import (
     Unauthorized,
 )
 from shardcache.keys import ERROR_KIND_HEADER
-from shardcache.logs import FailureLog, redact
-from shardcache.metrics import Metrics
+from shardcache.observability.logs import FailureLog, redact
+from shardcache.observability.metrics import Metrics
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.server_state import ServerState
 

@@ -22,12 +22,12 @@ from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.connections import ConnectionGuard
 from shardcache.fetch.capped import CappedOrigin
-from shardcache.metrics import CacheGauges, Metrics
+from shardcache.observability.metrics import CacheGauges, Metrics
+from shardcache.observability.scrub_metrics import ScrubGauges
+from shardcache.observability.status import build_status
 from shardcache.origins.base import Origin
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.scrub_metrics import ScrubGauges
-from shardcache.status import build_status
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,8 +65,6 @@ from shardcache.errors import (
     TierLoop,
 )
 from shardcache.keys import TIER_REQUEST_HEADER
-from shardcache.logs import CLIENT_GONE, FailureLog
-from shardcache.metrics import CONTENT_TYPE, Metrics
 from shardcache.middleware import (
     ACCESS_KEY,
     CACHE_KEY,
@@ -80,6 +78,8 @@ from shardcache.middleware import (
     json_error,
     track_connection,
 )
+from shardcache.observability.logs import CLIENT_GONE, FailureLog
+from shardcache.observability.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.ranges import ByteRange, parse_range
 from shardcache.server_state import ServerState

@@ -17,7 +17,7 @@ from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings
 from shardcache.errors import CacheError, ConfigError
-from shardcache.metrics import Metrics
+from shardcache.observability.metrics import Metrics
 from shardcache.origins import Origin, Timeouts, make_origin
 from shardcache.origins.file import FileOrigin
 

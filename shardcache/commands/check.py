@@ -74,7 +74,7 @@ class Verdict:
 
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, as `serve` imports the daemon: `shardcache --help` stays fast.
-    from shardcache.logs import redact
+    from shardcache.observability.logs import redact
     from shardcache.origins.receivers import configure as configure_receivers
 
     settings = config.load_settings(

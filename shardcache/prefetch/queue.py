@@ -41,7 +41,7 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.logs import FailureLog
+from shardcache.observability.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION, next_keys
 from shardcache.prefetch.budget import LookaheadBudget
 from shardcache.prefetch.lanes import (

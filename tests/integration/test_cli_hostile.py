@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from shardcache import cli, client
-from shardcache.status import Snapshot, build_status
+from shardcache.observability.status import Snapshot, build_status
 from tests.integration.helpers import run_cli
 
 Answer = Callable[[str], Iterable[bytes]]  # request target → the bytes sent back

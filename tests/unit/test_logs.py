@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from shardcache.logs import JsonFormatter, TextFormatter, escape_controls
+from shardcache.observability.logs import JsonFormatter, TextFormatter, escape_controls
 
 HOSTILE = "a\r\nFAKE\x1b[2J\x07\x7f\x85\u2028\u2029\u202e\udcff\x00\tz"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202e\ud800-\udfff]")
@@ -87,7 +87,7 @@ def test_a_secret_next_to_control_characters_is_still_masked() -> None:
 def test_records_of_every_logger_are_escaped_once_configured(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from shardcache import logs
+    from shardcache.observability import logs
 
     saved = logging.getLogger().handlers[:], logging.getLogger().level
     try:
@@ -107,7 +107,7 @@ def test_records_of_every_logger_are_escaped_once_configured(
 def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from shardcache.logs import FailureLog
+    from shardcache.observability.logs import FailureLog
 
     now = [0.0]
     failures = FailureLog(logging.getLogger("shardcache.test"), 60.0, lambda: now[0])
@@ -136,7 +136,7 @@ def test_failures_are_logged_once_per_origin_and_kind_then_summarized(
 
 
 def test_recent_failures_are_kept_bounded_newest_last_with_long_texts_cut() -> None:
-    from shardcache.logs import RECENT_FAILURES, RECENT_MESSAGE_CHARS, FailureLog
+    from shardcache.observability.logs import RECENT_FAILURES, RECENT_MESSAGE_CHARS, FailureLog
 
     failures = FailureLog(logging.getLogger("shardcache.test"), 60.0, lambda: 0.0, lambda: 1e9)
     for n in range(RECENT_FAILURES + 5):  # suppressed ones (same origin and kind) count too

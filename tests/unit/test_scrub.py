@@ -445,8 +445,8 @@ def test_skipped_entries_are_a_metric_apart_from_damage() -> None:
     """Entries the scrub could not read now (EMFILE…) are counted, and not as corrupt."""
     from prometheus_client import CollectorRegistry
 
-    from shardcache.metrics import Metrics
-    from shardcache.scrub_metrics import ScrubGauges
+    from shardcache.observability.metrics import Metrics
+    from shardcache.observability.scrub_metrics import ScrubGauges
 
     metrics = Metrics(CollectorRegistry(), ["o"])
     metrics.watch_scrub(lambda: ScrubGauges(1 << 25, 10, 2, 0, 1, None, skipped=3))

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from shardcache.stall import HORIZON_S, StallClock
+from shardcache.observability.stall import HORIZON_S, StallClock
 
 
 def test_overlapping_waits_count_once_and_disjoint_ones_add_up() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 
 from shardcache.access import AccessPolicy
-from shardcache.status import Snapshot, build_status
+from shardcache.observability.status import Snapshot, build_status
 
 
 def test_origin_bytes_and_throttling_are_in_the_document_per_origin_and_in_all() -> None:

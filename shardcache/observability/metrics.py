@@ -19,11 +19,11 @@ from prometheus_client.registry import Collector
 
 from shardcache import __version__
 from shardcache.checksums import ALGORITHMS
-from shardcache.receiver_metrics import ReceiverCollector
-from shardcache.scrub_metrics import ScrubCollector, ScrubGauges
-from shardcache.stall import StallClock
-from shardcache.status import Snapshot
-from shardcache.upstream_metrics import LoneHomes, UpstreamCollector, UpstreamRows
+from shardcache.observability.receiver_metrics import ReceiverCollector
+from shardcache.observability.scrub_metrics import ScrubCollector, ScrubGauges
+from shardcache.observability.stall import StallClock
+from shardcache.observability.status import Snapshot
+from shardcache.observability.upstream_metrics import LoneHomes, UpstreamCollector, UpstreamRows
 
 RESULTS = ("hit", "miss", "coalesced", "error")
 SOURCES = ("cache", "origin")
