@@ -25,9 +25,9 @@ from pathlib import Path
 from shardcache import __version__, client, config
 from shardcache.client import DEFAULT_DAEMON_URL
 from shardcache.commands import arguments, batch_progress, cached, check
+from shardcache.commands.status_text import format_status
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.printable import printable
-from shardcache.status_text import format_status
 from shardcache.units import format_size
 
 

@@ -28,14 +28,12 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from shardcache import __version__
-from shardcache.access import AccessPolicy
 from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.upstreams import redact_url
 from shardcache.config import Settings, settings_needing_restart
-from shardcache.connections import ConnectionGuard, ConnectionLimits
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.notify import monotonic_usec, notify
@@ -46,8 +44,10 @@ from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.readouts import Readouts, upstream_rows
-from shardcache.server import make_app
-from shardcache.server_state import InFlight, ServerState
+from shardcache.serving.access import AccessPolicy
+from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
+from shardcache.serving.server import make_app
+from shardcache.serving.server_state import InFlight, ServerState
 from shardcache.units import format_size
 from shardcache.wiring import build_origins, open_store, raise_open_file_limit
 

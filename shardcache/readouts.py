@@ -20,7 +20,6 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
-from shardcache.connections import ConnectionGuard
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.observability.metrics import CacheGauges, Metrics
 from shardcache.observability.scrub_metrics import ScrubGauges
@@ -28,6 +27,7 @@ from shardcache.observability.status import build_status
 from shardcache.origins.base import Origin
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
+from shardcache.serving.connections import ConnectionGuard
 
 
 @dataclass(frozen=True, slots=True)

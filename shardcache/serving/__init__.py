@@ -1,12 +1,23 @@
-"""The HTTP side of the daemon (the target house of `server`, `middleware`, `admin`, `body`,
-`ranges`, `access` and `connections`, which still sit at the package root).
+"""The HTTP side of the daemon: the aiohttp application, its routes and what every request
+goes through.
 
-    status_page        `GET /_/`: the status page's handler and its security headers
-    status_page_html   the page itself: HTML, CSS and JS as strings, no external asset
-    targets            the (origin, key) pairs a `POST /_/prefetch` or `/_/plans` body names,
-                       bounded before they are expanded (request parsing, pure)
+Parts, top down:
 
-It must not know how the cache, the origins or the daemon work: the page reads only the
-`/_/status` document, as any other client does, and `targets` only the body and the origins'
-names.
+- `server`: the application and the object routes (`GET|HEAD /NAME/KEY`, health, metrics),
+  one place where errors become `{"error": ...}` with their status; `admin`: the `/_/`
+  routes (purge, ls, prefetch, plans, verify, origins, status) and their request bodies.
+- `middleware`: what every request passes before its handler (the Host check, the admin
+  token, connection limits, the request id and the access line); `server_state`: the typed
+  `ServerState` the handlers read.
+- `body`: response bodies on the socket: `os.sendfile` from cache files and from fills being
+  tailed, pass-through streams; any failure after the first byte aborts the connection.
+- `ranges`: one `Range` header parsed (pure); `access`: who may do what (the admin token);
+  `connections`: how many client connections, and how long each may sit idle.
+- `status_page`, `status_page_html`: `GET /_/`, a page that reads only the `/_/status`
+  document; `targets`: the (origin, key) pairs a prefetch or plans body names, bounded before
+  they are expanded.
+
+With the daemon, the only importer of `aiohttp.web`. What this folder must not know: how a
+miss is filled or verified (it asks `cache.ShardCache` and sends what it gets), how origins
+are reached, how the daemon is wired (it is handed a `ServerState`).
 """

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from shardcache.admin import PostTurns
 from shardcache.errors import QueueFull
+from shardcache.serving.admin import PostTurns
 
 
 async def test_one_turn_at_a_time_a_bounded_line_and_a_bounded_wait() -> None:

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from shardcache.access import AccessPolicy
-from shardcache.connections import REFUSAL, ConnectionGuard, ConnectionLimits
+from shardcache.serving.access import AccessPolicy
+from shardcache.serving.connections import REFUSAL, ConnectionGuard, ConnectionLimits
 
 
 class RecordingTransport(asyncio.Transport):

@@ -175,7 +175,7 @@ async def test_objects_streamed_through_uncached_are_verified(
         lease = await cache.open("fake", "big.tar")
         assert not lease.is_cached
         assert lease.stream is not None and lease.stream.info.checksums  # from a HEAD
-        from shardcache.body import send_stream
+        from shardcache.serving.body import send_stream
 
         sent = bytearray()
 
@@ -214,7 +214,7 @@ async def test_a_second_reader_streamed_through_never_gets_another_version_unche
             origin.corrupt("big.tar", 5 * MiB)
 
     origin.on_open["big.tar"] = change_before_the_joiners_get
-    from shardcache.body import send_stream
+    from shardcache.serving.body import send_stream
 
     try:
         origin.head_gate = asyncio.Event()  # the fill waits for its checksums…

@@ -20,10 +20,10 @@ from shardcache.config import (
     settings_needing_restart,
 )
 from shardcache.config.options import default
-from shardcache.connections import ConnectionLimits
 from shardcache.daemon import Daemon
 from shardcache.errors import ConfigError
 from shardcache.fetch.segments import RetryPolicy
+from shardcache.serving.connections import ConnectionLimits
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # Settings fields that are not an option of the same name: `listen` is split in two, origins

@@ -22,7 +22,7 @@ from shardcache.checksums import (
 )
 from shardcache.errors import IntegrityError, InvalidKey, RangeNotSatisfiable
 from shardcache.keys import validate_key, validate_origin_name
-from shardcache.ranges import ByteRange, parse_range
+from shardcache.serving.ranges import ByteRange, parse_range
 from shardcache.units import format_size, parse_size
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import base64
 
-from shardcache.access import AccessPolicy
 from shardcache.observability.status import Snapshot, build_status
+from shardcache.serving.access import AccessPolicy
 
 
 def test_origin_bytes_and_throttling_are_in_the_document_per_origin_and_in_all() -> None:

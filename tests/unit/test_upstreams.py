@@ -505,8 +505,8 @@ async def test_every_first_caller_of_a_dns_tier_waits_for_its_first_resolution()
 
 
 def test_a_shardcache_503_is_throttling_only_when_it_says_so() -> None:
-    from shardcache.connections import REFUSAL
     from shardcache.origins.responses import raise_for_status as _raise_for_status
+    from shardcache.serving.connections import REFUSAL
 
     refusal_headers = dict(
         line.split(": ", 1) for line in REFUSAL.split(b"\r\n\r\n")[0].decode().split("\r\n")[1:]

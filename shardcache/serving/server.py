@@ -29,8 +29,21 @@ import struct
 
 from aiohttp import web
 
-from shardcache.access import AccessPolicy
-from shardcache.admin import (
+from shardcache.cache.shard_cache import Lease, Result, ShardCache
+from shardcache.checksums import Checksum, to_headers
+from shardcache.errors import (
+    IntegrityError,
+    NotCached,
+    ShardcacheError,
+    ShuttingDown,
+    TierLoop,
+)
+from shardcache.keys import TIER_REQUEST_HEADER
+from shardcache.observability.logs import CLIENT_GONE, FailureLog
+from shardcache.observability.metrics import CONTENT_TYPE, Metrics
+from shardcache.prefetch.queue import PrefetchQueue
+from shardcache.serving.access import AccessPolicy
+from shardcache.serving.admin import (
     MAX_BODY_BYTES,
     TURNS_KEY,
     PostTurns,
@@ -46,7 +59,7 @@ from shardcache.admin import (
     post_prefetch,
     post_verify,
 )
-from shardcache.body import (
+from shardcache.serving.body import (
     ClientGone,
     ClientStalled,
     FileSender,
@@ -54,18 +67,8 @@ from shardcache.body import (
     send_stream,
     settle_empty,
 )
-from shardcache.cache.shard_cache import Lease, Result, ShardCache
-from shardcache.checksums import Checksum, to_headers
-from shardcache.connections import ConnectionGuard
-from shardcache.errors import (
-    IntegrityError,
-    NotCached,
-    ShardcacheError,
-    ShuttingDown,
-    TierLoop,
-)
-from shardcache.keys import TIER_REQUEST_HEADER
-from shardcache.middleware import (
+from shardcache.serving.connections import ConnectionGuard
+from shardcache.serving.middleware import (
     ACCESS_KEY,
     CACHE_KEY,
     FAILURES_KEY,
@@ -78,14 +81,11 @@ from shardcache.middleware import (
     json_error,
     track_connection,
 )
-from shardcache.observability.logs import CLIENT_GONE, FailureLog
-from shardcache.observability.metrics import CONTENT_TYPE, Metrics
-from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.ranges import ByteRange, parse_range
-from shardcache.server_state import ServerState
+from shardcache.serving.ranges import ByteRange, parse_range
+from shardcache.serving.server_state import ServerState
 from shardcache.serving.status_page import status_page
 
-log = logging.getLogger("shardcache.server")
+log = logging.getLogger("shardcache.serving.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 

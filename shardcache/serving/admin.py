@@ -25,8 +25,8 @@ from shardcache.cache.catalog import MAX_PAGE_ENTRIES, Page, list_page
 from shardcache.cache.plans import Plan, PlanBook, PlanRefused
 from shardcache.cache.scrub import Scrubber
 from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
-from shardcache.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.prefetch.queue import PrefetchQueue
+from shardcache.serving.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.serving.targets import parse_targets
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413

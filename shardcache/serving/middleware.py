@@ -21,9 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.access import AccessPolicy, is_cross_site, is_foreign_host
 from shardcache.cache.shard_cache import ShardCache
-from shardcache.connections import ConnectionGuard
 from shardcache.errors import (
     CrossSite,
     OriginBusy,
@@ -42,9 +40,11 @@ from shardcache.keys import ERROR_KIND_HEADER
 from shardcache.observability.logs import FailureLog, redact
 from shardcache.observability.metrics import Metrics
 from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.server_state import ServerState
+from shardcache.serving.access import AccessPolicy, is_cross_site, is_foreign_host
+from shardcache.serving.connections import ConnectionGuard
+from shardcache.serving.server_state import ServerState
 
-log = logging.getLogger("shardcache.server")
+log = logging.getLogger("shardcache.serving.server")
 _BODY_HEADERS = {"content-type", "content-length"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CACHE_KEY = web.AppKey("cache", ShardCache)
