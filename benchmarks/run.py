@@ -868,8 +868,8 @@ def webdataset_epoch(work: Path, sizes: Sizes) -> list[Row]:
     the loader waited for bytes, by the loader's own clock and the daemon's client-wait figure."""
     import webdataset as wds
 
-    from shardcache.sample import write_sample_shards
-    from shardcache.webdataset import prefetch_ahead
+    from shardcache.loader.sample import write_sample_shards
+    from shardcache.loader.webdataset import prefetch_ahead
 
     files = work / "wds"
     samples = 32
@@ -984,7 +984,7 @@ def _loader_worker(
     Only sample counts cross the queue: the consumer's clock must not include pickling."""
     import webdataset as wds
 
-    from shardcache.webdataset import prefetch_ahead
+    from shardcache.loader.webdataset import prefetch_ahead
 
     stages: list[Any] = [wds.SimpleShardList(urls[number::WORKERS])]
     if daemon is not None:
@@ -1047,7 +1047,7 @@ def multi_worker_epoch(work: Path, sizes: Sizes) -> list[Row]:
     (4 MB/s, 50 ms to first byte, 200 MB/s in all), a consumer eating 48 MB/s: more than eight
     plain connections deliver, less than the origin can. Direct curl, shardcache cold without
     and with `prefetch_ahead(4)`, and warm; with `--origin-connections 1` and the default."""
-    from shardcache.sample import write_sample_shards
+    from shardcache.loader.sample import write_sample_shards
 
     files = work / "wds"
     shards, samples, payload = sizes.loader_shards, 16, sizes.loader_payload

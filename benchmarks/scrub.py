@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardcache.cache.entry import EntryMeta  # noqa: E402
+from shardcache.cache.scrub import Scrubber  # noqa: E402
 from shardcache.cache.store import Store  # noqa: E402
 from shardcache.checksums import crc32c  # noqa: E402
 from shardcache.config import OPTIONS  # noqa: E402
-from shardcache.scrub import Scrubber  # noqa: E402
 from shardcache.units import format_size, parse_size  # noqa: E402
 
 MiB = 1 << 20

@@ -10,8 +10,8 @@ Traces (N shards, E epochs, one request per shard and epoch and reader):
   two-jobs     two jobs over the same shards, different shuffles, one reading twice as fast
   node-of-4    the shard list reshuffled each epoch, then split by node: this node's quarter
 Policies: `lru` (admit everything, evict least recently used), `scan-resistant`
-(`shardcache.admission`: spare recently read entries, stream the new fill through instead),
-`plan` (`shardcache.plans`: each job, or each worker, posts its order for this epoch and the
+(`shardcache.cache.admission`: spare recently read entries, stream the new fill through instead),
+`plan` (`shardcache.cache.plans`: each job, or each worker, posts its order for this epoch and the
 next at the start of each epoch; eviction and admission follow the plans, scan-resistant
 admission for what no plan reads), `belady` (the offline optimum with bypass: admit only
 when the new shard is needed again before the resident needed furthest away), and `belady
@@ -34,8 +34,8 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shardcache.admission import ScanResistantAdmission  # noqa: E402
-from shardcache.plans import PlanBook, choose_victim  # noqa: E402
+from shardcache.cache.admission import ScanResistantAdmission  # noqa: E402
+from shardcache.cache.plans import PlanBook, choose_victim  # noqa: E402
 
 LRU_CANDIDATES = 64  # as the store's batch: eviction looks at this many LRU entries at a time
 
@@ -173,7 +173,7 @@ def belady(trace: Trace, capacity: int) -> float:
 
 
 def planned(trace: Trace, capacity: int) -> float:
-    """Plans through `shardcache.plans`: each job posts, as it starts an epoch, its order for
+    """Plans through `shardcache.cache.plans`: each job posts, as it starts an epoch, its order for
     that epoch and the next; the clock is the request count (each job's pace is learned)."""
     orders: dict[tuple[int, int], list[str]] = {}
     for read in trace:

@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from shardcache import __version__, client, config
-from shardcache.client import DEFAULT_DAEMON_URL
+from shardcache import __version__, config
 from shardcache.commands import arguments, batch_progress, cached, check
 from shardcache.commands.status_text import format_status
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.loader import client
+from shardcache.loader.client import DEFAULT_DAEMON_URL
 from shardcache.printable import printable
 from shardcache.units import format_size
 
@@ -374,7 +375,7 @@ def _serve(
     stops: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, frame: stops.append(signum))
-    from shardcache import daemon  # imported here so `--help` stays fast
+    from shardcache.daemon import lifecycle  # imported here so `--help` stays fast
     from shardcache.observability import logs
 
     flags = vars(args) | {"origin": [*(args.origin or []), *extra_origins]}
@@ -386,13 +387,13 @@ def _serve(
     def reload() -> config.Settings:
         return config.load_settings(flags, os.environ)
 
-    daemon.run(settings, reload, on_ready, stop_requested=lambda: bool(stops))
+    lifecycle.run(settings, reload, on_ready, stop_requested=lambda: bool(stops))
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from shardcache import daemon  # noqa: F401  (first: no shards written where it cannot run)
-    from shardcache.sample import write_sample_shards
+    from shardcache.daemon import lifecycle  # noqa: F401  (first: no shards written where it cannot run)
+    from shardcache.loader.sample import write_sample_shards
 
     directory = Path(args.sample_dir).resolve()
     write_sample_shards(directory, shards=args.shards)

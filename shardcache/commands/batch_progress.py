@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from shardcache import client
+from shardcache.loader import client
 from shardcache.printable import printable
 from shardcache.units import format_size
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from shardcache import client
+from shardcache.loader import client
 from shardcache.printable import printable
 from shardcache.units import format_size
 

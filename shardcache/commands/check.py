@@ -122,7 +122,7 @@ async def _check_all(settings: config.Settings, keys: dict[str, list[str]]) -> l
 async def _check_one(
     settings: config.Settings, spec: config.OriginSpec, keys: list[str]
 ) -> Verdict:
-    from shardcache.wiring import build_origins
+    from shardcache.daemon.wiring import build_origins
 
     verdict = Verdict(spec.name, spec.url, [], [])
     try:

@@ -1,87 +1,18 @@
-"""`make_origin(spec, timeouts)`: pick the backend for a URL scheme, importing it lazily so that
-boto3 is loaded only when an S3 origin is configured."""
+"""The backends: one per URL scheme behind `base.Origin`, and the receive path they share.
 
-from __future__ import annotations
+Parts:
 
-import dataclasses
-from dataclasses import dataclass
+- `base`: the `Origin` seam (what the cache needs of a backend), `ObjectInfo`, `Timeouts`,
+  the speed floor; `http`, `s3` (boto3 signs, the HTTP transport streams), `file`.
+- `responses`: what an HTTP answer means (status, Content-Range, redirects, validators; pure
+  rules); `pool`: keep-alive connections and TLS; `threads`: blocking I/O on bounded threads.
+- The receive path: `receivers` (the daemon's pool of receiving processes) and
+  `receiver_handle` (one process), `wire` (their messages), `receiver` (the receiving process
+  itself) and `landing` (one body written into the fill's file, held to its length).
+- `s3_checksums`: which of S3's published checksums are of the whole object.
 
-from shardcache.config import OriginSpec
-from shardcache.errors import ConfigError
-from shardcache.keys import TIER_REQUEST_HEADER
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
-
-SHARDCACHE_REQUEST = (TIER_REQUEST_HEADER, "1")  # see `keys`; sent to members and mirrors
-
-__all__ = ["ObjectInfo", "Origin", "OriginStream", "Timeouts", "make_origin"]
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect_s: float
-    read_s: float
-    min_bytes_per_s: float = 0.0  # a body's speed floor (`SpeedFloor`), for failover's streams
-
-
-def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
-    """Return a backend for `spec`; raise ConfigError if its scheme or settings are unusable.
-
-    An origin with mirrors or a tier is a `FailoverOrigin` over one backend per URL and
-    member; caps wrap the whole in a `CappedOrigin`."""
-    origin = _make_failover(spec, timeouts) if spec.has_upstreams else _make_one(spec, timeouts)
-    if spec.max_requests or spec.max_requests_per_second:
-        from shardcache.fetch.capped import CappedOrigin
-
-        return CappedOrigin(
-            origin, spec.max_requests, spec.max_requests_per_second, max_wait_s=timeouts.read_s
-        )
-    return origin
-
-
-def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
-    from shardcache.cluster.breaker import CircuitBreaker
-    from shardcache.cluster.upstreams import FailoverOrigin, TierMembers, Upstream, redact_url
-
-    def marked(url: str) -> OriginSpec:
-        """A mirror that may be another shardcache is told the request comes from one."""
-        if url == spec.url or not url.startswith(("http://", "https://")):
-            return dataclasses.replace(spec, url=url)
-        return dataclasses.replace(spec, url=url, headers=(*spec.headers, SHARDCACHE_REQUEST))
-
-    chain = [
-        Upstream(
-            _make_one(marked(url), timeouts),
-            CircuitBreaker(redact_url(url)),
-            "home" if url == spec.url else "mirror",
-        )
-        for url in spec.urls
-    ]
-    tier = None
-    if spec.tier or spec.tier_dns:
-        served_as = spec.tier_origin or spec.name
-
-        def make_member(base: str) -> Origin:
-            # A member serves the origin at /NAME/; it gets none of the origin's headers,
-            # which may hold the object store's credentials: only its own.
-            headers = (*spec.tier_headers, SHARDCACHE_REQUEST)
-            member = OriginSpec(spec.name, f"{base}/{served_as}", headers=headers)
-            return _make_one(member, timeouts)
-
-        tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
-    return FailoverOrigin(spec.name, chain, tier, timeouts.read_s, timeouts.min_bytes_per_s)
-
-
-def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:
-    if spec.scheme == "s3":
-        from shardcache.origins.s3 import S3Origin
-
-        return S3Origin(spec, timeouts)
-    if spec.scheme in ("http", "https"):
-        from shardcache.origins.http import HttpOrigin
-
-        return HttpOrigin(spec, timeouts)
-    if spec.scheme == "file":
-        from shardcache.origins.file import FileOrigin
-
-        return FileOrigin(spec)
-    raise ConfigError(f"origin {spec.name!r}: unknown scheme {spec.scheme!r}")
+What this folder must not know: the cache, fills and their verdicts, other origins (mirrors,
+tiers and caps wrap a backend from `cluster/` and `fetch/`; the daemon's `origin_factory`
+builds them), metrics libraries. Vendor exceptions (botocore, socket, ssl) become
+`shardcache.errors` here and nowhere else; only `s3` imports boto3.
+"""

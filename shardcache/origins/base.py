@@ -22,6 +22,16 @@ CHUNK_BYTES = 256 << 10
 
 
 @dataclass(frozen=True, slots=True)
+class Timeouts:
+    """How long a backend waits for an origin: to connect, for the next byte, and the speed
+    floor under which a body counts as stalled (`SpeedFloor`, for failover's streams)."""
+
+    connect_s: float
+    read_s: float
+    min_bytes_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """What an origin says about a whole object; `size_bytes` is the full length, even for a
     ranged read."""

@@ -27,8 +27,7 @@ from shardcache.errors import (
     OriginTimeout,
 )
 from shardcache.keys import join_url
-from shardcache.origins import Timeouts
-from shardcache.origins.base import Landed, ObjectInfo, Spot
+from shardcache.origins.base import Landed, ObjectInfo, Spot, Timeouts
 from shardcache.origins.pool import tls_context
 from shardcache.origins.receivers import ReceiverPool, RemoteExchange, receiver_pool
 from shardcache.origins.responses import (  # retry_after_s: for s3

@@ -37,8 +37,8 @@ from shardcache.errors import (
     OriginUnavailable,
     OriginUntrusted,
 )
-from shardcache.origins import Timeouts, s3_checksums
-from shardcache.origins.base import ObjectInfo, header_text
+from shardcache.origins import s3_checksums
+from shardcache.origins.base import ObjectInfo, Timeouts, header_text
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 
 log = logging.getLogger("shardcache.origins")

@@ -156,7 +156,7 @@ def test_the_client_cli_and_webdataset_stage_send_the_token(
 
     # The WebDataset stage, in a process of its own as in a dataloader worker.
     stage = (
-        "from shardcache.webdataset import prefetch_ahead\n"
+        "from shardcache.loader.webdataset import prefetch_ahead\n"
         f"shards = [{{'url': 'pipe:curl -s -f {guarded.url}/web/s_00' + str(i) + '.tar'}}"
         " for i in range(3)]\n"
         "print(len(list(prefetch_ahead(2)(shards))))\n"

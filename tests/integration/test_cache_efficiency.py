@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from shardcache.sample import write_sample_shards
-from shardcache.webdataset import prefetch_ahead
+from shardcache.loader.sample import write_sample_shards
+from shardcache.loader.webdataset import prefetch_ahead
 from tests.daemon_process import Daemon
 from tests.integration.helpers import curl, run_cli
 from tests.origin_server import OriginServer

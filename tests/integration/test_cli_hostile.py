@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache import cli, client
+from shardcache import cli
+from shardcache.loader import client
 from shardcache.observability.status import Snapshot, build_status
 from tests.integration.helpers import run_cli
 

@@ -19,7 +19,7 @@ import pytest
 import webdataset as wds
 from boto3.s3.transfer import TransferConfig
 
-from shardcache.sample import write_sample_shards
+from shardcache.loader.sample import write_sample_shards
 from tests.daemon_process import Daemon
 from tests.integration.helpers import curl
 from tests.s3_stores import S3Store, client_for, env_for

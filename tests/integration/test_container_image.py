@@ -25,7 +25,7 @@ import pytest
 from dockerfile_parse import DockerfileParser
 
 from shardcache import __version__
-from shardcache.sample import write_sample_shards
+from shardcache.loader.sample import write_sample_shards
 from tests.container_image import (
     CACHE_DIR,
     Buildah,

@@ -60,7 +60,7 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 
 def test_example_config_is_valid(tmp_path: Path) -> None:
     from shardcache.config import load_settings
-    from shardcache.wiring import build_origins
+    from shardcache.daemon.wiring import build_origins
 
     # The systemd example starts as installed: no variable to set, no directory to create.
     settings = load_settings({"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {})

@@ -28,7 +28,7 @@ from urllib.parse import unquote_to_bytes
 import pytest
 from aiohttp import web
 
-from shardcache.sample import write_shard
+from shardcache.loader.sample import write_shard
 from tests.daemon_process import Daemon
 from tests.origin_server import OriginServer
 

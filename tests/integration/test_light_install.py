@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.sample import write_sample_shards
+from shardcache.loader.sample import write_sample_shards
 from tests.daemon_process import Daemon
 from tests.integration.helpers import wait_for
 
@@ -42,8 +42,8 @@ DAEMON_PACKAGES = {
 # Run inside the venv: the loader's public API against the daemon; prints what it saw.
 LOADER_SCRIPT = """
 import importlib.metadata, importlib.util, json, sys, time, urllib.request
-import shardcache, shardcache.client as client
-from shardcache.webdataset import prefetch_ahead
+import shardcache, shardcache.loader.client as client
+from shardcache.loader.webdataset import prefetch_ahead
 
 daemon, root, names = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
 shards = [{"url": "pipe:curl -s -f " + client.local_url(f"{root}/{n}", daemon)} for n in names]

@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 import webdataset as wds
 
-from shardcache.sample import write_sample_shards
-from shardcache.webdataset import prefetch_ahead
+from shardcache.loader.sample import write_sample_shards
+from shardcache.loader.webdataset import prefetch_ahead
 from tests.integration.helpers import curl, disk_usage, sha256, wait_for
 from tests.origin_server import OriginServer
 
@@ -244,7 +244,7 @@ def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
     lru = start_daemon(
         {"web": origin.url}, "--readahead", "0", "--eviction", "lru", cache_dir=tmp_path / "b"
     )
-    with caplog.at_level(logging.DEBUG, logger="shardcache.webdataset"):
+    with caplog.at_level(logging.DEBUG, logger="shardcache.loader.webdataset"):
         assert _epoch(url.format(lru.url), [prefetch_ahead(1)], 0.1) == 12
     assert "reading on without a plan" in caplog.text
     assert lru.metric("shardcache_prefetch_completed_total") >= 3  # look-ahead still works
@@ -255,7 +255,7 @@ def test_the_stage_flows_from_an_endless_source_posting_its_plan_in_windows(
 ) -> None:
     """`wds.ResampledShards` never ends: the stage must hand shards on at once and name a
     bounded window of them in its plan, posted again as the loader moves through it."""
-    monkeypatch.setattr("shardcache.webdataset.PLAN_WINDOW", 8)
+    monkeypatch.setattr("shardcache.loader.webdataset.PLAN_WINDOW", 8)
     for i in range(4):
         origin.put(f"s_{i}.tar", b"x" * 1024)
     daemon = start_daemon({"web": origin.url}, "--readahead", "0", "--eviction", "auto")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import webdataset as wds
 
-from shardcache.sample import write_sample_shards
+from shardcache.loader.sample import write_sample_shards
 from tests.origin_server import OriginServer
 
 

@@ -17,7 +17,8 @@ from shardcache.cluster.upstreams import FailoverOrigin, Upstream
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
 from shardcache.fetch.segments import Segment
-from shardcache.origins import Timeouts, http, receivers
+from shardcache.origins import http, receivers
+from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpOrigin, HttpTransport
 from shardcache.origins.receivers import ReceiverPool
 

@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestServer
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
 from shardcache.fetch.segments import Segment
-from shardcache.origins import Timeouts, http, pool, receivers
+from shardcache.origins import http, pool, receivers
+from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool
 

@@ -20,7 +20,7 @@ from shardcache.config import (
     settings_needing_restart,
 )
 from shardcache.config.options import default
-from shardcache.daemon import Daemon
+from shardcache.daemon.lifecycle import Daemon
 from shardcache.errors import ConfigError
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.serving.connections import ConnectionLimits

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardcache.client import ClientError, local_path, map_url
 from shardcache.errors import BadRequest, InvalidKey
+from shardcache.loader.client import ClientError, local_path, map_url
 from shardcache.patterns import expand, next_keys
 from shardcache.serving.targets import parse_targets
 

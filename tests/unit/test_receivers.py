@@ -12,7 +12,8 @@ import pytest
 
 from shardcache import errors
 from shardcache.fetch.segments import Segment
-from shardcache.origins import Timeouts, receivers
+from shardcache.origins import receivers
+from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool, default_size
 from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair

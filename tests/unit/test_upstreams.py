@@ -401,7 +401,8 @@ async def test_caps_bound_requests_at_once_and_a_second() -> None:
 
 def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> None:
     from shardcache.config import OriginSpec
-    from shardcache.origins import Timeouts, make_origin
+    from shardcache.daemon.origin_factory import make_origin
+    from shardcache.origins.base import Timeouts
 
     spec = OriginSpec(
         "o",
@@ -424,7 +425,8 @@ def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> No
 
 def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status() -> None:
     from shardcache.config import OriginSpec
-    from shardcache.origins import Timeouts, make_origin
+    from shardcache.daemon.origin_factory import make_origin
+    from shardcache.origins.base import Timeouts
 
     spec = OriginSpec(
         "o",

@@ -1,9 +1,9 @@
-"""The daemon's wiring: one backend per configured origin and the store, built from
-`Settings`, and the open-file limit lifted before the port is bound.
+"""The daemon's wiring: one backend per configured origin and the store, built from `Settings`, and
+the open-file limit lifted before the port is bound.
 
-Apart from `daemon.py` so that `shardcache check` builds its origins exactly as the daemon does
-without importing the server, and so that daemon.py keeps to the lifecycle (start, drain, stop,
-reload). Logs as `shardcache.daemon`: these are the daemon's start-up lines.
+Apart from `lifecycle` so that `shardcache check` builds its origins exactly as the daemon does
+without importing the server, and so that `lifecycle` keeps to start, drain, stop and reload.
+Logs as `shardcache.daemon`: these are the daemon's start-up lines.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.config import OriginSpec, Settings
+from shardcache.daemon.origin_factory import make_origin
 from shardcache.errors import CacheError, ConfigError
 from shardcache.observability.metrics import Metrics
-from shardcache.origins import Origin, Timeouts, make_origin
+from shardcache.origins.base import Origin, Timeouts
 from shardcache.origins.file import FileOrigin
 
 log = logging.getLogger("shardcache.daemon")

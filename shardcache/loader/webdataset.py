@@ -25,9 +25,9 @@ import socket
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from shardcache import client
+from shardcache.loader import client
 
-log = logging.getLogger("shardcache.webdataset")
+log = logging.getLogger("shardcache.loader.webdataset")
 Shard = dict[str, Any]
 
 

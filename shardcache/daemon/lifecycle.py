@@ -34,22 +34,22 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.upstreams import redact_url
 from shardcache.config import Settings, settings_needing_restart
+from shardcache.daemon.notify import monotonic_usec, notify
+from shardcache.daemon.readouts import Readouts, upstream_rows
+from shardcache.daemon.wiring import build_origins, open_store, raise_open_file_limit
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
-from shardcache.notify import monotonic_usec, notify
 from shardcache.observability import logs
 from shardcache.observability.logs import AccessLogger, redact
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.readouts import Readouts, upstream_rows
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
 from shardcache.serving.server import make_app
 from shardcache.serving.server_state import InFlight, ServerState
 from shardcache.units import format_size
-from shardcache.wiring import build_origins, open_store, raise_open_file_limit
 
 log = logging.getLogger("shardcache.daemon")
 STORE_CHECK_INTERVAL_S = 2.0

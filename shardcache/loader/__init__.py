@@ -1,0 +1,14 @@
+"""What runs in training workers: the standard library only, so a training image needs no
+daemon dependency (`pip install shardcache`, no extra, or these files copied).
+
+Parts:
+
+- `client`: talking to a running daemon from a job: `local_url`, `prefetch`, `post_plan`,
+  `status`, with the admin token from the environment; every failure one `ClientError`.
+- `webdataset`: `prefetch_ahead(n)`, a WebDataset pipeline stage that tells the daemon which
+  shards this worker reads next.
+- `sample`: generated WebDataset shards for the demo origin and the tests.
+
+What this folder must not know: anything of the daemon's (it speaks its HTTP API), aiohttp,
+boto3, diskcache; it imports only the foundation (`printable`).
+"""
