@@ -311,3 +311,13 @@ def test_the_loader_side_and_the_command_import_only_the_standard_library() -> N
             elif name.split(".")[0] not in sys.stdlib_module_names:
                 problems.append(f"{module} (imported by the command at start) imports {name}")
     assert problems == []
+
+
+def test_the_code_map_has_one_row_per_folder() -> None:
+    """CONTRIBUTING's code map names every folder the package has, and no folder it lost."""
+    text = (PACKAGE.parent / "CONTRIBUTING.md").read_text()
+    layout = text.split("## Layout of the code", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in layout.splitlines() if line.startswith("| `")]
+    named = {name.strip(" `/") for row in rows for name in row.split("|")[1].split(",")}
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders - named == set() and named - folders == {"cli.py"}
