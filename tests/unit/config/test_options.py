@@ -25,7 +25,7 @@ from shardcache.errors import ConfigError
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.serving.connections import ConnectionLimits
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 # Settings fields that are not an option of the same name: `listen` is split in two, origins
 # have their own table, `config` names the file read.
 NOT_OPTIONS = {"listen_host", "listen_port", "origins", "config"}

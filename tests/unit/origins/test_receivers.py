@@ -17,7 +17,7 @@ from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool, default_size
 from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair
-from tests.unit.test_http_exchanges import RawOrigin, response
+from tests.unit.origins.test_http_exchanges import RawOrigin, response
 
 
 def test_a_message_carries_its_payload_and_descriptor(tmp_path: Path) -> None:

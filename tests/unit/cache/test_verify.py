@@ -15,8 +15,8 @@ from shardcache.cache.verify import verify_cache
 from shardcache.errors import CacheError
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
+from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
-from tests.unit.test_cache import read_all, settle
 
 MiB = 1024 * 1024
 

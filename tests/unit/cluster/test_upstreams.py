@@ -29,8 +29,8 @@ from shardcache.fetch.capped import CappedOrigin
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import Origin
+from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
-from tests.unit.test_cache import read_all
 
 MiB = 1024 * 1024
 

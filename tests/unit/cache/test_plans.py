@@ -15,7 +15,7 @@ import pytest
 
 from shardcache.cache.plans import PlanBook, PlanRefused, choose_victim
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 import trace_sim  # noqa: E402
 

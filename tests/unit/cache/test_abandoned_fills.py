@@ -17,8 +17,8 @@ from shardcache.cache.shard_cache import PrefetchOutcome, Result, ShardCache
 from shardcache.cache.store import Store
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
+from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin
-from tests.unit.test_cache import read_all
 
 MiB = 1024 * 1024
 

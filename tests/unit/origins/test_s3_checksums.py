@@ -25,9 +25,9 @@ from shardcache.errors import IntegrityError
 from shardcache.observer import NullObserver
 from shardcache.origins import s3_checksums
 from shardcache.origins.s3 import _info
+from tests.unit.cache.test_integrity import SEGMENTED
+from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
-from tests.unit.test_cache import read_all, settle
-from tests.unit.test_integrity import SEGMENTED
 
 MiB = 1024 * 1024
 PART = 64 * 1024
