@@ -43,6 +43,7 @@ from shardcache.cache.fill_state import (
     TRANSITIONS,
     FillState,
     IllegalTransition,
+    check_transition,
 )
 from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
@@ -133,9 +134,7 @@ class Fill:
     # -- state ---------------------------------------------------------------------------
 
     def _move(self, new: FillState) -> None:
-        if new not in TRANSITIONS[self.state]:
-            raise IllegalTransition(f"{self.state.name} -> {new.name} for {self.cache_key}")
-        self.state = new
+        self.state = check_transition(self.state, new, self.cache_key)
         if new is not FillState.STARTING:
             self._started.set()
         self._publish()

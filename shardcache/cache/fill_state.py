@@ -44,4 +44,12 @@ class IllegalTransition(RuntimeError):
     pass
 
 
-__all__ = ["BODY_COMPLETE", "TRANSITIONS", "FillState", "IllegalTransition"]
+def check_transition(old: FillState, new: FillState, what: str) -> FillState:
+    """Return `new` if the table allows `old -> new`; raise IllegalTransition (naming `what`,
+    the fill's key) if not: a fill that breaks its lifecycle stops at once, loudly."""
+    if new not in TRANSITIONS[old]:
+        raise IllegalTransition(f"{old.name} -> {new.name} for {what}")
+    return new
+
+
+__all__ = ["BODY_COMPLETE", "TRANSITIONS", "FillState", "IllegalTransition", "check_transition"]

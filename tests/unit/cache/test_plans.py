@@ -134,7 +134,7 @@ def test_a_read_never_waits_for_a_thread_holding_the_book() -> None:
     book.post("job", 0, ["a", "b"])
     released = threading.Event()
 
-    def hold() -> None:
+    def hold() -> None:  # the book's lock is what this test is about: held from outside
         with book._lock:
             released.wait()
 
@@ -168,7 +168,6 @@ def test_the_predicted_ratio_is_kept_up_to_date_without_a_scan() -> None:
     book.on_cached("k7")
     book.forget_cached(["k5", "k6", "k7"])  # the store reopened: what it holds now
     assert book.status()[0].predicted_hit_ratio == 0.5
-    assert sum(1 for k in keys[4:] if k in book._cached) / 6 == 0.5
 
 
 def test_a_refused_post_keeps_the_jobs_plan_and_finished_plans_give_way(
