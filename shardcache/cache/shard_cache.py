@@ -107,14 +107,17 @@ class ShardCache:
     def __init__(
         self,
         store: Store,
-        origins: Mapping[str, Origin],
+        origins: OriginTable | Mapping[str, Origin],
         policy: RetryPolicy,
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        # Each origin with its limiter, built and closed as one (`replace_origins`).
-        self._origins = OriginTable(origins, observer)
+        # Each origin with its limiter, built as one by the daemon, which replaces it whole on
+        # a reload; this cache closes it (`aclose`). A mapping is a table built by hand.
+        self._origins = (
+            origins if isinstance(origins, OriginTable) else OriginTable(origins, observer)
+        )
         self.flights = Flights()
         self._policy = policy
         self._observer = observer
@@ -136,12 +139,6 @@ class ShardCache:
         """The current origins by name (a copy)."""
         return self._origins.origins
 
-    def replace_origins(self, origins: Mapping[str, Origin]) -> None:
-        """Serve `origins` from now on (a reload). The cache owns them from here: each comes
-        with a new limiter unless it is the same backend as before, and a replaced one is
-        closed once the fills using it end (`origin_table`)."""
-        self._origins.replace(origins)
-
     def origin(self, name: str) -> Origin:
         slot = self._origins.get(name)
         if slot is None:
@@ -149,7 +146,8 @@ class ShardCache:
         return slot.origin
 
     def _using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
-        """Hold `origin` open while a fill or request uses it (see `replace_origins`)."""
+        """Hold `origin` open while a fill or request uses it (`OriginTable.replace` closes a
+        replaced one only after)."""
         slot = self._origins.slot_of(origin)
         return contextlib.nullcontext() if slot is None else slot.using()
 

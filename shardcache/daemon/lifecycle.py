@@ -12,7 +12,6 @@ OPTIONS says `reloads` (`Daemon.reload`); any other change is reported as needin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
@@ -21,7 +20,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 
 import uvloop
 from aiohttp import web
@@ -32,15 +30,15 @@ from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
-from shardcache.cluster.upstreams import redact_url
 from shardcache.config import Settings, settings_needing_restart
 from shardcache.daemon.notify import monotonic_usec, notify
 from shardcache.daemon.readouts import Readouts, upstream_rows
-from shardcache.daemon.wiring import build_origins, open_store, raise_open_file_limit
+from shardcache.daemon.wiring import configure_origins, open_store, raise_open_file_limit
 from shardcache.errors import ConfigError, ShardcacheError
+from shardcache.fetch.origin_table import OriginTable
 from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.observability import logs
-from shardcache.observability.logs import AccessLogger, redact
+from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
@@ -73,12 +71,14 @@ class Daemon:
     def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None) -> None:
         self.settings = settings
         self._reload_settings = reload_settings
-        self.origins = build_origins(settings)  # the cache owns (and closes) them once built
-        self._specs = {o.name: o for o in settings.origins}  # what `origins` were built from
-        self.metrics = Metrics(CollectorRegistry(), self.origins)
-        self.metrics.watch_upstreams(partial(upstream_rows, self.origins), self._lone_homes)
+        configured = configure_origins(settings)
+        self.metrics = Metrics(CollectorRegistry(), configured)
+        # The one owner of the set of origins, replaced whole on reload; the cache closes it.
+        self.origins = OriginTable(configured, self.metrics)
+        self.metrics.watch_upstreams(
+            lambda: upstream_rows(self.origins.origins), self.origins.lone_homes
+        )
         self.started_at = time.monotonic()
-        self.origin_urls = {o.name: redact(o.url) for o in settings.origins}
         self.in_flight = InFlight()
         # The process's receiving processes: every HTTP(S) and S3 transport sends through
         # them; sized and started in `start`, restarted by a reload, let go at the end.
@@ -104,8 +104,7 @@ class Daemon:
             client_send_timeout_s=settings.client_send_timeout,
             check_ready=self._check_ready,
             status=self._status,
-            origin_urls=self.origin_urls,
-            origins_with_upstreams={o.name for o in settings.origins if o.has_upstreams},
+            origins=self.origins,
             in_flight=self.in_flight,
         )
 
@@ -168,7 +167,7 @@ class Daemon:
             format_size(usage.capacity_bytes),
             usage.entries,
             settings.eviction,
-            ", ".join(f"{n}={u}" for n, u in self.origin_urls.items()) or "none",
+            ", ".join(f"{n}={u}" for n, u in self.origins.shown_urls().items()) or "none",
         )
         notify(f"READY=1\nSTATUS=serving on http://{settings.listen}\nMAINPID={os.getpid()}")
 
@@ -209,7 +208,6 @@ class Daemon:
             guard=self.guard,
             receivers=self.receivers,
             origins=self.origins,
-            origin_urls=self.origin_urls,
         )
         self.metrics.watch_cache(readouts.cache_gauges)
         self.metrics.watch_scrub(readouts.scrub_gauges)
@@ -302,8 +300,7 @@ class Daemon:
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}")
         try:
             new = self._reload_settings()
-            new_origins = {o.name: o for o in new.origins}
-            built = build_origins(new, keep=self._specs, existing=self.origins)
+            configured = configure_origins(new, self.origins)
         except ShardcacheError as exc:
             log.error("reload failed, nothing changed: %s", exc)
             notify("READY=1")
@@ -311,21 +308,19 @@ class Daemon:
         logs.configure(new.log_level, new.log_format)
         # New requests go to new receivers (of the new size); the old ones finish theirs.
         self.receivers.restart(new.receivers)
-        self.origins.clear()
-        self.origins.update(built)
-        self._running().cache.replace_origins(built)  # closes the old ones once their fills end
-        self.metrics.touch(built)
-        self.origin_urls.clear()
-        self.origin_urls.update({n: redact(o.url) for n, o in new_origins.items()})
-        self.state.origins_with_upstreams = {n for n, o in new_origins.items() if o.has_upstreams}
+        # One step: the whole table, with everything kept per origin; a replaced backend is
+        # closed once the fills using it end.
+        self.origins.replace(configured)
+        self.metrics.touch(configured)
         # What a reload applies is the `reloads` column of config's OPTIONS (log level and
         # format, receivers, above); every other changed setting is reported, not applied.
         restart_needed = settings_needing_restart(self.settings, new)
         if restart_needed:
             log.warning("reload: %s changed; restart to apply", ", ".join(restart_needed))
-        self._specs = new_origins
         log.info(
-            "reloaded: origins %s, log level %s", ", ".join(sorted(built)) or "none", new.log_level
+            "reloaded: origins %s, log level %s",
+            ", ".join(sorted(configured)) or "none",
+            new.log_level,
         )
         notify("READY=1")
 
@@ -343,9 +338,7 @@ class Daemon:
             await started.cache.aclose()  # and the origins, which it owns
             await asyncio.to_thread(started.store.close)
         else:
-            for origin in self.origins.values():
-                with contextlib.suppress(Exception):  # closing one must not stop the others
-                    await origin.aclose()
+            await self.origins.aclose()
         self.receivers.close()  # each exits once its open requests end (none are left)
 
     def _running(self) -> Started:
@@ -384,10 +377,6 @@ class Daemon:
 
     def _status(self) -> dict[str, object]:
         return self._running().readouts.status()
-
-    def _lone_homes(self) -> dict[str, str]:
-        """Origin → its URL, for origins with one (no mirror, no tier): their home upstream."""
-        return {o.name: redact_url(o.url) for o in self._specs.values() if not o.has_upstreams}
 
 
 def _access_summary(settings: Settings) -> str:

@@ -5,8 +5,8 @@ The daemon wires the parts and owns their lifecycle; turning their state into fi
 module's one job, so `lifecycle` keeps to start, drain, stop and reload (here, not in
 `observability/`, because it reads every part, serving's connection guard included).
 `status.build_status` shapes the document; this module only gathers it. It reads, never changes,
-what it is given: `origins` and `origin_urls` are the daemon's own dicts, which a reload updates
-in place, so each reading sees the current origins.
+what it is given: `origins` is the daemon's `OriginTable`, which a reload replaces whole, so
+each reading sees the current origins.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from shardcache.cache.store import Store
 from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.fetch.capped import CappedOrigin
+from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability.metrics import CacheGauges, Metrics
 from shardcache.observability.scrub_metrics import ScrubGauges
 from shardcache.observability.status import build_status
@@ -46,8 +47,7 @@ class Readouts:
     scrub: Scrubber
     guard: ConnectionGuard
     receivers: ReceiverPool
-    origins: dict[str, Origin]  # the daemon's, updated in place on reload
-    origin_urls: dict[str, str]  # name -> redacted URL, likewise
+    origins: OriginTable  # the daemon's, replaced whole on reload: each reading is current
 
     def status(self) -> dict[str, object]:
         """The `/_/status` document (on a worker thread: the store's usage reads its index)."""
@@ -56,7 +56,7 @@ class Readouts:
             version=__version__,
             uptime_s=time.monotonic() - self.started_at,
             listen=self.listen,
-            snapshot=self.metrics.snapshot(self.origins),
+            snapshot=self.metrics.snapshot(self.origins.origins),
             cache={
                 "dir": self.cache_dir,
                 "size_bytes": usage.size_bytes,
@@ -66,8 +66,8 @@ class Readouts:
                 "eviction": _eviction_status(self.eviction, self.store.admission_state()),
             },
             prefetch=self.prefetch.status(),
-            origins=dict(self.origin_urls),
-            upstreams=_upstreams_status(upstream_rows(self.origins)),
+            origins=self.origins.shown_urls(),
+            upstreams=_upstreams_status(upstream_rows(self.origins.origins)),
             scrub=self.scrub.status(),
             receivers=self.receivers.status(),
             unusable_checksums=self.cache.checksum_trust.status(),

@@ -1,5 +1,6 @@
-"""The daemon's wiring: one backend per configured origin and the store, built from `Settings`, and
-the open-file limit lifted before the port is bound.
+"""The daemon's wiring: one backend per configured origin (and the `OriginTable` entries that
+hold them), and the store, built from `Settings`; the open-file limit lifted before the port
+is bound.
 
 Apart from `lifecycle` so that `shardcache check` builds its origins exactly as the daemon does
 without importing the server, and so that `lifecycle` keeps to start, drain, stop and reload.
@@ -15,9 +16,12 @@ import resource
 from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
+from shardcache.cluster.upstreams import redact_url
 from shardcache.config import OriginSpec, Settings
 from shardcache.daemon.origin_factory import make_origin
 from shardcache.errors import CacheError, ConfigError
+from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
+from shardcache.observability.logs import redact
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Origin, Timeouts
 from shardcache.origins.file import FileOrigin
@@ -48,6 +52,25 @@ def build_origins(
             raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
         origins[spec.name] = origin
     return origins
+
+
+def configure_origins(
+    settings: Settings, current: OriginTable | None = None
+) -> dict[str, ConfiguredOrigin]:
+    """Every configured origin, whole: its backend (`build_origins`, reusing the `current`
+    table's backend where the spec did not change) and how it is shown. What an
+    `OriginTable` is built, or on a reload replaced, from; raises ConfigError."""
+    built = build_origins(
+        settings,
+        keep=current.specs if current else None,
+        existing=current.origins if current else None,
+    )
+    return {
+        spec.name: ConfiguredOrigin(
+            built[spec.name], spec, shown_url=redact(spec.url), home_label=redact_url(spec.url)
+        )
+        for spec in settings.origins
+    }
 
 
 def open_store(settings: Settings, metrics: Metrics) -> Store:

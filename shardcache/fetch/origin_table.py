@@ -1,11 +1,14 @@
-"""`OriginTable`: the configured origins, each with the state kept for it (its throttling
-limiter), built and closed as one unit.
+"""`OriginTable`: the configured origins, each with everything kept for it (its backend,
+with caps and upstreams wrapped in; its throttling limiter; how it is shown), the one owner of
+the set of origins. The cache reads backends and limiters from it, the routes and `/_/status`
+what is shown; nobody else keeps a list of origins.
 
-A reload (`replace`) keeps the slot of an origin whose backend it kept, builds a new slot (a
-new limiter) for one it added or rebuilt, and retires the slots it replaced: a retired
+A reload (`replace`) builds the whole table again from what the daemon configured: the slot
+of an origin whose backend it kept is carried over (its limiter with it), one it added or
+rebuilt gets a new slot (a new limiter), and the slots it replaced are retired: a retired
 origin's client is closed once no fill or request uses it any more, or after RETIRE_WAIT_S
 (its pooled connections must not stay open until the daemon stops: 60 reloads left 120
-sockets in CLOSE_WAIT). Knows nothing of the cache or of configuration.
+sockets in CLOSE_WAIT). Knows nothing of the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from shardcache.config import OriginSpec
 from shardcache.fetch.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import Origin
@@ -25,17 +29,37 @@ log = logging.getLogger("shardcache.origin")
 RETIRE_WAIT_S = 60.0  # a replaced origin's requests still running then are stopped
 
 
-@dataclass(eq=False, slots=True)
-class OriginSlot:
-    """One origin and its limiter, with a count of the fills and requests using it."""
+@dataclass(frozen=True, slots=True)
+class ConfiguredOrigin:
+    """One origin as the daemon configured it: the backend built from `spec`, and how it is
+    shown (`shown_url`: credentials masked, for `/_/status` and `/_/origins`; `home_label`:
+    the upstream label of an origin with one URL, for the upstream metrics)."""
 
     origin: Origin
+    spec: OriginSpec | None = None  # None: built by hand (tests), not from configuration
+    shown_url: str = ""
+    home_label: str = ""
+
+    @property
+    def has_upstreams(self) -> bool:
+        return self.spec is not None and self.spec.has_upstreams
+
+
+@dataclass(eq=False, slots=True)
+class OriginSlot:
+    """One origin, everything kept for it, and a count of the fills and requests using it."""
+
+    configured: ConfiguredOrigin
     limiter: RequestLimiter
     users: int = 0
     is_idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
         self.is_idle.set()
+
+    @property
+    def origin(self) -> Origin:
+        return self.configured.origin
 
     @contextlib.contextmanager
     def using(self) -> Iterator[Origin]:
@@ -53,24 +77,58 @@ class OriginSlot:
 class OriginTable:
     def __init__(
         self,
-        origins: Mapping[str, Origin],
+        origins: Mapping[str, Origin | ConfiguredOrigin],
         observer: Observer,
         retire_wait_s: float = RETIRE_WAIT_S,
     ) -> None:
-        """Take ownership of `origins`: this table closes them (`replace`, `aclose`)."""
+        """Take ownership of `origins`: this table closes them (`replace`, `aclose`). A bare
+        `Origin` stands for one configured by hand, with nothing shown of it."""
         self._observer = observer
         self._retire_wait_s = retire_wait_s
-        self._slots = {name: self._new_slot(origin) for name, origin in origins.items()}
+        self._slots = {
+            name: self._new_slot(_configured(origin)) for name, origin in origins.items()
+        }
         self._retiring: dict[OriginSlot, asyncio.Task[None]] = {}
 
-    def _new_slot(self, origin: Origin) -> OriginSlot:
-        report = functools.partial(self._observer.origin_request_limit, origin.name)
-        return OriginSlot(origin, RequestLimiter(origin.name, report))
+    def _new_slot(self, configured: ConfiguredOrigin) -> OriginSlot:
+        name = configured.origin.name
+        report = functools.partial(self._observer.origin_request_limit, name)
+        return OriginSlot(configured, RequestLimiter(name, report))
 
     @property
     def origins(self) -> dict[str, Origin]:
-        """The current origins by name (a copy)."""
+        """The current backends by name (a copy)."""
         return {name: slot.origin for name, slot in self._slots.items()}
+
+    @property
+    def specs(self) -> dict[str, OriginSpec]:
+        """What the current backends were built from, by name (a reload keeps a backend whose
+        spec did not change)."""
+        return {
+            name: slot.configured.spec
+            for name, slot in self._slots.items()
+            if slot.configured.spec is not None
+        }
+
+    def shown_urls(self) -> dict[str, str]:
+        """Name -> URL as `/_/status` and `/_/origins` show it (credentials masked)."""
+        return {name: slot.configured.shown_url for name, slot in self._slots.items()}
+
+    def has_upstreams(self, name: str) -> bool:
+        """Whether origin `name` has a tier or mirrors (the routes' loop guard)."""
+        slot = self._slots.get(name)
+        return slot is not None and slot.configured.has_upstreams
+
+    def lone_homes(self) -> dict[str, str]:
+        """Origin -> its upstream label, for the origins with one URL (no mirror, no tier)."""
+        return {
+            name: slot.configured.home_label
+            for name, slot in self._slots.items()
+            if not slot.configured.has_upstreams
+        }
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
     def get(self, name: str) -> OriginSlot | None:
         return self._slots.get(name)
@@ -82,14 +140,18 @@ class OriginTable:
                 return slot
         return None
 
-    def replace(self, origins: Mapping[str, Origin]) -> None:
-        """Make `origins` the current ones; retire (then close) the slots of those replaced."""
+    def replace(self, origins: Mapping[str, Origin | ConfiguredOrigin]) -> None:
+        """Make `origins` the whole table; retire (then close) the slots of those replaced.
+        A backend kept from the current table keeps its slot (its limiter, its users)."""
         slots: dict[str, OriginSlot] = {}
-        for name, origin in origins.items():
+        for name, given in origins.items():
+            configured = _configured(given)
             slot = self._slots.get(name)
-            if slot is None or slot.origin is not origin:
-                slot = self._new_slot(origin)
+            if slot is None or slot.origin is not configured.origin:
+                slot = self._new_slot(configured)
                 self._observer.origin_request_limit(name, 0)  # a new limiter: unlimited
+            else:
+                slot.configured = configured  # the same backend; how it is shown may change
             slots[name] = slot
         replaced = [slot for slot in self._slots.values() if slot not in slots.values()]
         self._slots = slots
@@ -120,6 +182,10 @@ class OriginTable:
         for slot in [*self._slots.values(), *self._retiring]:
             await _close(slot.origin)
         self._retiring.clear()
+
+
+def _configured(origin: Origin | ConfiguredOrigin) -> ConfiguredOrigin:
+    return origin if isinstance(origin, ConfiguredOrigin) else ConfiguredOrigin(origin)
 
 
 async def _close(origin: Origin) -> None:

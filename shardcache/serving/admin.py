@@ -355,4 +355,4 @@ async def get_status(request: web.Request) -> web.Response:
 
 
 async def get_origins(request: web.Request) -> web.Response:
-    return web.json_response({"origins": request.app[STATE_KEY].origin_urls})
+    return web.json_response({"origins": request.app[STATE_KEY].origins.shown_urls()})

@@ -152,7 +152,7 @@ def _refuse_tier_loop(request: web.Request) -> None:
     must not be each other's mirror. Logged once per origin."""
     origin = request.match_info["origin"]
     state = request.app[STATE_KEY]
-    if not request.headers.get(TIER_REQUEST_HEADER) or origin not in state.origins_with_upstreams:
+    if not request.headers.get(TIER_REQUEST_HEADER) or not state.origins.has_upstreams(origin):
         return
     problem = (
         f"origin {origin!r} was asked by another shardcache (as a tier member or mirror), but "

@@ -2,8 +2,8 @@
 whose keys were spelled in three modules, one of them created at request time).
 
 One owner: the `Daemon` builds it in `__init__` and is the only writer (`is_shutting_down`,
-`origins_with_upstreams` on reload, `scrub` once the store is open); handlers only read it,
-but for the log-once memory of tier loops.
+`scrub` once the store is open; `origins` is the daemon's table, which a reload replaces
+whole); handlers only read it, but for the log-once memory of tier loops.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shardcache.cache.scrub import Scrubber
+from shardcache.fetch.origin_table import OriginTable
 
 
 class InFlight:
@@ -52,8 +53,7 @@ class ServerState:
     client_send_timeout_s: float
     check_ready: Callable[[], str | None]  # why not ready (on a worker thread), or None
     status: Callable[[], dict[str, Any]]  # the `/_/status` document (on a worker thread)
-    origin_urls: dict[str, str]  # name -> redacted URL, kept current on reload
-    origins_with_upstreams: set[str]  # origins with a tier or mirrors (loop guard, status)
+    origins: OriginTable  # the configured origins (shown URLs, which have upstreams)
     in_flight: InFlight = field(default_factory=InFlight)
     is_shutting_down: bool = False
     scrub: Scrubber | None = None  # POST /_/verify; None until the store is open

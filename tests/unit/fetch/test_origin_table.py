@@ -62,3 +62,34 @@ async def test_a_replaced_origin_still_in_use_is_closed_after_a_bound() -> None:
         table.replace({})
         await asyncio.wait_for(old.closed.wait(), 1.0)
     await table.aclose()
+
+
+async def test_what_is_shown_of_the_origins_is_the_tables_whole_after_a_reload() -> None:
+    """The table is the one owner of the set of origins: the URLs shown, which origins have
+    upstreams and the lone homes all follow a replace at once (before, the daemon kept four
+    copies in step by hand, and a reload updated each)."""
+    from shardcache.config import OriginSpec
+    from shardcache.fetch.origin_table import ConfiguredOrigin
+
+    tiered = OriginSpec("a", "https://home/x", tier=("http://m0:8470",))
+    lone = OriginSpec("b", "https://user:secret@cdn/y")
+    a, b = ClosingOrigin("a"), ClosingOrigin("b")
+    table = OriginTable(
+        {
+            "a": ConfiguredOrigin(a, tiered, "https://home/x", "https://home/x"),
+            "b": ConfiguredOrigin(b, lone, "https://user:***@cdn/y", "https://cdn/y"),
+        },
+        NullObserver(),
+    )
+    assert table.has_upstreams("a") and not table.has_upstreams("b")
+    assert not table.has_upstreams("unknown")
+    assert table.lone_homes() == {"b": "https://cdn/y"}
+    assert table.specs == {"a": tiered, "b": lone}
+    limiter = table.get("b").limiter  # type: ignore[union-attr]
+    moved = OriginSpec("b", "https://cdn/z")
+    table.replace({"b": ConfiguredOrigin(b, moved, "https://cdn/z", "https://cdn/z")})
+    assert table.shown_urls() == {"b": "https://cdn/z"} and len(table) == 1
+    assert table.lone_homes() == {"b": "https://cdn/z"} and table.specs == {"b": moved}
+    assert table.get("b").limiter is limiter  # type: ignore[union-attr]  # same backend
+    await asyncio.wait_for(a.closed.wait(), 1.0)  # dropped from the table: closed
+    await table.aclose()
