@@ -11,6 +11,7 @@ Parts:
 - `limiter`: `RequestLimiter`, requests a second once an origin throttles (429, 503 SlowDown):
   cut on refusals, grown back on a cubic curve.
 - `capped`: `CappedOrigin`, an operator's fixed caps (requests at once, requests a second).
+- `pacer`: `Pacer`, evenly spaced turns at a rate: the limiter and the caps pace through it.
 - `checksum_trust`, `second_opinion`: which kinds of published checksum an origin has shown it
   cannot get right, and the second hash of a body that failed one.
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from shardcache.errors import OriginBusy
+from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
 
 
@@ -39,7 +40,7 @@ class CappedOrigin:
         self._slots = asyncio.Semaphore(max_requests) if max_requests else None
         self._max_wait_s = max_wait_s
         self._clock = clock
-        self._next_at = -float("inf")
+        self._pacer = Pacer()  # the same pacing as the throttling limiter's
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -48,15 +49,15 @@ class CappedOrigin:
         """Wait until the rate cap lets the next request go; shed it if that is too far off."""
         if not self.max_requests_per_second:
             return
-        now = self._clock()
-        turn = max(now, self._next_at)
+        now, rate = self._clock(), self.max_requests_per_second
+        turn = self._pacer.turn(now, rate)
         if turn - now > self._max_wait_s:
             raise OriginBusy(
-                f"origin {self.name}: its cap of {self.max_requests_per_second:g} requests a "
-                f"second is booked {turn - now:.0f} s ahead",
+                f"origin {self.name}: its cap of {rate:g} requests a second is booked "
+                f"{turn - now:.0f} s ahead",
                 turn - now,
             )
-        self._next_at = turn + 1 / self.max_requests_per_second
+        self._pacer.book(now, rate)
         if turn > now:
             await asyncio.sleep(turn - now)
 

@@ -36,6 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from shardcache.errors import OriginShed
+from shardcache.fetch.pacer import Pacer
 
 log = logging.getLogger("shardcache.origin")
 BETA = 0.7  # a cut leaves this share of the rate the origin refused
@@ -64,7 +65,7 @@ class RequestLimiter:
         self._w_max = 0.0  # the rate the origin last refused
         self._k = 0.0  # seconds after a cut at which the rate is back at _w_max
         self._last_cut = -math.inf
-        self._last_sent = -math.inf  # when the last paced request went
+        self._pacer = Pacer()  # when the last paced request went, and so the next
         self._reported = 0  # the whole rate `on_limit` last heard
         self._queue: collections.deque[asyncio.Event] = collections.deque()
         self._urgent = 0  # the urgent ones, all at the front of the queue
@@ -141,11 +142,11 @@ class RequestLimiter:
             self._urgent -= is_urgent
             if self._queue:
                 self._queue[0].set()  # the next one paces now
-        self._last_sent = self._clock()
+        self._pacer.went(self._clock())
         self._report()
 
     def _next_at(self, rate: float) -> float:
-        return self._last_sent + 1 / rate
+        return self._pacer.next_at(rate)
 
     def _shed(self, wait_s: float) -> None:
         self.shed_requests += 1
@@ -188,7 +189,7 @@ class RequestLimiter:
         self._last_cut = now
         if not self._is_throttled:
             self._is_throttled = True
-            self._last_sent = now
+            self._pacer.went(now)  # paced from the first refusal on
             log.warning(
                 "origin %s is throttling us (429/503): about %d requests a second, "
                 "growing back while it takes them",

@@ -112,6 +112,7 @@ ORDER: dict[str, list[str]] = {
         "fetch.checksum_trust",
         "fetch.capped",
         "fetch.limiter",
+        "fetch.pacer",
         "fetch",
     ],
     "cluster": ["cluster.upstreams", "cluster.breaker", "cluster.rendezvous", "cluster"],

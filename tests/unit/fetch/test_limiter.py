@@ -191,3 +191,15 @@ async def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
         assert slept == [waited_s]
         with pytest.raises(OriginThrottled):  # 30 s of the origin's hints in all, at most
             await requests._back_off(2, refusal, 0, throttled_s=29.0)
+
+
+def test_the_pacer_spaces_turns_evenly_at_any_rate() -> None:
+    """The one pacing the limiter and the caps share: a turn 1/rate after the last one,
+    booked ahead when requests come faster than the rate, at once when they come slower."""
+    from shardcache.fetch.pacer import Pacer
+
+    pacer = Pacer()
+    assert [pacer.book(10.0, 4.0) for _ in range(3)] == [10.0, 10.25, 10.5]
+    assert pacer.turn(10.0, 4.0) == 10.75 and pacer.turn(20.0, 4.0) == 20.0
+    pacer.went(30.0)  # the limiter's way: a request went when its turn came
+    assert pacer.next_at(2.0) == 30.5 and pacer.book(30.1, 2.0) == 30.5
