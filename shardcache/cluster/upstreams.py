@@ -37,6 +37,8 @@ from urllib.parse import urlsplit, urlunsplit
 from shardcache.checksums import Checksum
 from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.cluster.rendezvous import rank
+from shardcache.config.options import default as option_default
+from shardcache.config.origins import origin_default
 from shardcache.errors import (
     LocalBusy,
     OriginChanged,
@@ -90,7 +92,7 @@ class TierMembers:
         make_member: Callable[[str], Origin],
         urls: Sequence[str] = (),
         dns_url: str | None = None,
-        refresh_s: float = 30.0,
+        refresh_s: float = origin_default("tier_refresh"),
         resolver: Resolver = resolve_all,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -200,7 +202,7 @@ class FailoverOrigin:
         name: str,
         chain: Sequence[Upstream],
         tier: TierMembers | None = None,
-        read_timeout_s: float = 30.0,
+        read_timeout_s: float = option_default("origin_read_timeout"),
         min_bytes_per_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -147,6 +147,12 @@ ORIGIN_OPTIONS: tuple[OriginOption, ...] = (
 _ORIGIN_OPTION = {option.key: option for option in ORIGIN_OPTIONS}
 
 
+def origin_default(key: str) -> Any:
+    """The default of the per-origin key `key`, for a value built without a loaded spec (a
+    `TierMembers` in a test), so no second copy of it is written down. KeyError if unknown."""
+    return _ORIGIN_OPTION[key].default
+
+
 @dataclass(frozen=True, slots=True)
 class OriginSpec:
     """One configured origin. Header values may hold secrets, so `repr` never shows them.

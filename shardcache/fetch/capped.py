@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
+from shardcache.config.options import default as option_default
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
@@ -30,7 +31,7 @@ class CappedOrigin:
         inner: Origin,
         max_requests: int | None = None,
         max_requests_per_second: float | None = None,
-        max_wait_s: float = 30.0,
+        max_wait_s: float = option_default("origin_read_timeout"),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner

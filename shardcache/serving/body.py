@@ -22,11 +22,12 @@ from collections.abc import Awaitable, Callable
 
 from shardcache.cache.fill import Fill
 from shardcache.checksums import Verifier
+from shardcache.config.options import default as option_default
 from shardcache.errors import IntegrityError
 from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
-DEFAULT_SEND_TIMEOUT_S = 120.0
+DEFAULT_SEND_TIMEOUT_S: float = option_default("client_send_timeout")  # the table's, not a copy
 PROGRESS_CHECK_S = 1.0  # how often a blocked send looks for progress
 TRANSPORT_LOW_WATER_BYTES = 64 * 1024
 Write = Callable[[bytes], Awaitable[None]]
