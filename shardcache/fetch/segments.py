@@ -78,6 +78,34 @@ class RetryPolicy:
     def delay_s(self, attempt: int) -> float:
         return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
 
+    def wait_before_retry(
+        self,
+        attempt: int,
+        exc: OriginError,
+        throttled_s: float = 0.0,
+        may_shed: bool = True,
+        jitter: float = 1.0,
+    ) -> float:
+        """Seconds to wait before retry `attempt` after `exc`: the exponential delay times
+        `jitter` (retries of many fills must not arrive together), or the origin's
+        `Retry-After` hint when longer (at most RETRY_AFTER_CAP_S). Raise `exc` instead when
+        throttling would be waited out past the read timeout in all (`throttled_s` so far)
+        and the request `may_shed` (nothing of it reached a client yet): the client gets its
+        503 and the hint now, not after every retry waited 30 s.
+
+        Once the origin has answered a fill (`may_shed` False), a reader may hold all but the
+        last byte of a 200: giving up would abort it and waste the body, so the hint is waited
+        out (within the retries) instead of passed on."""
+        delay = self.delay_s(attempt) * jitter
+        if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
+            if may_shed and throttled_s + exc.retry_after_s > self.read_timeout_s:
+                raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
+            delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
+        is_throttled = isinstance(exc, OriginThrottled)
+        if may_shed and is_throttled and throttled_s + delay > self.read_timeout_s:
+            raise exc
+        return delay
+
 
 def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Segment]:
     """Cut [0, size) into segments; one segment when the origin cannot serve ranges, or with
@@ -207,27 +235,18 @@ class OriginRequests:
     async def _back_off(
         self, attempt: int, exc: OriginError, position: int, throttled_s: float = 0.0
     ) -> float:
-        """Sleep before a retry: the policy's exponential delay with jitter (retries of many
-        fills must not arrive together), or the origin's `Retry-After` hint when longer.
-        Return the seconds slept for throttling (0 for other failures).
-
-        Throttling is waited out for at most the read timeout in all (`throttled_s` so far):
-        past that, `exc` is raised at once, so the client gets its 503 and the hint now, not
-        after every retry waited 30 s. Throttled retries are logged at DEBUG: the limiter
-        logs the change of state, the metrics count the refusals.
-        """
-        delay = self.policy.delay_s(attempt) * random.uniform(0.5, 1.0)
+        """Sleep before a retry as the policy says (`RetryPolicy.wait_before_retry`, which
+        raises `exc` when throttling is not to be waited out); return the seconds slept for
+        throttling (0 for other failures). Throttled retries are logged at DEBUG: the limiter
+        logs the change of state, the metrics count the refusals."""
         is_throttled = isinstance(exc, OriginThrottled)
-        # Once the origin has answered this fill, a reader may hold all but the last byte of
-        # a 200: giving up now would abort it and waste the body, so the hint is waited out
-        # (up to RETRY_AFTER_CAP_S a retry, within the retries) instead of passed on.
-        may_shed = not self._has_answered
-        if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
-            if may_shed and throttled_s + exc.retry_after_s > self.policy.read_timeout_s:
-                raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
-            delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
-        if may_shed and is_throttled and throttled_s + delay > self.policy.read_timeout_s:
-            raise exc
+        delay = self.policy.wait_before_retry(
+            attempt,
+            exc,
+            throttled_s,
+            may_shed=not self._has_answered,
+            jitter=random.uniform(0.5, 1.0),
+        )
         self._observer.origin_retry(self.origin.name)
         log.log(
             logging.DEBUG if is_throttled else logging.WARNING,

@@ -163,34 +163,36 @@ async def test_a_stray_refusal_is_not_a_limit() -> None:
 
 
 @pytest.mark.parametrize(("hint", "waited_s"), [(3600.0, None), (31.0, None), (2.0, 2.0)])
-async def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
-    monkeypatch: pytest.MonkeyPatch, hint: float, waited_s: float | None
+def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
+    hint: float, waited_s: float | None
 ) -> None:
     """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour;
     found: `Retry-After: 30` or more held a client 4 × 30 s before its 503. A hint longer
     than the read timeout is passed on to the client at once."""
-    from shardcache.fetch.segments import OriginRequests, RetryPolicy
-    from shardcache.observer import NullObserver
-    from tests.unit.fakes import FakeOrigin
+    from shardcache.fetch.segments import RetryPolicy
 
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-
-    monkeypatch.setattr("shardcache.fetch.segments.asyncio.sleep", sleep)
     policy = RetryPolicy(base_s=0.25, read_timeout_s=30.0)
-    requests = OriginRequests(FakeOrigin(), "a.tar", policy, NullObserver())
     refusal = OriginThrottled("503 SlowDown", hint)
     if waited_s is None:
         with pytest.raises(OriginThrottled):
-            await requests._back_off(1, refusal, 0)
-        assert slept == []
+            policy.wait_before_retry(1, refusal, 0)
+        # A fill a client already reads from waits the hint out (30 s a retry at most).
+        assert policy.wait_before_retry(1, refusal, 0, may_shed=False) == min(hint, 30.0)
     else:
-        assert await requests._back_off(1, refusal, 0) == waited_s
-        assert slept == [waited_s]
+        assert policy.wait_before_retry(1, refusal, 0) == waited_s
         with pytest.raises(OriginThrottled):  # 30 s of the origin's hints in all, at most
-            await requests._back_off(2, refusal, 0, throttled_s=29.0)
+            policy.wait_before_retry(2, refusal, throttled_s=29.0)
+
+
+def test_a_retry_after_other_failures_backs_off_exponentially_with_jitter() -> None:
+    from shardcache.errors import OriginUnavailable
+    from shardcache.fetch.segments import RetryPolicy
+
+    policy = RetryPolicy(base_s=0.25, cap_s=1.0)
+    dropped = OriginUnavailable("connection reset")
+    waits = [policy.wait_before_retry(n, dropped, jitter=0.5) for n in (1, 2, 3, 4)]
+    assert waits == [0.125, 0.25, 0.5, 0.5]  # doubling, capped, then the jitter
+    assert policy.wait_before_retry(1, dropped, throttled_s=1e9) == 0.25  # not throttling
 
 
 def test_the_pacer_spaces_turns_evenly_at_any_rate() -> None:
