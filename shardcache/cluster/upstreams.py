@@ -222,6 +222,11 @@ class FailoverOrigin:
     def home(self) -> Origin:
         return self._chain[-1].origin
 
+    @property
+    def tier(self) -> TierMembers | None:
+        """The tier that shares this origin's keys, if it has one."""
+        return self._tier
+
     def url_for(self, key: str) -> str:
         return self.home.url_for(key)
 

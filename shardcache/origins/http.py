@@ -133,6 +133,11 @@ class HttpTransport:
         # threads, and every other origin keeps the rest.
         self.share = Share(MAX_IN_USE)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries (a copy)."""
+        return dict(self._headers)
+
     async def _send(
         self, method: str, url: str, label: str, headers: dict[str, str] | None = None
     ) -> RemoteExchange:
@@ -255,6 +260,12 @@ class HttpOrigin:
         self._base = spec.url.rstrip("/")
         follow_within = spec.url if spec.follow_redirects else None
         self._transport = HttpTransport(timeouts, dict(spec.headers), follow_within, spec.ca_file)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What every request to this origin carries (a copy; values may be credentials, so
+        never logged): which origin gets which credentials is checked through it."""
+        return self._transport.headers
 
     def url_for(self, key: str) -> str:
         return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))

@@ -414,12 +414,12 @@ def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> No
     failover = make_origin(spec, Timeouts(1, 1))
     assert isinstance(failover, FailoverOrigin)
     assert failover.url_for("k") == "https://cdn.example/x/k"
-    assert failover._tier is not None
-    member = failover._tier.members["http://m0:8470"].origin
+    assert failover.tier is not None
+    member = failover.tier.members["http://m0:8470"].origin
     assert member.url_for("k") == "http://m0:8470/o/k"
-    sent = member._transport._headers  # type: ignore[attr-defined]
+    sent = member.headers  # type: ignore[attr-defined]
     assert sent["Authorization"] == "Bearer tier-token"
-    home = failover.home._transport._headers  # type: ignore[attr-defined]
+    home = failover.home.headers  # type: ignore[attr-defined]
     assert home["Authorization"] == "Bearer cdn-secret"
 
 
