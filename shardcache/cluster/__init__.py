@@ -4,8 +4,9 @@ shardcache tier that shares a dataset across nodes, and which of them to ask fir
 Parts:
 
 - `upstreams`: `FailoverOrigin`, an origin over its tier members, mirrors and home, asked in
-  order with resume (Range + If-Match) from the next one mid-object; `TierMembers`, the tier's
-  member list, static or refreshed from DNS.
+  order with resume (Range + If-Match) from the next one mid-object.
+- `tier`: `TierMembers`, the tier's member list, static or refreshed from DNS; `Upstream`, one
+  place an origin's objects come from (a backend and its breaker).
 - `breaker`: `CircuitBreaker`, whether one upstream is worth asking now (pure, clock-injected).
 - `rendezvous`: which tier member owns a key (highest-random-weight hashing, pure).
 

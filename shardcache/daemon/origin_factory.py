@@ -35,7 +35,8 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
 
 def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     from shardcache.cluster.breaker import CircuitBreaker
-    from shardcache.cluster.upstreams import FailoverOrigin, TierMembers, Upstream, redact_url
+    from shardcache.cluster.tier import TierMembers, Upstream, redact_url
+    from shardcache.cluster.upstreams import FailoverOrigin
 
     def marked(url: str) -> OriginSpec:
         """A mirror that may be another shardcache is told the request comes from one."""

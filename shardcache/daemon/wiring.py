@@ -16,7 +16,7 @@ import resource
 from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
-from shardcache.cluster.upstreams import redact_url
+from shardcache.cluster.tier import redact_url
 from shardcache.config import OriginSpec, Settings
 from shardcache.daemon.origin_factory import make_origin
 from shardcache.errors import CacheError, ConfigError

@@ -115,7 +115,13 @@ ORDER: dict[str, list[str]] = {
         "fetch.pacer",
         "fetch",
     ],
-    "cluster": ["cluster.upstreams", "cluster.breaker", "cluster.rendezvous", "cluster"],
+    "cluster": [
+        "cluster.upstreams",
+        "cluster.tier",
+        "cluster.breaker",
+        "cluster.rendezvous",
+        "cluster",
+    ],
     # Backends over the receive path: the daemon's pool, then the receiving process's side.
     "origins": [
         "origins.s3",

@@ -16,7 +16,8 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.breaker import BreakerState, CircuitBreaker
 from shardcache.cluster.rendezvous import rank
-from shardcache.cluster.upstreams import FailoverOrigin, TierMembers, Upstream
+from shardcache.cluster.tier import TierMembers, Upstream
+from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.errors import (
     OriginBusy,
     OriginChanged,

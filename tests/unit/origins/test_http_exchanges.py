@@ -13,7 +13,8 @@ import pytest
 
 from shardcache import errors
 from shardcache.cluster.breaker import BreakerState, CircuitBreaker
-from shardcache.cluster.upstreams import FailoverOrigin, Upstream
+from shardcache.cluster.tier import Upstream
+from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
 from shardcache.fetch.segments import Segment
