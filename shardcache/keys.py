@@ -54,7 +54,7 @@ def join_url(base: str, key: str) -> str:
     return f"{base.rstrip('/')}/{key}"
 
 
-# Sent by a daemon on its requests to tier members and http(s) mirrors (`origins.upstreams`): a
+# Sent by a daemon on its requests to tier members and http(s) mirrors (`cluster.upstreams`): a
 # daemon whose own origin has a tier or mirrors refuses them (508), so that a misconfigured
 # tier, or two daemons listed as each other's mirror, cannot send requests round in a loop.
 TIER_REQUEST_HEADER = "X-Shardcache-Tier-Request"

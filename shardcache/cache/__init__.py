@@ -7,6 +7,9 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial
   file that readers tail, verified, then committed; `fill_state` its lifecycle (the transition
   table); `passthrough`: the streams of a fill that is not cached (not admitted, no room).
+- `scrub`, `scrub_check`, `verify`: every entry's bytes checked against the digest kept for
+  it, by the daemon's paced scrub or offline (`shardcache verify`); `catalog`: what the cache
+  holds by origin and glob, for `ls` and `purge`. All over the store.
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
   the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
 - `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
@@ -16,22 +19,20 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `index`: the diskcache adapter, the only module that imports diskcache or touches its
   private `_sql` and `_disk` (its schema test: `tests/unit/cache/test_index.py`), and
   `map_store_errors`, the edge where SQLite and OS errors become `CacheError`.
-- `entry`, `space`: values (entry metadata, reservations, listed rows; `CacheFull`,
-  `NotAdmitted`) and the pure arithmetic of room.
+- `entry`, `space`: values (entry metadata, reservations, listed rows) and the pure
+  arithmetic of room (`CacheFull` and `NotAdmitted` are in `errors`, with the whole tree).
 - `admission`, `plans`: what the policies decide from (pure): the scan-resistant admission
   filter's ghost list, and the loaders' posted read plans (next use of each key).
-- `verify`, `scrub_check`, `scrub`: every entry's bytes checked against the digest kept for it,
-  offline (`shardcache verify`) or by the daemon's paced scrub; `catalog`: what the cache
-  holds by origin and glob, for `ls` and `purge`.
 
 What this folder must not know: HTTP (no aiohttp, no status codes but the errors' own), how an
-origin is reached (it gets `Origin`s and their limits from the daemon), the prefetch queue's
-order, metrics libraries (it reports through `observer.Observer`). Nothing here builds its own
-I/O: the store's directory, the origins, the clock and the observer are handed in.
+origin is reached (it gets `Origin`s and their limits from the daemon, and asks them through
+`fetch/`), the prefetch queue's order, metrics libraries (it reports through
+`observer.Observer`). Nothing here builds its own I/O: the store's directory, the origins, the
+clock and the observer are handed in.
 
 The miss pipeline, drawn once:
 
-    GET /o/<origin>/<key>           (serving)
+    GET /<origin>/<key>             (serving)
       -> ShardCache.open            lookup in the Store: a hit leaves with its fd (sendfile)
       -> Flights.join_or_start      a fill in flight for the key? join it (coalesced)
       -> Fill                       HEAD/first response: size, validators, checksums

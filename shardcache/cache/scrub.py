@@ -35,7 +35,7 @@ from shardcache.cache.scrub_check import DAMAGE, Check, Pacer, check_entry
 from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 
-log = logging.getLogger("shardcache.cache.scrub")
+log = logging.getLogger("shardcache.scrub")
 T = TypeVar("T")
 BATCH_ENTRIES = 256  # index rows read per query
 PASS_PAUSE_S = 1.0  # between passes: an empty or tiny cache costs one query a second

@@ -160,7 +160,7 @@ class OriginSpec:
     `follow_redirects` (http(s) origins only, TOML only): follow a 3xx whose target has the
     origin URL's own scheme, host and port; any other redirect is an error either way.
 
-    The rest are TOML only (see `origins.upstreams`): `mirrors` are asked before `url`, the
+    The rest are TOML only (see `cluster.upstreams`): `mirrors` are asked before `url`, the
     object's home, which names it in the cache (`urls = [mirror, …, home]` in the file);
     `tier` lists shardcache tier daemons (base URLs) that share the keys out by rendezvous
     hashing, `tier_dns` is one URL whose host resolves to them, again every `tier_refresh`

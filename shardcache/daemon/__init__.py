@@ -11,6 +11,6 @@ Parts:
 - `notify`: sd_notify, so systemd knows when the daemon is ready, reloading or stopping.
 
 Everything below it is handed its I/O (store, origins, clock, observer) from here; nothing
-below imports this folder. With `serving/`, the only importer of `aiohttp.web`; the only
-importer of uvloop.
+below imports this folder. With `serving/` (and `observability.logs`, the access line), the only
+importer of `aiohttp.web`; the only importer of uvloop.
 """

@@ -27,7 +27,7 @@ from typing import Any
 
 from shardcache.loader import client
 
-log = logging.getLogger("shardcache.loader.webdataset")
+log = logging.getLogger("shardcache.webdataset")
 Shard = dict[str, Any]
 
 

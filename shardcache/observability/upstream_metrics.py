@@ -16,7 +16,7 @@ LoneHomes = Callable[[], Mapping[str, str]]  # origin → its one URL (no mirror
 
 
 class UpstreamCollector(Collector):
-    """Each upstream's breaker, read at scrape time (`origins.upstreams`), and the home of
+    """Each upstream's breaker, read at scrape time (`cluster.upstreams`), and the home of
     each origin with one URL: the dashboard's upstream panel then shows every origin, not
     only those with a tier or mirrors."""
 

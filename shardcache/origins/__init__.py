@@ -13,6 +13,7 @@ Parts:
 
 What this folder must not know: the cache, fills and their verdicts, other origins (mirrors,
 tiers and caps wrap a backend from `cluster/` and `fetch/`; the daemon's `origin_factory`
-builds them), metrics libraries. Vendor exceptions (botocore, socket, ssl) become
-`shardcache.errors` here and nowhere else; only `s3` imports boto3.
+builds them), metrics libraries. Vendor exceptions from requests (botocore, socket, ssl) become
+`shardcache.errors` here and nowhere else (config checks a CA file's loading for itself); only
+`s3` imports boto3.
 """

@@ -108,7 +108,7 @@ def _raise_for_shardcache_error(
     """An error from another shardcache daemon (a tier member, a mirror), which names its kind:
     the object store's throttling, a missing or changed object are answers about the object;
     anything else (shutting down, no such origin, no token, its own origin failing) is that
-    daemon's trouble, so the next upstream is asked (`origins.upstreams`)."""
+    daemon's trouble, so the next upstream is asked (`cluster.upstreams`)."""
     if kind == "throttled":
         raise OriginThrottled(
             f"{url}: answered {status} (the object store is throttling)",

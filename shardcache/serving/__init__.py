@@ -17,7 +17,8 @@ Parts, top down:
   document; `targets`: the (origin, key) pairs a prefetch or plans body names, bounded before
   they are expanded.
 
-With the daemon, the only importer of `aiohttp.web`. What this folder must not know: how a
+With the daemon (and `observability.logs`, the access line), the only importer of
+`aiohttp.web`. What this folder must not know: how a
 miss is filled or verified (it asks `cache.ShardCache` and sends what it gets), how origins
 are reached, how the daemon is wired (it is handed a `ServerState`).
 """

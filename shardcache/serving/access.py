@@ -2,7 +2,7 @@
 
 The daemon holds origin credentials; anyone who can reach its port can make it fetch with them,
 purge a node's cache or read its configuration. On loopback only this machine can reach it, and
-a token is optional; on any other address one is required (see `config._check_access`).
+a token is optional; on any other address one is required (see `config.settings._check_access`).
 
 Protected, when a token is configured: every `/_/` endpoint (prefetch, purge, origins, status),
 and with `require_for_reads` every other path except the probes and `/metrics`, which

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-log = logging.getLogger("shardcache.serving.connections")
+log = logging.getLogger("shardcache.connections")
 SWEEP_INTERVAL_S = 0.5
 ROOM_AGAIN_FRACTION = 0.9  # log "room again" once below this share of the limit
 _REFUSAL_BODY = b'{"error": "too many client connections; retry shortly"}'

@@ -44,7 +44,7 @@ from shardcache.serving.access import AccessPolicy, is_cross_site, is_foreign_ho
 from shardcache.serving.connections import ConnectionGuard
 from shardcache.serving.server_state import ServerState
 
-log = logging.getLogger("shardcache.serving.server")
+log = logging.getLogger("shardcache.server")
 _BODY_HEADERS = {"content-type", "content-length"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CACHE_KEY = web.AppKey("cache", ShardCache)
@@ -162,7 +162,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         return json_error(exc.status, str(exc), {"Retry-After": "5", ERROR_KIND_HEADER: exc.kind})
     except OriginThrottled as exc:
         # Passed on as what it is (503 and the hint), so a node daemon reading through this
-        # one as a tier slows down instead of asking the next member (`origins.upstreams`).
+        # one as a tier slows down instead of asking the next member (`cluster.upstreams`).
         _count_error(request, exc)
         _log_failure(request, exc)
         hint = _retry_after(exc.retry_after_s)

@@ -85,7 +85,7 @@ from shardcache.serving.ranges import ByteRange, parse_range
 from shardcache.serving.server_state import ServerState
 from shardcache.serving.status_page import status_page
 
-log = logging.getLogger("shardcache.serving.server")
+log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 
 

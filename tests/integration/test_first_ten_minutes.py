@@ -89,9 +89,9 @@ def test_prefetch_ahead_finds_the_daemon_in_the_shard_urls(
 
     dead = f"http://127.0.0.1:{free_port()}"
     nowhere = [{"url": f"pipe:curl -s -f {dead}/web/s_{i:03d}.tar"} for i in range(20)]
-    with caplog.at_level(logging.WARNING, logger="shardcache.loader.webdataset"):
+    with caplog.at_level(logging.WARNING, logger="shardcache.webdataset"):
         assert list(prefetch_ahead(3)(iter(nowhere))) == nowhere
-    warnings = [r.getMessage() for r in caplog.records if r.name == "shardcache.loader.webdataset"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "shardcache.webdataset"]
     assert len(warnings) == 1 and dead in warnings[0], warnings
 
 

@@ -244,7 +244,7 @@ def test_the_stage_posts_its_plan_and_prefetches_even_where_plans_are_refused(
     lru = start_daemon(
         {"web": origin.url}, "--readahead", "0", "--eviction", "lru", cache_dir=tmp_path / "b"
     )
-    with caplog.at_level(logging.DEBUG, logger="shardcache.loader.webdataset"):
+    with caplog.at_level(logging.DEBUG, logger="shardcache.webdataset"):
         assert _epoch(url.format(lru.url), [prefetch_ahead(1)], 0.1) == 12
     assert "reading on without a plan" in caplog.text
     assert lru.metric("shardcache_prefetch_completed_total") >= 3  # look-ahead still works

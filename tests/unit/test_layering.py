@@ -1,7 +1,7 @@
 """The house, checked: folders point one way, the modules inside a folder point one way, and
 each vendor stays in the folder that owns it. Walks every module's imports with `ast`, so a
-stray import fails here, not in review. This file is the source of truth for STYLE.md's house
-table and CONTRIBUTING's code map."""
+stray import fails here, not in review. This file is the source of truth for the house plan
+(the engineers' style guide's folder table) and CONTRIBUTING's code map."""
 
 from __future__ import annotations
 

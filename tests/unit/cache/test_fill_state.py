@@ -26,7 +26,7 @@ def test_each_pair_is_allowed_exactly_when_the_table_says(old: FillState, new: F
 
 
 def test_failed_is_reachable_from_every_state_that_is_not_final() -> None:
-    """No failure can strand a fill half way (STYLE.md, rule 3)."""
+    """No failure can strand a fill half way (`cache.fill_state`'s docstring)."""
     for state in set(FillState) - FINAL:
         assert FillState.FAILED in TRANSITIONS[state], state
     for state in FINAL:

@@ -1,6 +1,6 @@
 """Failover across an origin's upstreams, tier ranking and the circuit breaker: in memory, with
-a fake clock and fake origins (the multi-daemon tests in tests/integration/test_tier.py drive
-the same code over real sockets)."""
+a fake clock and fake origins (the multi-daemon tests in tests/integration/test_sharded_tier.py
+and test_tiers.py drive the same code over real sockets)."""
 
 from __future__ import annotations
 
