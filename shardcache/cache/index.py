@@ -115,6 +115,9 @@ class Index:
         )
         db = os.stat(directory / "cache.db")
         self.identity = (db.st_dev, db.st_ino)  # to notice the database replaced under us
+        # Rows whose file an eviction on a full disk removed but could not delete (key ->
+        # filename): dropped at the next write, or at close, once SQLite has room again.
+        self._rows_to_drop: dict[str, str] = {}
 
     def add_access_time_index(self) -> None:
         """Index `access_time`, so that the least recently used rows are one ordered scan."""
@@ -182,10 +185,12 @@ class Index:
 
     def set(self, key: str, adopt: AdoptFile, tag: str) -> None:
         """Index `adopt`'s file as `key`'s entry (moving it into the index tree)."""
+        self._drop_rows_left()
         self._cache.set(key, adopt, tag=tag)
 
     def delete(self, key: str) -> bool:
         """Remove `key`'s row, then its file; return whether it existed."""
+        self._drop_rows_left()
         return bool(self._cache.delete(key))
 
     def delete_to_free_space(self, key: str) -> bool:
@@ -200,9 +205,25 @@ class Index:
                 "the index cannot record evicting %s (disk full): removing its file first", key
             )
             rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
-            for (filename,) in rows.fetchall():
+            filenames = [name for (name,) in rows.fetchall()]
+            for filename in filenames:
                 self._cache._disk.remove(filename)
-            return bool(self._cache.delete(key))
+            try:
+                return bool(self._cache.delete(key))
+            except sqlite3.OperationalError:
+                # Still no room (another fill took the freed blocks first): the space is
+                # free, the row goes at the next write or at close (a read of it is a miss).
+                if filenames:
+                    self._rows_to_drop[key] = filenames[0]
+                return bool(filenames)
+
+    def _drop_rows_left(self) -> None:
+        """Delete the rows `delete_to_free_space` could not, each only if it still names the
+        file that was removed (a new fill of the key may have been indexed since)."""
+        for key, filename in list(self._rows_to_drop.items()):
+            with contextlib.suppress(sqlite3.OperationalError):  # still full: next time
+                self.delete_if_file(key, filename)
+                del self._rows_to_drop[key]
 
     def delete_if_file(self, key: str, filename: str) -> bool:
         """Remove `key`'s entry if its file is still `filename`, and return whether it was."""
@@ -245,4 +266,5 @@ class Index:
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep
+            self._drop_rows_left()
             self._cache.close()
