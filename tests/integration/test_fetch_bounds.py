@@ -176,3 +176,51 @@ def test_a_fill_nothing_reached_a_client_of_passes_a_long_retry_after_on(
         f"origin saw {seen}"
     )
     assert took_s < 4.0, f"the 503 took {took_s:.1f} s"
+
+
+def test_readers_that_left_take_no_turns_under_a_rate_cap(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests_per_second = 0.5`, read timeout 10 s: six readers ask for six shards at
+    once and give up after 0.5 s (a loader's timeout, a killed worker); then one more reader
+    comes. Only the first request had gone to the origin; the other five were waiting for
+    their turns, for nobody. The cap exists so that "fills whose clients left can not queue
+    requests behind a low cap" (`fetch.capped`). Found: the late reader got 503 with
+    `Retry-After: 11` while the origin was idle, and the origin was then sent the five
+    GETs at 2, 4, 6, 8 and 10 s, each fill stopped ("every reader left") only once its
+    answer came: a reader that left is noticed only when the fill starts, and a booked turn
+    is never given back (`CappedOrigin._turn` books before it sleeps)."""
+    for n in range(7):
+        origin.put(f"k{n}.tar", os.urandom(4096))
+    config = tmp_path / "shardcache.toml"
+    config.write_text(f'[origins.a]\nurl = "{origin.url}"\nmax_requests_per_second = 0.5\n')
+    daemon = start_daemon(
+        {},
+        "--config",
+        str(config),
+        "--origin-read-timeout",
+        "10",
+        "--readahead",
+        "0",
+        "--shutdown-grace",
+        "1",
+    )
+    leavers = [
+        threading.Thread(target=curl, args=(f"{daemon.url}/a/k{n}.tar", "--max-time", "0.5"))
+        for n in range(6)
+    ]
+    for thread in leavers:
+        thread.start()
+    for thread in leavers:
+        thread.join(10)
+    time.sleep(0.5)
+    began = time.monotonic()
+    late = curl(f"{daemon.url}/a/k6.tar", "--max-time", "20")
+    took_s = time.monotonic() - began
+    assert late.status == 200, (
+        f"the late reader got {late.status} (Retry-After {late.headers.get('retry-after')}) "
+        f"after {took_s:.2f} s; the origin had been sent GETs for {sorted(origin.gets)}"
+    )
+    time.sleep(2.5)  # a turn booked for a reader that left would be taken by now
+    sent_for_leavers = sorted(k for k in origin.gets if k != "k6.tar")
+    assert len(sent_for_leavers) <= 1, f"GETs sent for readers that had left: {sent_for_leavers}"
