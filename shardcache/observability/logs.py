@@ -26,9 +26,12 @@ from shardcache.printable import escape_controls as escape_controls  # re-export
 from shardcache.printable import escaped as _escaped
 
 _SECRETS = re.compile(
-    r"(?P<pre>://[^/@\s:]+:)[^/@\s]+(?=@)"  # user:PASSWORD@host
-    r"|(?P<query>[?&](?:X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|token|sig)=)"
-    r"[^&\s]+"
+    r"(?P<pre>://[^/@\s:]*:)[^/@\s]+(?=@)"  # user:PASSWORD@host, :PASSWORD@host
+    r"|(?P<scheme>://)[^/@\s:]+(?=@)"  # TOKEN@host: a token as the user name
+    # Query parameters that carry credentials: signed URLs (X-Amz-*, X-Goog-*, Azure's sig),
+    # OAuth's access_token (RFC 6750), API keys, anything named like a token or secret.
+    r"|(?P<query>[?&][\w.-]*(?:token|sig|signature|credential|secret|password|key|auth)"
+    r"[\w.-]*=)[^&\s]+"
     r"|(?P<bearer>\bBearer\s+)[^\s'\"\\]+",  # an Authorization header quoted in a message
     re.IGNORECASE,
 )
@@ -37,7 +40,10 @@ _SECRETS = re.compile(
 def redact(text: str) -> str:
     """Replace passwords in URLs, signature/token query values and bearer tokens with `***`."""
     return _SECRETS.sub(
-        lambda m: (m.group("pre") or m.group("query") or m.group("bearer")) + "***", text
+        lambda m: (
+            (m.group("pre") or m.group("scheme") or m.group("query") or m.group("bearer")) + "***"
+        ),
+        text,
     )
 
 

@@ -204,3 +204,33 @@ def test_the_logger_names_log_readers_filter_on_stay_as_they_were() -> None:
         "__name__",  # origins.receivers and origins.receiver_handle: shardcache.origins.*
         "noisy",  # `configure` quietens botocore, boto3, urllib3 and s3transfer
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("https://alice:pw@h/x", "https://alice:***@h/x"),
+        ("http://:sekret@h/", "http://:***@h/"),  # a token as the password, no user
+        ("http://sekret@h/", "http://***@h/"),  # a token as the user name
+        ("http://h/?access_token=sekret&a=1", "http://h/?access_token=***&a=1"),  # RFC 6750
+        (
+            "http://h/?X-Goog-Signature=s&X-Goog-Date=1",
+            "http://h/?X-Goog-Signature=***&X-Goog-Date=1",
+        ),
+        ("http://h/?sv=1&sig=s", "http://h/?sv=1&sig=***"),  # an Azure SAS
+        (
+            "https://h/p?X-Amz-Credential=AK&X-Amz-Signature=ff",
+            "https://h/p?X-Amz-Credential=***&X-Amz-Signature=***",
+        ),
+        ("http://h/?key=AIza", "http://h/?key=***"),
+        ("Authorization: Bearer abc.def", "Authorization: Bearer ***"),
+        (
+            "http://h/a@b and s3://bucket/k?partNumber=1",
+            "http://h/a@b and s3://bucket/k?partNumber=1",
+        ),
+    ],
+)
+def test_redact_masks_every_credential_a_url_or_header_can_carry(text: str, shown: str) -> None:
+    from shardcache.observability.logs import redact
+
+    assert redact(text) == shown
