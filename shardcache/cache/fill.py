@@ -1,5 +1,4 @@
 """`Fill`: one download of one object into a partial file, that any number of readers tail.
-
 Lifecycle: `fill_state` (the diagram and the transition table).
 
 Who wants it: a fill fetches for the readers that hold it (`hold`, from the moment each joins
@@ -104,7 +103,8 @@ class Fill:
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
         self._tally = FailureTally(observer)  # counts a failure no request was counted under
-        self._requests = OriginRequests(origin, origin_key, policy, self._tally, limiter)
+        started = lambda: self._started.is_set()  # noqa: E731  (a client may be reading)
+        self._requests = OriginRequests(origin, origin_key, policy, self._tally, limiter, started)
         self._store = store
         self._policy = policy
         self._observer = observer

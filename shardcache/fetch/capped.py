@@ -10,12 +10,15 @@ an S3 prefix shared with other jobs) instead of discovering them by throttling (
 - `max_requests_per_second` spaces every request, HEADs included, evenly.
 - No request waits longer than `max_wait_s` for either: past that it is shed with
   `OriginBusy` (503 with Retry-After), so a burst of fills, or fills whose clients left, can
-  not queue requests for hours behind a low cap.
+  not queue requests for hours behind a low cap. But a request that continues an answer a
+  client may already be reading (a later segment, the HEAD for checksums: `CONTINUING`, set
+  by the fetch loop) waits for its turn however long: shedding it would cut off a 200.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -23,6 +26,10 @@ from shardcache.config.options import default as option_default
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
+
+# True while the current task's request continues an answer a client may be reading
+# (`segments.OriginRequests` sets it around each request): the caps never shed it.
+CONTINUING: contextvars.ContextVar[bool] = contextvars.ContextVar("continuing", default=False)
 
 
 class CappedOrigin:
@@ -52,7 +59,7 @@ class CappedOrigin:
             return
         now, rate = self._clock(), self.max_requests_per_second
         turn = self._pacer.turn(now, rate)
-        if turn - now > self._max_wait_s:
+        if turn - now > self._max_wait_s and not CONTINUING.get():
             raise OriginBusy(
                 f"origin {self.name}: its cap of {rate:g} requests a second is booked "
                 f"{turn - now:.0f} s ahead",
@@ -64,6 +71,9 @@ class CappedOrigin:
 
     async def _slot(self) -> None:
         assert self._slots is not None
+        if CONTINUING.get():
+            await self._slots.acquire()  # never shed: the client's answer is under way
+            return
         try:
             async with asyncio.timeout(self._max_wait_s):
                 await self._slots.acquire()

@@ -14,8 +14,10 @@ or without validators of its own, must never get two versions spliced into one s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -29,6 +31,7 @@ from shardcache.errors import (
     OriginNotResumable,
     OriginThrottled,
 )
+from shardcache.fetch.capped import CONTINUING
 from shardcache.fetch.limiter import RequestLimiter
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
@@ -125,6 +128,11 @@ def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Seg
     ]
 
 
+# The throttling the current task's retry loop has waited out so far (`retrying`), which
+# bounds how long its next request may wait for a turn at the limiter.
+_THROTTLED_S: contextvars.ContextVar[float] = contextvars.ContextVar("throttled_s", default=0.0)
+
+
 class OriginRequests:
     """Every request a fill makes for one object, under its ONE retry policy.
 
@@ -141,14 +149,18 @@ class OriginRequests:
         policy: RetryPolicy,
         observer: Observer,
         limiter: RequestLimiter | None = None,
+        client_reading: Callable[[], bool] | None = None,
     ) -> None:
-        """`limiter`: the origin's, shared by every fill (see `limiter`), or None."""
+        """`limiter`: the origin's, shared by every fill (see `limiter`), or None.
+        `client_reading()`: whether a client may already have this object's answer under way
+        (a fill that started); without it, once the origin answered one of these requests."""
         self.origin = origin
         self.key = key
         self.policy = policy
         self._observer = observer
         self._limiter = limiter
         self._has_answered = False  # the origin answered one of these requests
+        self._client_reading = client_reading or (lambda: self._has_answered)
 
     def count(self, status: str) -> None:
         self._observer.origin_request(self.origin.name, status)
@@ -162,15 +174,23 @@ class OriginRequests:
         """Run `operation`, again after back-off while it raises a retryable OriginError;
         raise the last error when retries run out (or at once when it is not retryable)."""
         attempt = 0
-        throttled_s = 0.0  # waited out for the origin's throttling, at most the read timeout
+        # Waited out for the origin's throttling, at most the read timeout in all: the turns
+        # at the limiter of requests it refused, and the back-offs after them.
+        throttled_s = 0.0
         while True:
+            began = time.monotonic()
+            waited = _THROTTLED_S.set(throttled_s)  # the limiter's bound for this turn
             try:
                 return await operation()
             except OriginError as exc:
+                if isinstance(exc, OriginThrottled):
+                    throttled_s += time.monotonic() - began
                 attempt += 1
                 if not exc.is_retryable or attempt > self.policy.retries:
                     raise
                 throttled_s += await self._back_off(attempt, exc, position(), throttled_s)
+            finally:
+                _THROTTLED_S.reset(waited)
 
     async def open_once(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
         """One GET of [start, end); a failure to open is counted here, the body's end by the
@@ -206,19 +226,24 @@ class OriginRequests:
     async def _asking(self, request: Callable[[], Awaitable[T]]) -> T:
         """Send one request at the origin's pace (see `limiter`), and tell the limiter whether
         the origin refused it as one too many."""
-        if self._limiter is None:
-            answer = await self._noting_throttled(request)
-            self._has_answered = True
-            return answer
-        # No first request waits for its turn longer than the read timeout: it is shed
-        # (OriginShed, 503 with Retry-After) and its client told when to come back. Once the
-        # origin answered one, the rest (segments, the HEAD for checksums) continue a fill a
-        # client may be reading: they go first, and are never shed.
-        limit = self._limiter.permit(self.policy.read_timeout_s, is_urgent=self._has_answered)
-        async with limit as sent_at:
-            answer = await self._noting_throttled(request, sent_at)
+        # A request that continues an answer a client may be reading (segments, the HEAD for
+        # checksums of a fill that started) goes first and is never shed, by the limiter or
+        # an operator's caps (`CONTINUING`); any other waits for its turn no longer than
+        # what is left of the read timeout after the throttling it met already: it is shed
+        # (503 with Retry-After) and its client told when to come back.
+        urgent = self._client_reading()
+        continuing = CONTINUING.set(urgent)
+        try:
+            if self._limiter is None:
+                answer = await self._noting_throttled(request)
+            else:
+                max_wait_s = max(0.0, self.policy.read_timeout_s - _THROTTLED_S.get())
+                async with self._limiter.permit(max_wait_s, is_urgent=urgent) as sent_at:
+                    answer = await self._noting_throttled(request, sent_at)
+                self._limiter.answered()
+        finally:
+            CONTINUING.reset(continuing)
         self._has_answered = True
-        self._limiter.answered()
         return answer
 
     async def _noting_throttled(
@@ -244,7 +269,7 @@ class OriginRequests:
             attempt,
             exc,
             throttled_s,
-            may_shed=not self._has_answered,
+            may_shed=not self._client_reading(),
             jitter=random.uniform(0.5, 1.0),
         )
         self._observer.origin_retry(self.origin.name)
