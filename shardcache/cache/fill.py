@@ -92,18 +92,17 @@ class Fill:
         on_unwanted: Callable[[Fill], None] | None = None,
         trust: ChecksumTrust | None = None,
     ) -> None:
-        """`on_unwanted(fill)` is called, on the event loop, when the last holder lets go of
-        a fill nothing else wants (see the module docstring); the owner then stops it or,
-        for an object streamed through, closes the stream nobody took. `trust`: the cache's."""
-        self.cache_key = cache_key
-        self.origin = origin
-        self.origin_key = origin_key
+        """`on_unwanted(fill)`: the last holder let go of a fill nothing else wants (see the
+        module docstring); the owner stops it, or closes the stream nobody took. `trust`: the
+        cache's."""
+        self.cache_key, self.origin, self.origin_key = cache_key, origin, origin_key
         self.state = FillState.STARTING
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
         self._tally = FailureTally(observer)  # counts a failure no request was counted under
-        started = lambda: self._started.is_set()  # noqa: E731  (a client may be reading)
+        self._started = asyncio.Event()  # the origin answered: a client may be reading
+        started = self._started.is_set
         self._requests = OriginRequests(origin, origin_key, policy, self._tally, limiter, started)
         self._store = store
         self._policy = policy
@@ -128,7 +127,6 @@ class Fill:
         self._trust = trust if trust is not None else ChecksumTrust(observer)
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self._checksums_known = asyncio.Event()
-        self._started = asyncio.Event()
         self._progress = asyncio.Event()
 
     # -- state ---------------------------------------------------------------------------
@@ -137,9 +135,10 @@ class Fill:
         self.state = check_transition(self.state, new, self.cache_key)
         if new is not FillState.STARTING:
             self._started.set()
-        self._publish()
+        self.wake_readers()
 
-    def _publish(self) -> None:
+    def wake_readers(self) -> None:
+        """Wake the readers waiting for bytes: more landed, or a reader's client left."""
         event, self._progress = self._progress, asyncio.Event()
         event.set()
 
@@ -218,10 +217,8 @@ class Fill:
     # -- readers -------------------------------------------------------------------------
 
     async def wait_started(self) -> FillState:
-        """Wait until the origin answered; return FILLING (or later) or PASSTHROUGH.
-
-        Raises the fill's OriginError (404, 502, 504…) when it failed before the first byte.
-        """
+        """Wait until the origin answered; return FILLING (or later) or PASSTHROUGH. Raises
+        the fill's OriginError (404, 502, 504…) when it failed before the first byte."""
         await self._started.wait()
         if self.state is FillState.FAILED:
             assert self.error is not None
@@ -279,14 +276,17 @@ class Fill:
                 os.close(self._reservation.fd)
                 self._reservation.fd = -1
 
-    async def wait_readable(self, position: int, end: int) -> int:
+    async def wait_readable(
+        self, position: int, end: int, reader_left: asyncio.Event | None = None
+    ) -> int:
         """Return how far (exclusive) a reader whose response ends at `end` may send now.
-
         Blocks until that is past `position`. The response's final byte becomes readable only
         once the body is verified, so no read, whole or ranged, completes before verification.
-        Raises the fill's error if it failed.
-        """
+        Raises the fill's error if it failed, FillAbandoned once `reader_left` is set (the
+        reader's watcher wakes it: `wake_readers`)."""
         while True:
+            if reader_left is not None and reader_left.is_set():
+                raise FillAbandoned(f"the reader of {self.cache_key} left")
             if self.state in BODY_COMPLETE:
                 return end
             if self.state is FillState.FAILED:
@@ -326,7 +326,7 @@ class Fill:
             self._move(FillState.FILLING)
             assert self._reservation is not None
             self._download = SegmentedDownload(
-                self._requests, info, self._reservation.fd, self._publish, self._extra_slots
+                self._requests, info, self._reservation.fd, self.wake_readers, self._extra_slots
             )
             handed, first = first, None  # the download owns and closes it
             await self._download_and_verify(handed, info)

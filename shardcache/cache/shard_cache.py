@@ -156,11 +156,16 @@ class ShardCache:
         origin = self.origin(origin_name)
         return origin, origin.url_for(validate_key(key))
 
-    async def open(self, origin_name: str, key: str) -> Lease:
+    async def open(
+        self, origin_name: str, key: str, reader_left: asyncio.Event | None = None
+    ) -> Lease:
         """Return a Lease to read `key` from origin `origin_name`.
 
         Raises UnknownOrigin, InvalidKey, or the OriginError of a fetch that failed before its
-        first byte (OriginNotFound, OriginTimeout, …).
+        first byte (OriginNotFound, OriginTimeout, …); FillAbandoned when `reader_left` is set
+        (the client closed its connection) before the origin answered: the reader lets go of
+        the fill then, so a fill nobody wants stops instead of waiting for the origin (for a
+        turn under a cap, say) for nobody.
         """
         origin, url = self.cache_key(origin_name, key)
         in_flight = self.flights.get(url)
@@ -187,16 +192,21 @@ class ShardCache:
         if not joined:
             self._spawn(fill)
         try:
-            return await self._lease_of(origin, url, fill, joined)
+            return await self._lease_of(origin, url, fill, joined, reader_left)
         except BaseException:
             fill.let_go()  # a failed fill, or a caller gone while it waited
             raise
 
-    async def _lease_of(self, origin: Origin, url: str, fill: Fill, joined: bool) -> Lease:
+    async def _lease_of(
+        self, origin: Origin, url: str, fill: Fill, joined: bool, reader_left: asyncio.Event | None
+    ) -> Lease:
         """The lease of a reader that holds `fill`: for a fill's body, the lease lets go of it
         when closed; for an object streamed through, it lets go once the stream is taken."""
         self._read_prefetched(origin, url, fill)
-        state = await fill.wait_started()
+        if reader_left is None:
+            state = await fill.wait_started()
+        else:
+            state = await _unless_left(fill.wait_started(), reader_left, url)
         result = Result.COALESCED if joined else Result.MISS
         if joined and fill.is_body_complete:
             # Every byte is on local disk and verified; only the index write is pending (the
@@ -446,3 +456,20 @@ class ShardCache:
                 fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._origins.aclose()
+
+
+async def _unless_left(
+    started: Awaitable[FillState], reader_left: asyncio.Event, url: str
+) -> FillState:
+    """What `started` gives, unless `reader_left` is set first: then FillAbandoned."""
+    waiting = asyncio.ensure_future(started)
+    left = asyncio.ensure_future(reader_left.wait())
+    try:
+        await asyncio.wait({waiting, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+        if not waiting.done():
+            waiting.cancel()
+    if waiting.done() and not waiting.cancelled():
+        return waiting.result()
+    raise FillAbandoned(f"the reader of {url} left before the origin answered")

@@ -67,7 +67,12 @@ class CappedOrigin:
             )
         self._pacer.book(now, rate)
         if turn > now:
-            await asyncio.sleep(turn - now)
+            try:
+                await asyncio.sleep(turn - now)
+            except BaseException:  # its fill was stopped (every reader left): no place kept
+                self._pacer.give_back(turn)
+                raise
+        self._pacer.went(turn)
 
     async def _slot(self) -> None:
         assert self._slots is not None

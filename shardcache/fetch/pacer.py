@@ -1,10 +1,12 @@
 """`Pacer`: evenly spaced turns at a rate, the one pacing mechanism of `fetch/`.
 
 Both limits on how often an origin is asked pace through it: the throttling limiter
-(`limiter`, whose rate moves as the origin refuses and recovers) and an operator's fixed cap
-(`capped`, `max_requests_per_second`). What differs between them is only what they do with a
-turn that is too far off (shed it, or tell the client to come back), not how a turn is found.
-Pure: the caller passes the time.
+(`limiter`, whose rate moves as the origin refuses and recovers; it records each request as
+it goes) and an operator's fixed cap (`capped`, `max_requests_per_second`; it books turns
+ahead, and gives back the turn of a request that stopped waiting, so a client that left holds
+no place). What differs between them is only what they do with a turn that is too far off
+(shed it, or tell the client to come back), not how a turn is found. Pure: the caller passes
+the time.
 """
 
 from __future__ import annotations
@@ -13,28 +15,39 @@ import math
 
 
 class Pacer:
-    """When the next request may go at a given rate: 1/rate after the last one."""
+    """When the next request may go at a given rate: 1/rate after the last one that went or
+    is booked to go."""
 
     def __init__(self) -> None:
-        self._last = -math.inf  # when the last request went, or is booked to go
+        self._last = -math.inf  # when the last request went
+        self._booked: list[float] = []  # turns taken ahead that have not come yet
 
     def next_at(self, rate: float) -> float:
         """The earliest time the next request may go, at `rate` requests a second."""
-        return self._last + 1 / rate
+        return max([self._last, *self._booked]) + 1 / rate
 
     def turn(self, now: float, rate: float) -> float:
         """When a request asking at `now` would go: now, or the next free turn."""
         return max(now, self.next_at(rate))
 
     def went(self, at: float) -> None:
-        """A request went at `at` (the limiter: once its turn came)."""
-        self._last = at
+        """A request went at `at` (its booked turn came, or the limiter let it go)."""
+        self._last = max(self._last, at)
+        if at in self._booked:
+            self._booked.remove(at)
 
     def book(self, now: float, rate: float) -> float:
-        """Take the next turn for a request asking at `now`; return when it is."""
+        """Take the next turn for a request asking at `now`; return when it is. The caller
+        says `went(turn)` when it comes, or `give_back(turn)` if it stops waiting."""
         at = self.turn(now, rate)
-        self._last = at
+        self._booked.append(at)
         return at
+
+    def give_back(self, at: float) -> None:
+        """A request that booked the turn at `at` stopped waiting (its fill was stopped):
+        the turns after it stay where they are, the next booking comes after them."""
+        if at in self._booked:
+            self._booked.remove(at)
 
 
 __all__ = ["Pacer"]

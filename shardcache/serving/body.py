@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from shardcache.cache.fill import Fill
 from shardcache.checksums import Verifier
 from shardcache.config.options import default as option_default
-from shardcache.errors import IntegrityError
+from shardcache.errors import FillAbandoned, IntegrityError
 from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
@@ -223,20 +223,34 @@ async def send_fill(
     start: int,
     end: int,
     on_wait: Callable[[float], None],
+    reader_left: asyncio.Event | None = None,
 ) -> None:
     """Send bytes [start, end) of a fill in flight as they land on disk.
 
     `on_wait(seconds)` is told how long the client waited for bytes not yet on disk.
-    Raises the fill's error if it fails before the range is complete.
+    Raises the fill's error if it fails before the range is complete; ClientGone once
+    `reader_left` is set (the connection closed) while it waits for bytes or for the
+    verification (one watcher a response, not a wake-up a chunk).
     """
     loop = asyncio.get_running_loop()
     position = start
-    while position < end:
-        began = loop.time()
-        limit = await fill.wait_readable(position, end)
-        on_wait(loop.time() - began)
-        await sender.send(fd, position, limit - position)
-        position = limit
+    watcher = None
+    if reader_left is not None:
+        watcher = asyncio.ensure_future(reader_left.wait())
+        watcher.add_done_callback(lambda done: None if done.cancelled() else fill.wake_readers())
+    try:
+        while position < end:
+            began = loop.time()
+            try:
+                limit = await fill.wait_readable(position, end, reader_left)
+            except FillAbandoned:
+                raise ClientGone("client closed the connection") from None
+            on_wait(loop.time() - began)
+            await sender.send(fd, position, limit - position)
+            position = limit
+    finally:
+        if watcher is not None:
+            watcher.cancel()
 
 
 async def settle_empty(

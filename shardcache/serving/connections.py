@@ -59,7 +59,7 @@ class ConnectionLimits:
 class _Connection:
     """What the guard knows of one open connection."""
 
-    __slots__ = ("transport", "client", "idle_since", "head_started", "active_requests")
+    __slots__ = ("transport", "client", "idle_since", "head_started", "active_requests", "lost")
 
     def __init__(self, transport: asyncio.BaseTransport, client: str, now: float) -> None:
         self.transport = transport
@@ -67,6 +67,7 @@ class _Connection:
         self.idle_since = now  # when it last had no request in progress
         self.head_started: float | None = None  # first byte of a request not yet handed over
         self.active_requests = 0
+        self.lost = asyncio.Event()  # the client closed it (or it was closed)
 
 
 class ConnectionGuard:
@@ -115,6 +116,12 @@ class ConnectionGuard:
             connection.active_requests += 1
             connection.head_started = None
 
+    def lost(self, transport: asyncio.BaseTransport | None) -> asyncio.Event | None:
+        """Set once the connection closes: a handler waiting for something (an origin's
+        first byte) notices a client that left without writing to it. None if unknown."""
+        connection = self._connections.get(transport) if transport is not None else None
+        return connection.lost if connection is not None else None
+
     def request_finished(self, transport: asyncio.BaseTransport | None) -> None:
         connection = self._connections.get(transport) if transport is not None else None
         if connection is not None:
@@ -160,6 +167,9 @@ class ConnectionGuard:
                 connection.head_started = self._clock()
 
     def _lost(self, transport: asyncio.BaseTransport) -> None:
+        connection = self._connections.get(transport)
+        if connection is not None:
+            connection.lost.set()
         self._forget(transport)
         room = len(self._connections) < self.limits.max_connections * ROOM_AGAIN_FRACTION
         if self._is_refusing and room:

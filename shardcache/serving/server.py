@@ -32,6 +32,7 @@ from aiohttp import web
 from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
+    FillAbandoned,
     IntegrityError,
     NotCached,
     ShardcacheError,
@@ -171,7 +172,14 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     metrics = request.app[METRICS_KEY]
     loop = asyncio.get_running_loop()
     began = loop.time()
-    lease = await cache.open(request.match_info["origin"], request.match_info["key"])
+    origin, key = request.match_info["origin"], request.match_info["key"]
+    guard = request.app.get(GUARD_KEY)
+    reader_left = guard.lost(request.transport) if guard is not None else None
+    try:
+        lease = await cache.open(origin, key, reader_left)
+    except FillAbandoned:  # the client closed its connection while the origin was asked
+        _client_left(request, origin)
+        return web.Response(status=FillAbandoned.status)
     if not request.headers.get(TIER_REQUEST_HEADER):
         # A tier member sees only its share of a numbered run: the next number belongs to
         # another member, and the node that asked reads ahead itself.
@@ -206,7 +214,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         sender = FileSender(request.transport, response.write, state.client_send_timeout_s)
         is_counted = False  # under the result, once the body is out: the client may see it end
         try:
-            await _send_body(lease, sender, start, end, request, metrics)
+            await _send_body(lease, sender, start, end, request, metrics, reader_left)
             metrics.requests.labels(lease.origin, lease.result.value).inc()
             is_counted = True
             await sender.drained()  # so that write_eof has nothing left to wait for
@@ -294,6 +302,7 @@ async def _send_body(
     end: int,
     request: web.Request,
     metrics: Metrics,
+    reader_left: asyncio.Event | None,
 ) -> None:
     def on_wait(seconds: float) -> None:
         metrics.waited(lease.origin, seconds)
@@ -303,7 +312,7 @@ async def _send_body(
     if lease.entry is not None:
         await sender.send(lease.entry.fd, start, end - start)
     elif lease.fill is not None:
-        await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait)
+        await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait, reader_left)
     elif lease.stream is not None:
         state = request.app[STATE_KEY]
         await send_stream(

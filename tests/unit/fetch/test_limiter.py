@@ -203,5 +203,9 @@ def test_the_pacer_spaces_turns_evenly_at_any_rate() -> None:
     pacer = Pacer()
     assert [pacer.book(10.0, 4.0) for _ in range(3)] == [10.0, 10.25, 10.5]
     assert pacer.turn(10.0, 4.0) == 10.75 and pacer.turn(20.0, 4.0) == 20.0
+    pacer.give_back(10.5)  # the last booked stopped waiting: its turn is free again
+    pacer.give_back(10.25)
+    assert pacer.turn(10.0, 4.0) == 10.25
+    pacer.went(10.0)
     pacer.went(30.0)  # the limiter's way: a request went when its turn came
     assert pacer.next_at(2.0) == 30.5 and pacer.book(30.1, 2.0) == 30.5
