@@ -19,7 +19,8 @@ KEYS = [
 @pytest.mark.parametrize("key", KEYS)
 def test_an_access_line_keeps_an_object_key_readable(key: str) -> None:
     """The daemon's access line for `GET /train/KEY` (its format, as the log shows it; curl
-    sends '&' and '=' in a path unencoded). `TextFormatter.format` redacts every line. Found: `…&keyframes=***`, `…&author=***`,
-    `…&design=***`: the rest of the key, up to the next space, is masked."""
+    sends '&' and '=' in a path unencoded). `TextFormatter.format` redacts
+    every line. Found: `…&keyframes=***`, `…&author=***`, `…&design=***`:
+    the rest of the key, up to the next space, is masked."""
     line = f"INFO    aiohttp.access: GET /train/{key} 200 miss 1048576 12.000ms"
     assert redact(line) == line
