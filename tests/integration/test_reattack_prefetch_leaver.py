@@ -1,0 +1,50 @@
+"""An attack on the 'reader left' watch (`ShardCache.open`'s `reader_left`) with the prefetch
+queue: a prefetch must still bring its object in when a reader of it came and left."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Callable
+
+from tests.daemon_process import Daemon
+from tests.integration.helpers import curl
+from tests.origin_server import OriginServer
+
+
+def test_a_prefetch_completes_when_a_reader_of_its_object_came_and_left(
+    origin: OriginServer, start_daemon: Callable[..., Daemon]
+) -> None:
+    """`POST /_/prefetch` of one shard from an origin that answers every request after 1 s;
+    0.2 s later a reader asks for the same shard and gives up after 0.3 s (a loader's short
+    timeout, a killed worker). The prefetch is still wanted: 4 s later the shard must be a
+    hit. Found: a miss, the origin sent a further GET. The reader's own fill is now let go
+    of at once and stopped ("every reader left") while the prefetch's HEAD is still out;
+    when the HEAD returns, `ShardCache.start_prefetch` sees a fill for the key that finished
+    meanwhile (`_finished` counts the abandoned one too) and takes the object as CACHED, so
+    nothing is fetched. Before the watch the fill lived until the origin answered, and the
+    prefetch joined it."""
+    data = os.urandom(1 << 20)
+    origin.put("p.tar", data, delay_s=1.0)
+    daemon = start_daemon({"o": origin.url}, "--readahead", "0")
+    request = urllib.request.Request(
+        daemon.url + "/_/prefetch",
+        data=json.dumps({"origin": "o", "keys": ["p.tar"]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+    time.sleep(0.2)
+    left = curl(f"{daemon.url}/o/p.tar", "--max-time", "0.3")
+    assert left.exit_code == 28  # the reader gave up before the origin answered
+    time.sleep(4)
+    gets_before = origin.gets["p.tar"]
+    answer = curl(f"{daemon.url}/o/p.tar")
+    assert answer.body == data
+    assert answer.headers.get("x-shardcache") == "hit", (
+        f"after the prefetch: {answer.headers.get('x-shardcache')}, the origin sent "
+        f"{origin.gets['p.tar'] - gets_before} more GET(s)\n"
+        + "\n".join(line for line in daemon.log().splitlines() if "p.tar" in line)
+    )
