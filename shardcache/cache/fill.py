@@ -250,7 +250,7 @@ class Fill:
         if self.state is not FillState.PASSTHROUGH or self.info is None:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
         info = self.info
-        stream = await self._requests.open(0, None, info.etag)
+        stream = await self._requests.open(0, None, info.etag, for_new_reader=True)
         self._requests.count("ok")  # counted when opened, as the starter's stream is
         change = info.differs_from(stream.info)
         if change is not None:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill, FillState
@@ -32,6 +32,7 @@ from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 log = logging.getLogger("shardcache.cache")
+T = TypeVar("T")
 RECENT_FILLS = 65536
 
 
@@ -213,7 +214,12 @@ class ShardCache:
             # fill is still registered until it commits). For the client that is a hit.
             result = Result.HIT
         if state is FillState.PASSTHROUGH:
-            stream = await fill.join_passthrough() if joined else fill.take_passthrough()
+            if not joined:
+                stream = fill.take_passthrough()
+            elif reader_left is None:
+                stream = await fill.join_passthrough()
+            else:  # its own GET, which may wait for a turn under a cap: not for nobody
+                stream = await _unless_left(fill.join_passthrough(), reader_left, url)
             fill.let_go()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
@@ -349,8 +355,10 @@ class ShardCache:
             info = await requests.head()  # retried, within the origin's limiter
         await admit(info.size_bytes)
         # While we sized the object and waited for budget, a client may have fetched it (then
-        # a fill for it has finished since) or may be fetching it (join_or_start joins it).
-        if self._finished.get(url, 0) != finished_before:
+        # a fill for it has finished since) or may be fetching it (join_or_start joins it). A
+        # fill that finished without an entry (its reader left, it failed) fetched nothing
+        # for this prefetch: it goes on.
+        if self._finished.get(url, 0) != finished_before and await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
@@ -458,10 +466,9 @@ class ShardCache:
         await self._origins.aclose()
 
 
-async def _unless_left(
-    started: Awaitable[FillState], reader_left: asyncio.Event, url: str
-) -> FillState:
-    """What `started` gives, unless `reader_left` is set first: then FillAbandoned."""
+async def _unless_left(started: Awaitable[T], reader_left: asyncio.Event, url: str) -> T:
+    """What `started` gives, unless `reader_left` is set first: then FillAbandoned, and
+    `started` is cancelled (a turn it waited for under a cap is given back)."""
     waiting = asyncio.ensure_future(started)
     left = asyncio.ensure_future(reader_left.wait())
     try:

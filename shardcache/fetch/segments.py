@@ -131,6 +131,8 @@ def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Seg
 # The throttling the current task's retry loop has waited out so far (`retrying`), which
 # bounds how long its next request may wait for a turn at the limiter.
 _THROTTLED_S: contextvars.ContextVar[float] = contextvars.ContextVar("throttled_s", default=0.0)
+# Set while a reader's own first GET is asked (`OriginRequests.open(for_new_reader=True)`).
+_NEW_READER: contextvars.ContextVar[bool] = contextvars.ContextVar("new_reader", default=False)
 
 
 class OriginRequests:
@@ -161,6 +163,10 @@ class OriginRequests:
         self._limiter = limiter
         self._has_answered = False  # the origin answered one of these requests
         self._client_reading = client_reading or (lambda: self._has_answered)
+
+    def _continues_an_answer(self) -> bool:
+        """Whether this task's request continues an answer a client may be reading."""
+        return self._client_reading() and not _NEW_READER.get()
 
     def count(self, status: str) -> None:
         self._observer.origin_request(self.origin.name, status)
@@ -201,9 +207,17 @@ class OriginRequests:
             self.count(exc.kind)
             raise
 
-    async def open(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
-        """Open [start, end) with retries; the caller counts the body's outcome."""
-        return await self.retrying(lambda: self.open_once(start, end, if_match), lambda: start)
+    async def open(
+        self, start: int, end: int | None, if_match: str | None, for_new_reader: bool = False
+    ) -> OriginStream:
+        """Open [start, end) with retries; the caller counts the body's outcome.
+        `for_new_reader`: a reader's own first GET (one joining an object streamed through),
+        of whose answer nothing is under way: shed, and throttling passed on, as a first."""
+        new_reader = _NEW_READER.set(for_new_reader)
+        try:
+            return await self.retrying(lambda: self.open_once(start, end, if_match), lambda: start)
+        finally:
+            _NEW_READER.reset(new_reader)
 
     async def head(self) -> ObjectInfo:
         """The object's info from a HEAD, with retries."""
@@ -231,7 +245,7 @@ class OriginRequests:
         # an operator's caps (`CONTINUING`); any other waits for its turn no longer than
         # what is left of the read timeout after the throttling it met already: it is shed
         # (503 with Retry-After) and its client told when to come back.
-        urgent = self._client_reading()
+        urgent = self._continues_an_answer()
         continuing = CONTINUING.set(urgent)
         try:
             if self._limiter is None:
@@ -269,7 +283,7 @@ class OriginRequests:
             attempt,
             exc,
             throttled_s,
-            may_shed=not self._client_reading(),
+            may_shed=not self._continues_an_answer(),
             jitter=random.uniform(0.5, 1.0),
         )
         self._observer.origin_retry(self.origin.name)

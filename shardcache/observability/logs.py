@@ -26,12 +26,16 @@ from shardcache.printable import escape_controls as escape_controls  # re-export
 from shardcache.printable import escaped as _escaped
 
 _SECRETS = re.compile(
-    r"(?P<pre>://[^/@\s:]*:)[^/@\s]+(?=@)"  # user:PASSWORD@host, :PASSWORD@host
-    r"|(?P<scheme>://)[^/@\s:]+(?=@)"  # TOKEN@host: a token as the user name
-    # Query parameters that carry credentials: signed URLs (X-Amz-*, X-Goog-*, Azure's sig),
-    # OAuth's access_token (RFC 6750), API keys, anything named like a token or secret.
-    r"|(?P<query>[?&][\w.-]*(?:token|sig|signature|credential|secret|password|key|auth)"
-    r"[\w.-]*=)[^&\s]+"
+    # user:PASSWORD@host and :PASSWORD@host; a TOKEN@host (a token as the user name). Up to
+    # the authority's last '@', as URL parsers split it (a raw '@' in a password).
+    r"(?P<pre>://[^/@\s:]*:)[^/\s]+(?=@)"
+    r"|(?P<scheme>://)[^/\s:]+(?=@)"
+    # Query parameters that carry credentials, by their exact names: signed URLs (X-Amz-*,
+    # X-Goog-*, Azure's sig), OAuth's tokens (RFC 6750), API keys, passwords and secrets. Not
+    # words that merely contain one (an object key such as clips&keyframes=v2 stays readable).
+    r"|(?P<query>[?&](?:x-amz-(?:signature|credential|security-token)|x-goog-(?:signature"
+    r"|credential)|(?:access_|id_|refresh_)?token|sig|signature|(?:api[_-]?)?key|password"
+    r"|passwd|pwd|(?:client_)?secret|auth)=)[^&\s]+"
     r"|(?P<bearer>\bBearer\s+)[^\s'\"\\]+",  # an Authorization header quoted in a message
     re.IGNORECASE,
 )
