@@ -261,7 +261,7 @@ class Fill:
     def acquire_reader(self) -> int:
         """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
         must `release_reader()`. The fd stays valid after commit renames the file."""
-        if self._reservation is None:
+        if self._reservation is None or self._reservation.fd < 0:  # closed: finished, unread
             raise RuntimeError("fill has no data file")
         self._readers += 1
         return self._reservation.fd

@@ -204,7 +204,9 @@ class ShardCache:
         """The lease of a reader that holds `fill`: for a fill's body, the lease lets go of it
         when closed; for an object streamed through, it lets go once the stream is taken."""
         self._read_prefetched(origin, url, fill)
-        if reader_left is None:
+        if reader_left is None or fill.state is not FillState.STARTING:
+            # No suspension when it started already: a fill whose body is complete may commit,
+            # finish and close its file between two steps of the loop (then no fd to share).
             state = await fill.wait_started()
         else:
             state = await _unless_left(fill.wait_started(), reader_left, url)

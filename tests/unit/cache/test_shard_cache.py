@@ -259,3 +259,35 @@ async def test_one_connection_fetches_like_one_plain_get(
     finally:
         await cache.aclose()
         store.close()
+
+
+async def test_joining_a_started_fill_takes_no_step_of_the_loop(
+    cache: ShardCache, origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in CI under load: a second reader right after a miss joined the fill (body
+    verified, commit under way) and waited for its start through the reader-left watch, a
+    step of the loop in which the fill committed, finished and closed its file: the reader
+    got fd -1 and its 200 ended after 0 bytes. A fill that started is joined in one step."""
+    import threading
+
+    data = os.urandom(MiB)
+    origin.put("a.tar", data)
+    committing, go_on = threading.Event(), threading.Event()
+    real_commit = cache.store.commit
+
+    def slow_commit(*args, **kwargs):  # type: ignore[no-untyped-def]
+        committing.set()
+        go_on.wait(5)
+        return real_commit(*args, **kwargs)
+
+    monkeypatch.setattr(cache.store, "commit", slow_commit)
+    first = await cache.open("fake", "a.tar")
+    assert await read_all(first) == data
+    assert await asyncio.to_thread(committing.wait, 5)  # verified, in flight, committing
+    opening = cache.open("fake", "a.tar", asyncio.Event())
+    with pytest.raises(StopIteration) as done:  # no suspension: it completes at once
+        opening.send(None)
+    second = done.value.value
+    go_on.set()
+    assert second.result is Result.HIT and await read_all(second) == data
+    await settle(cache)
