@@ -59,7 +59,16 @@ class Daemon:
         self.process = subprocess.Popen(
             argv, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:
+            # A daemon that did not start (its port taken meanwhile, say) leaves no process
+            # and no open log behind: an unclosed file would fail some later test instead.
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._log.close()
+            raise
 
     @property
     def url(self) -> str:
