@@ -209,3 +209,22 @@ def test_the_pacer_spaces_turns_evenly_at_any_rate() -> None:
     pacer.went(10.0)
     pacer.went(30.0)  # the limiter's way: a request went when its turn came
     assert pacer.next_at(2.0) == 30.5 and pacer.book(30.1, 2.0) == 30.5
+
+
+def test_the_pacer_keeps_a_long_burst_in_order_through_give_backs() -> None:
+    """30,000 turns booked under a cap of 1,000 a second (a burst), every other one given
+    back: the rest come in order, 1 ms apart at least, and the next booking follows the last
+    one still booked."""
+    from shardcache.fetch.pacer import Pacer
+
+    pacer = Pacer()
+    turns = [pacer.book(0.0, 1000.0) for _ in range(30_000)]
+    assert turns == sorted(turns) and turns[-1] == pytest.approx(29.999)
+    for turn in turns[1::2]:
+        pacer.give_back(turn)
+    kept = turns[0::2]
+    for turn in kept[:-1]:
+        pacer.went(turn)
+    assert pacer.turn(0.0, 1000.0) == pytest.approx(kept[-1] + 0.001)
+    pacer.give_back(kept[-1])
+    assert pacer.turn(0.0, 1000.0) == pytest.approx(kept[-2] + 0.001)
