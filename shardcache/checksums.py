@@ -3,7 +3,7 @@
 Sources: an S3 single-part ETag (the hex MD5 of the body, unless the object is SSE-KMS/SSE-C
 encrypted), an S3 multipart ETag (`<md5 of the parts' MD5s>-<parts>`) once the origin has told
 the part size (`md5-parts`), `Content-MD5`, the full-object `x-amz-checksum-{sha256,sha1,crc32,
-crc32c,crc64nvme}` headers (CRC64NVME only where the optional awscrt is installed), and S3's
+crc32c,crc64nvme}` headers (the CRCs through awscrt, a daemon dependency), and S3's
 composite checksums (`<algorithm>-parts`: the algorithm over the concatenated digests of each
 part) once the part size is known. Which S3 checksum is which is `origins.s3_checksums`' rule;
 what cannot be computed is skipped: length is still checked by `fill`.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import importlib.util
 import os
 import re
 import zlib
@@ -22,13 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
-import google_crc32c
+from awscrt.checksums import crc32c as _crt_crc32c
+from awscrt.checksums import crc64nvme as _crt_crc64nvme
 
 from shardcache.errors import CacheError, IntegrityError
-
-# Optional (botocore[crt]): without it a CRC64NVME is not used, length and ETag still are. Looked
-# up, not imported, here: its extension takes ~40 ms to load, paid by every receiving process.
-HAS_CRC64NVME = importlib.util.find_spec("awscrt") is not None
 
 Algorithm = Literal[
     "md5",
@@ -51,7 +47,7 @@ _AMZ_ALGORITHMS: dict[str, Algorithm] = {
     "sha1": "sha1",
     "crc32": "crc32",
     "crc32c": "crc32c",
-    **({"crc64nvme": "crc64nvme"} if HAS_CRC64NVME else {}),
+    "crc64nvme": "crc64nvme",
 }
 # The composite (per-part) form of each algorithm S3 publishes one for.
 COMPOSITE: dict[Algorithm, Algorithm] = {
@@ -97,30 +93,27 @@ class _Crc32:
 
 
 class _Crc32c:
-    """CRC-32C (Castagnoli) with the CPU's crc32 instruction, through google-crc32c."""
+    """CRC-32C (Castagnoli) with the CPU's crc32 and carry-less multiply instructions,
+    through awscrt."""
 
     def __init__(self) -> None:
         self._value = 0
 
     def update(self, data: bytes | memoryview, /) -> None:
-        # google-crc32c takes no memoryview: a copy, only for a chunk that crosses a part's end
-        chunk = data.tobytes() if isinstance(data, memoryview) else data
-        self._value = google_crc32c.extend(self._value, chunk)
+        self._value = _crt_crc32c(data, self._value)
 
     def digest(self) -> bytes:
         return self._value.to_bytes(4, "big")
 
 
 class _Crc64Nvme:
-    """CRC-64/NVME through awscrt (optional; only built when `HAS_CRC64NVME`)."""
+    """CRC-64/NVME through awscrt: S3's default for objects uploaded by today's SDKs."""
 
     def __init__(self) -> None:
         self._value = 0
 
     def update(self, data: bytes | memoryview, /) -> None:
-        from awscrt.checksums import crc64nvme  # only where HAS_CRC64NVME
-
-        self._value = crc64nvme(data, self._value)
+        self._value = _crt_crc64nvme(data, self._value)
 
     def digest(self) -> bytes:
         return self._value.to_bytes(8, "big")
@@ -183,9 +176,10 @@ _WHOLE_OF: dict[Algorithm, Algorithm] = {parts: whole for whole, parts in COMPOS
 LOCAL_DIGEST: Algorithm = "crc32c"
 
 
-def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
-    """The running CRC-32C of `data` after `crc` (what `_Crc32c` computes)."""
-    return int(google_crc32c.extend(crc, data))
+def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:
+    """The running CRC-32C of `data` after `crc` (what `_Crc32c` computes). Any buffer, no
+    copy: awscrt hashes a receiver's landing buffer or a page-cache read in place."""
+    return int(_crt_crc32c(data, crc))
 
 
 class Verifier:
@@ -398,7 +392,7 @@ def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
 
 
 _HEADER_FOR: dict[str, str] = {
-    **({"crc64nvme": "x-amz-checksum-crc64nvme"} if HAS_CRC64NVME else {}),
+    "crc64nvme": "x-amz-checksum-crc64nvme",
     "crc32c": "x-amz-checksum-crc32c",
     "md5": "Content-MD5",
     "sha256": "x-amz-checksum-sha256",

@@ -21,16 +21,14 @@ from typing import Literal, get_args
 from shardcache.cache.directory import LAYOUT_VERSION
 from shardcache.cache.entry import EntryMeta
 from shardcache.cache.store import Store
-from shardcache.checksums import HAS_CRC64NVME, Algorithm, Checksum, Verifier, from_headers
+from shardcache.checksums import Algorithm, Checksum, Verifier, from_headers
 from shardcache.errors import CacheInUse as CacheInUse  # for `cli`: a running daemon holds it
 from shardcache.errors import IntegrityError
 
 ProblemKind = Literal["corrupt", "wrong_size", "missing_file", "bad_metadata", "index"]
 READ_BYTES = 4 << 20
 _ALGORITHMS: frozenset[str] = frozenset(  # a per-part one needs its part size, which is not kept
-    a
-    for a in get_args(Algorithm)
-    if not a.endswith("-parts") and (a != "crc64nvme" or HAS_CRC64NVME)
+    a for a in get_args(Algorithm) if not a.endswith("-parts")
 )
 
 

@@ -263,4 +263,4 @@ def write_at(fd: int, chunk: bytes | memoryview, offset: int, crc: int) -> int:
         written = os.pwrite(fd, view, offset)
         offset += written
         view = view[written:]
-    return crc32c(chunk if isinstance(chunk, bytes) else bytes(chunk), crc)
+    return crc32c(chunk, crc)

@@ -1,6 +1,8 @@
 """One answer's body, received on a blocking socket in a receiving process (`origins.receiver`):
 held to exactly the length its headers announced, and written into the fill's file or handed
-over in chunks.
+over in chunks. A plain-HTTP body is spliced from its socket into the file (`origins.splice`:
+one copy in the kernel, its CRC read back from the page cache); a TLS body, or one with bytes
+to skip, is received into a buffer and written from it.
 
 A body running past its announced length, or ending before it, raises OriginUnavailable;
 nothing beyond it is ever written or handed over. A body read to its end gives its connection
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import ssl
 from collections.abc import Callable, Iterator
 
 from shardcache.checksums import crc32c
@@ -19,6 +22,8 @@ from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
 from shardcache.origins.pool import Exchange
 from shardcache.origins.responses import map_http_errors
+from shardcache.origins.splice import AVAILABLE as SPLICE_AVAILABLE
+from shardcache.origins.splice import SplicePipe
 
 LAND_BYTES = 512 << 10  # a landing thread's buffer: the most one write (and report) takes; each
 # landing in flight holds one, so this times the landings bounds a receiver's memory
@@ -72,30 +77,72 @@ class Body:
         floor = SpeedFloor(min_bytes_per_s, read_s)
         label = self._exchange.label
         unreported = 0
-        with self._mapping_errors():
-            while position < end:
-                self._exchange.abort.check()
-                received = self._receive(buffer)
-                if received is None:
-                    raise OriginUnavailable(
-                        f"{label}: body ended at byte {position}, expected {end}"
-                    )
-                floor.passed(len(received), label)
-                piece = received[: end - position]  # it may run past its segment
-                if piece:
-                    _write_at(fd, piece, position)
-                    crc = crc32c(bytes(piece), crc)  # the C extension takes bytes only
-                    position += len(piece)
-                    unreported += len(piece)
-                # Reported every REPORT_BYTES on a fast origin (each report costs the serving
-                # process a message), at once when the origin paused (a reader waits on it).
-                if unreported and (unreported >= REPORT_BYTES or len(received) < len(buffer)):
+        pipe = self._splice_pipe()
+        try:
+            with self._mapping_errors():
+                while position < end:
+                    self._exchange.abort.check()
+                    if pipe is not None and not pipe.refused and self._splices_now():
+                        count, paused = self._splice(pipe, fd, position, end)
+                        if count:
+                            crc = crc32c(_read_back(fd, buffer[:count], position), crc)
+                    else:
+                        received = self._receive(buffer)
+                        if received is None:
+                            raise OriginUnavailable(
+                                f"{label}: body ended at byte {position}, expected {end}"
+                            )
+                        piece = received[: end - position]  # it may run past its segment
+                        if piece:
+                            _write_at(fd, piece, position)
+                            crc = crc32c(piece, crc)
+                        count, paused = len(piece), len(received) < len(buffer)
+                    floor.passed(count, label)
+                    position += count
+                    unreported += count
+                    # Reported every REPORT_BYTES on a fast origin (each report costs the
+                    # serving process a message), at once when the origin paused (a reader
+                    # waits on it).
+                    if unreported and (unreported >= REPORT_BYTES or paused):
+                        progress(unreported, crc)
+                        unreported = 0
+                if unreported:
                     progress(unreported, crc)
-                    unreported = 0
-            if unreported:
-                progress(unreported, crc)
-            if self._left == 0:
-                self._receive(buffer)  # the body's end: its connection goes back to the pool
+                if self._left == 0:
+                    self._receive(buffer)  # the body's end: its connection goes back to the pool
+        finally:
+            if pipe is not None:
+                pipe.close()
+
+    def _splice_pipe(self) -> SplicePipe | None:
+        """A pipe to splice this body through, where it can be: a plain (not TLS) socket
+        and a body that is not chunked."""
+        sock = self._exchange.sock
+        if (
+            not SPLICE_AVAILABLE
+            or isinstance(sock, ssl.SSLSocket)
+            or self._exchange.response.chunked
+        ):
+            return None
+        return SplicePipe(sock.fileno(), LAND_BYTES)
+
+    def _splices_now(self) -> bool:
+        """Past what came with the headers, and past the bytes to skip."""
+        return self._buffer_drained and not self._skip and self._left > 0
+
+    def _splice(self, pipe: SplicePipe, fd: int, position: int, end: int) -> tuple[int, bool]:
+        """Move the body's next bytes (at most to `end`) into `fd` at `position`; returns
+        (count, paused). Raises OriginUnavailable at the body's early end."""
+        sock = self._exchange.sock
+        sock.settimeout(self._read_s)  # non-blocking underneath; the waits are the pipe's
+        count, paused = pipe.fill(min(self._left, end - position), self._read_s, GATHER_S)
+        if pipe.refused:
+            return 0, False  # nothing moved: the next round copies
+        if count == 0:
+            raise OriginUnavailable(f"{self._exchange.label}: body ended {self._left} bytes short")
+        self._left -= count
+        pipe.empty_into(fd, position)
+        return count, paused
 
     @contextlib.contextmanager
     def _mapping_errors(self) -> Iterator[None]:
@@ -177,6 +224,15 @@ class Body:
             finally:
                 sock.settimeout(self._read_s)
         return count
+
+
+def _read_back(fd: int, into: memoryview, position: int) -> memoryview:
+    """The bytes just spliced at `position`, read back from the page cache into `into` for
+    their CRC (a copy of bytes still in the CPU's cache, not the socket's second one)."""
+    count = os.preadv(fd, [into], position)
+    if count != len(into):
+        raise OSError(f"read back {count} of {len(into)} bytes just written at {position}")
+    return into
 
 
 def _write_at(fd: int, chunk: memoryview, offset: int) -> None:

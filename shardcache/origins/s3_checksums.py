@@ -83,8 +83,7 @@ def _split(value: str) -> tuple[bytes, int | None] | None:
 
 def published(response: Mapping[str, Any]) -> Published:
     """Sort the `Checksum*` fields of a HeadObject `response` into whole-object checksums and
-    composites. CRC64NVME is used only where awscrt can compute it (`checksums.HAS_CRC64NVME`)
-    and only whole (S3 has no composite CRC64NVME)."""
+    composites. CRC64NVME is used whole only (S3 has no composite CRC64NVME)."""
     kind = str(response.get("ChecksumType") or "").upper()
     etag_parts = checksums.multipart_etag_parts(response.get("ETag"))
     full: list[Checksum] = []
@@ -98,7 +97,7 @@ def published(response: Mapping[str, Any]) -> Published:
         if kind not in ("", "FULL_OBJECT", "COMPOSITE"):
             continue  # a type this code does not know: nothing it could check
         if kind == "FULL_OBJECT" or (not kind and suffix is None and not etag_parts):
-            if suffix is None and (algorithm != "crc64nvme" or checksums.HAS_CRC64NVME):
+            if suffix is None:
                 full.append(Checksum(algorithm, digest, f"x-amz-checksum-{algorithm}"))
         elif algorithm in checksums.COMPOSITE:
             composites.append(Composite(algorithm, digest, suffix))

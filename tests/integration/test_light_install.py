@@ -36,7 +36,7 @@ DAEMON_PACKAGES = {
     "aiofiles",
     "tqdm",
     "braceexpand",
-    "google_crc32c",
+    "awscrt",
 }
 
 # Run inside the venv: the loader's public API against the daemon; prints what it saw.

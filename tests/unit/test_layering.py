@@ -131,6 +131,7 @@ ORDER: dict[str, list[str]] = {
         "origins.receiver_handle",
         "origins.receiver",
         "origins.landing",
+        "origins.splice",
         "origins.responses",
         "origins.pool",
         "origins.threads",

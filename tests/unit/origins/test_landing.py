@@ -1,0 +1,251 @@
+"""A body landed by `origins.landing.Body` the way a receiving process lands it, over a real
+TCP connection from a raw server thread: spliced (a plain socket) or copied (a file that
+refuses splicing, a body with bytes to skip), the file and the CRC-32C come out exact, a pause
+is reported at once, and an early end, a silence or an over-long body fail the landing."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from shardcache.checksums import crc32c
+from shardcache.errors import OriginTimeout, OriginUnavailable
+from shardcache.origins import landing, pool, splice
+from shardcache.origins.landing import Body
+from shardcache.origins.pool import Connections, Exchange
+from shardcache.origins.threads import Abort
+
+Send = Callable[[socket.socket], None]
+
+
+@contextmanager
+def _exchange(send: Send) -> Iterator[Exchange]:
+    """An answer's exchange over a real connection whose server thread runs `send` after the
+    request."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)  # the request
+            send(conn)
+            done.wait(10)  # open until the test is done with it
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", "/o")
+    response = connection.getresponse()
+    assert connection.sock is not None
+    sock: socket.socket = connection.sock
+    connections = Connections(ssl.create_default_context(), 5.0)
+    exchange = Exchange(
+        connections, ("http", "127.0.0.1", port), connection, response, sock, Abort(), "o"
+    )
+    try:
+        yield exchange
+    finally:
+        exchange.finish(complete=False)
+        done.set()
+        connections.close()
+        thread.join(5)
+        server.close()
+
+
+@contextmanager
+def _body(send: Send, skip: int = 0) -> Iterator[Body]:
+    """The body of the answer `send` gives, as long as its Content-Length says."""
+    with _exchange(send) as exchange:
+        yield Body(exchange, skip, int(exchange.headers["Content-Length"]), 5.0)
+
+
+def _head(length: int) -> bytes:
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n".encode()
+
+
+def _land(
+    body: Body, fd: int, size: int, read_s: float = 5.0
+) -> tuple[int, list[tuple[int, float]]]:
+    """Land `size` bytes at 0; the final CRC and each report (bytes, when)."""
+    reports: list[tuple[int, float]] = []
+    crcs = [0]
+
+    def progress(count: int, crc: int) -> None:
+        reports.append((count, time.monotonic()))
+        crcs.append(crc)
+
+    body.land(fd, 0, size, 0, read_s, 0.0, progress)
+    return crcs[-1], reports
+
+
+def _open(path: Path, extra: int = 0) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | extra, 0o644)
+
+
+@pytest.mark.parametrize("size", [1, 700_000, 5 << 20])
+def test_a_plain_body_is_spliced_into_the_file_exact_with_its_crc(
+    tmp_path: Path, size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    payload = os.urandom(size)
+    moved: list[int] = []
+    real_fill = splice.SplicePipe.fill
+
+    def counted_fill(
+        pipe: splice.SplicePipe, most: int, first_wait_s: float, gather_s: float
+    ) -> tuple[int, bool]:
+        result = real_fill(pipe, most, first_wait_s, gather_s)
+        moved.append(result[0])
+        return result
+
+    monkeypatch.setattr(splice.SplicePipe, "fill", counted_fill)  # counts, changes nothing
+    fd = _open(tmp_path / "f")
+    try:
+        with _body(lambda c: c.sendall(_head(size) + payload)) as body:
+            crc, reports = _land(body, fd, size)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == payload
+    assert crc == crc32c(payload)
+    assert sum(count for count, _ in reports) == size
+    # All but what came with the headers went through the pipe.
+    assert size - sum(moved) <= 65536 and (size < 65536 or sum(moved) > 0)
+
+
+def test_a_file_that_refuses_splicing_is_written_by_copying(tmp_path: Path) -> None:
+    """A file opened for appending refuses splice(2) (EINVAL): what the pipe holds is copied
+    out, and the rest of the body lands by recv and pwrite, exact."""
+    size = 3 << 20
+    payload = os.urandom(size)
+    fd = _open(tmp_path / "f", os.O_APPEND)
+    try:
+        with _body(lambda c: c.sendall(_head(size) + payload)) as body:
+            crc, _ = _land(body, fd, size)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == payload
+    assert crc == crc32c(payload)
+
+
+def test_a_body_with_bytes_to_skip_drops_them_and_lands_the_rest(tmp_path: Path) -> None:
+    """A 200 to a Range request: the first `skip` bytes are not the segment's."""
+    payload = os.urandom(2 << 20)
+    skip = 300_000
+    fd = _open(tmp_path / "f")
+    try:
+        with _body(lambda c: c.sendall(_head(len(payload)) + payload), skip=skip) as body:
+            crc, _ = _land(body, fd, len(payload) - skip)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == payload[skip:]
+    assert crc == crc32c(payload[skip:])
+
+
+def test_a_pause_is_reported_at_once_not_after_a_full_report(tmp_path: Path) -> None:
+    """Three pieces 0.3 s apart: each is reported as it lands (a reader streams it), not
+    held until REPORT_BYTES came."""
+    piece = 100_000
+    assert piece * 3 < landing.REPORT_BYTES
+
+    def send(conn: socket.socket) -> None:
+        conn.sendall(_head(piece * 3))
+        for _ in range(3):
+            time.sleep(0.3)
+            conn.sendall(b"p" * piece)
+
+    fd = _open(tmp_path / "f")
+    try:
+        with _body(send) as body:
+            _, reports = _land(body, fd, piece * 3)
+    finally:
+        os.close(fd)
+    assert [count for count, _ in reports] == [piece] * 3
+    gaps = [b - a for (_, a), (_, b) in zip(reports, reports[1:], strict=False)]
+    assert all(gap > 0.2 for gap in gaps), gaps
+
+
+def test_a_body_that_ends_early_fails_and_lands_nothing_past_what_came(tmp_path: Path) -> None:
+    def send(conn: socket.socket) -> None:
+        conn.sendall(_head(1_000_000) + b"x" * 400_000)
+        conn.shutdown(socket.SHUT_WR)
+
+    fd = _open(tmp_path / "f")
+    try:
+        with _body(send) as body, pytest.raises(OriginUnavailable, match="short"):
+            _land(body, fd, 1_000_000)
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"x" * 400_000
+
+
+def test_a_silent_origin_times_out_at_the_read_timeout(tmp_path: Path) -> None:
+    def send(conn: socket.socket) -> None:
+        conn.sendall(_head(1_000_000) + b"x" * 1000)
+        time.sleep(1.5)
+
+    fd = _open(tmp_path / "f")
+    try:
+        with _body(send) as body:
+            started = time.monotonic()
+            with pytest.raises(OriginTimeout, match="no byte for 0.5s"):
+                _land(body, fd, 1_000_000, read_s=0.5)
+            waited = time.monotonic() - started
+    finally:
+        os.close(fd)
+    assert 0.4 < waited < 1.4
+
+
+def test_a_body_longer_than_announced_never_gives_its_connection_back(tmp_path: Path) -> None:
+    """The server says 1000 bytes and sends 1500: the announced bytes land, and the extra
+    ones close the connection instead of reaching the next request sent on it."""
+
+    def send(conn: socket.socket) -> None:
+        conn.sendall(_head(1000))
+        time.sleep(0.1)  # past what comes with the headers: these bytes are spliced
+        conn.sendall(b"y" * 1500)
+
+    fd = _open(tmp_path / "f")
+    try:
+        with _exchange(send) as exchange:
+            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c: None)
+            time.sleep(0.05)
+            exchange.finish(complete=True)
+            time.sleep(pool.QUIET_S + 0.1)
+            connection, reused = exchange.pool.take(exchange.site)
+            connection.close()
+            assert not reused  # a new connection: the one with 500 stray bytes was closed
+    finally:
+        os.close(fd)
+    assert (tmp_path / "f").read_bytes() == b"y" * 1000
+
+
+def test_a_well_formed_body_gives_its_connection_back(tmp_path: Path) -> None:
+    """The control for the test above: exactly the announced bytes, and the connection is
+    reused."""
+
+    def send(conn: socket.socket) -> None:
+        conn.sendall(_head(1000))
+        time.sleep(0.1)
+        conn.sendall(b"y" * 1000)
+
+    fd = _open(tmp_path / "f")
+    try:
+        with _exchange(send) as exchange:
+            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c: None)
+            exchange.finish(complete=True)
+            time.sleep(pool.QUIET_S + 0.1)  # a connection given back is reused once quiet
+            connection, reused = exchange.pool.take(exchange.site)
+            connection.close()
+            assert reused
+    finally:
+        os.close(fd)
