@@ -47,10 +47,13 @@ def parse_size(text: str | int) -> int:
 
 
 def format_size(size_bytes: float) -> str:
-    """Return `size_bytes` in binary units with three significant figures ("1.50 GiB")."""
+    """Return `size_bytes` in binary units with three significant figures ("1.5 GiB"), and
+    whole numbers from 1000 up ("1000 MiB", never "1e+03 MiB")."""
     value = float(size_bytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            if unit == "B" or abs(value) >= 1000:
+                return f"{value:.0f} {unit}"
+            return f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

@@ -51,6 +51,12 @@ def test_parse_size_rejects(text: str) -> None:
 def test_format_size() -> None:
     assert format_size(512) == "512 B"
     assert format_size(1536 * 2**20) == "1.5 GiB"
+    # 1000-1023 of a unit: whole numbers, not "1e+03 MiB" (`stats`, `--cache-size 1000GiB`)
+    assert format_size(1000 * 2**20) == "1000 MiB"
+    assert format_size(1023 * 2**20) == "1023 MiB"
+    assert format_size(1000 * 2**30) == "1000 GiB"
+    assert format_size(5000 * 2**40) == "5000 TiB"
+    assert format_size(999 * 2**10) == "999 KiB"
 
 
 @pytest.mark.parametrize("key", ["a.tar", "train/shards_000.tar", "a b/c%20d.tar", "x" * 1024])
