@@ -10,9 +10,10 @@ status and headers, says how many body bytes to expect, passes the fill's file d
 with each `land`, and stops work with `abort`. This process keeps no state beyond its
 connections; killed, it loses only the requests in flight, which the daemon retries.
 
-It ignores SIGINT and SIGTERM (a Ctrl-C or a systemd stop reaches every process of the
-group, and the daemon drains before it lets its receivers go) and exits when its socket
-closes: the daemon stopped, or died.
+It runs in a process group of its own (a terminal's Ctrl-C reaches only the daemon) and
+ignores SIGINT and SIGTERM (a systemd stop signals every process of the unit; the daemon
+drains before it lets its receivers go), and exits when its socket closes: the daemon stopped,
+or died.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ class Receiver:
             [sys.executable, *command],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
+            # Its own process group: a terminal's Ctrl-C signals the foreground group, and
+            # a receiver still importing (before it ignores SIGINT) died of it with a
+            # traceback. The daemon drains and then lets its receivers go.
+            process_group=0,
         )
         theirs.close()
         self.pid = self.process.pid

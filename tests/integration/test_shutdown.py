@@ -161,3 +161,36 @@ def test_a_stop_during_start_up_is_a_clean_exit(tmp_path: Path, signum: int) -> 
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert "Traceback" not in output
+
+
+def test_ctrl_c_while_receivers_start_is_a_clean_exit(tmp_path: Path) -> None:
+    """New-user trial: a Ctrl-C in the terminal reaches the whole foreground process group;
+    receivers still importing (before they ignore SIGINT) died of it with a KeyboardInterrupt
+    traceback each. Here the daemon runs in a group of its own, as under a shell, and the
+    group is signalled as soon as the first receiver exists."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "shardcache",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--receivers",
+            "6",
+            "--origin",
+            "web=http://127.0.0.1:9",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    wait_for("a receiver process", lambda: bool(children.read_text().split()), 30)
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
