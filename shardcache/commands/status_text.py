@@ -28,7 +28,7 @@ def _scrub_line(scrub: dict[str, Any] | None) -> str:
     return (
         f"scrub          {format_size(scrub['rate_bytes_per_s'])}/s, "
         f"{format_size(scrub['checked_bytes'])} checked, {scrub['corrupt']} damaged and dropped"
-        + ("" if last is None else f", last full pass {last:.0f} s")
+        + ("" if last is None else f", last full pass took {last:.0f} s")
     )
 
 

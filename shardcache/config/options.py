@@ -308,7 +308,8 @@ OPTIONS: tuple[Option, ...] = (
         _parse_receivers,
         "auto",
         "processes that receive misses from origins (TLS, writing, CRC): a miss's bytes use "
-        "this many cores; auto = one per core available, at most 16",
+        "this many cores; auto = one per core available (a container's CPU limit counts), at "
+        "most 16; a number: 1 to 256",
         "N",
         reloads=True,
     ),
