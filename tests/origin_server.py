@@ -54,6 +54,7 @@ class OriginServer:
     behaviour: dict[str, Behaviour] = field(default_factory=dict)
     gets: Counter[str] = field(default_factory=Counter)
     heads: Counter[str] = field(default_factory=Counter)
+    not_found: Counter[str] = field(default_factory=Counter)  # requests answered 404, by key
     ranges: list[tuple[str, str]] = field(default_factory=list)
     served: Counter[str] = field(default_factory=Counter)  # body bytes written, per key
     port: int = 0
@@ -98,6 +99,7 @@ class OriginServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["key"]
         if key not in self.objects:
+            self.not_found[key] += 1
             return web.Response(status=404, text="no such object")
         if (refusal := self._slow_down()) is not None:
             return refusal

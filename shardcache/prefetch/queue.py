@@ -54,6 +54,7 @@ from shardcache.prefetch.lanes import (
     entry_batch,
     entry_key,
 )
+from shardcache.prefetch.missing import MissingKeys
 from shardcache.prefetch.slots import Slots
 
 log = logging.getLogger("shardcache.prefetch")
@@ -99,6 +100,7 @@ class PrefetchQueue:
         self.budget = LookaheadBudget(cache, max_unread_bytes, self._lookahead)
         self.slots = Slots(concurrency, self._is_saturated, clock)
         self._queued: set[tuple[str, str]] = set()  # pending or running
+        self._missing = MissingKeys(clock)  # read-ahead keys the origin did not have
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
@@ -185,6 +187,8 @@ class PrefetchQueue:
             return  # best effort: a full (or closed) queue takes no read-ahead
         now = self._clock()
         for place, successor in enumerate(next_keys(key, self.readahead)):
+            if self._missing.has(origin, successor):
+                break  # not at the origin a moment ago: the run ends there (`missing`)
             if (origin, successor) not in self._queued:
                 deadline = now + (place + 1) * FALLBACK_SPACING_S
                 self._push(
@@ -473,6 +477,7 @@ class PrefetchQueue:
 
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
+        self._missing.add(item.origin, item.key)
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
         lane = self._lookahead  # read-ahead is look-ahead
         self._forget_entries(

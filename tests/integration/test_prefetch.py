@@ -269,3 +269,18 @@ def test_the_stage_flows_from_an_endless_source_posting_its_plan_in_windows(
     plans = daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
     assert [p["length"] for p in plans] == [8]  # the window, not the endless list
     wait_for("prefetches", lambda: daemon.metric("shardcache_prefetch_completed_total") >= 3)
+
+
+def test_read_ahead_asks_for_a_missing_neighbour_once_not_on_every_read(
+    origin: OriginServer, start_daemon
+) -> None:
+    """New-user trial: shards numbered with gaps (s_050, s_100): every read of s_050, hits
+    included, sent a HEAD for s_051 again. A key found missing is remembered for a while."""
+    origin.put("train/s_050.tar", os.urandom(50_000))
+    daemon = start_daemon({"web": origin.url}, "--readahead", "2")
+    for _ in range(5):
+        assert curl(f"{daemon.url}/web/train/s_050.tar").status == 200
+        time.sleep(0.3)  # the read-ahead it queued starts
+        _wait_idle(daemon, 0)
+    assert origin.not_found["train/s_051.tar"] == 1, origin.not_found
+    assert origin.not_found["train/s_052.tar"] <= 1, origin.not_found

@@ -69,6 +69,7 @@ ORDER: dict[str, list[str]] = {
         "prefetch.budget",
         "prefetch.tuning",
         "prefetch.lanes",
+        "prefetch.missing",
         "prefetch",
     ],
     "observability": [

@@ -85,3 +85,19 @@ def test_local_path_accepts_pipe_strings() -> None:
     assert local_path(f"pipe:curl -s -f {daemon}/web/a%20b.tar", daemon) == "/web/a b.tar"
     with pytest.raises(ClientError):
         local_path("https://elsewhere/a.tar", daemon)
+
+
+def test_a_missing_key_is_remembered_for_a_while_and_the_memory_is_bounded() -> None:
+    from shardcache.prefetch.missing import MissingKeys
+
+    now = [100.0]
+    missing = MissingKeys(lambda: now[0], ttl_s=60.0, limit=3)
+    missing.add("web", "s_051.tar")
+    assert missing.has("web", "s_051.tar") and not missing.has("other", "s_051.tar")
+    now[0] += 59.9
+    assert missing.has("web", "s_051.tar")
+    now[0] += 0.2
+    assert not missing.has("web", "s_051.tar")  # forgotten: the dataset may have gained it
+    for n in range(5):
+        missing.add("web", f"k{n}")
+    assert len(missing) == 3 and not missing.has("web", "k0") and missing.has("web", "k4")
