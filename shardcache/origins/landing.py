@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterator
 
 from shardcache.checksums import crc32c
@@ -23,12 +24,13 @@ from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
 from shardcache.origins.pool import Exchange
 from shardcache.origins.responses import map_http_errors
 from shardcache.origins.splice import AVAILABLE as SPLICE_AVAILABLE
-from shardcache.origins.splice import SplicePipe
+from shardcache.origins.splice import GATHER_MOST_S, SplicePipe
 
 LAND_BYTES = 512 << 10  # a landing thread's buffer: the most one write (and report) takes; each
 # landing in flight holds one, so this times the landings bounds a receiver's memory
 REPORT_BYTES = 1 << 20  # bytes written between two progress reports, while they keep coming
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
+# (a gather goes on for GATHER_MOST_S at most, and landed bytes wait no longer for their report)
 
 # `progress(count, crc)`: `count` more bytes are written, and `crc` is the running CRC-32C of
 # every byte this landing wrote.
@@ -77,6 +79,7 @@ class Body:
         floor = SpeedFloor(min_bytes_per_s, read_s)
         label = self._exchange.label
         unreported = 0
+        reported_at = time.monotonic()
         pipe = self._splice_pipe()
         try:
             with self._mapping_errors():
@@ -102,10 +105,15 @@ class Body:
                     unreported += count
                     # Reported every REPORT_BYTES on a fast origin (each report costs the
                     # serving process a message), at once when the origin paused (a reader
-                    # waits on it).
-                    if unreported and (unreported >= REPORT_BYTES or paused):
+                    # waits on it), and every GATHER_MOST_S on one that keeps dripping.
+                    if unreported and (
+                        unreported >= REPORT_BYTES
+                        or paused
+                        or time.monotonic() - reported_at >= GATHER_MOST_S
+                    ):
                         progress(unreported, crc)
                         unreported = 0
+                        reported_at = time.monotonic()
                 if unreported:
                     progress(unreported, crc)
                 if self._left == 0:
@@ -189,9 +197,10 @@ class Body:
         return False  # http.client and `_left` hold it to its Content-Length
 
     def _read_some(self, buffer: memoryview) -> int:
-        """Block until some bytes came, then take what else comes within GATHER_S, up to the
-        buffer: few large writes (and progress reports) on a fast origin, no waiting for a
-        full buffer on a slow one (a reader streams what has landed).
+        """Block until some bytes came, then take what else comes, each within GATHER_S of
+        the one before, up to the buffer and for GATHER_MOST_S at most: few large writes
+        (and progress reports) on a fast origin, no waiting for a full buffer on a slow one
+        (a reader streams what has landed).
 
         Past what http.client buffered with the headers, a body with a Content-Length is
         read from the socket itself: one call per TLS record (16 KiB) is the floor, and each
@@ -213,8 +222,9 @@ class Body:
         limit = len(buffer)
         if 0 < count < limit:
             sock.settimeout(GATHER_S)
+            gather_end = time.monotonic() + GATHER_MOST_S
             try:
-                while count < limit:
+                while count < limit and time.monotonic() < gather_end:
                     more = sock.recv_into(buffer[count:])
                     if not more:
                         break

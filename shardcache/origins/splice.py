@@ -26,6 +26,11 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module only from Python 
 _REFUSED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 AVAILABLE = hasattr(os, "splice")
+# The longest one gather goes on, bytes coming or not. An origin dripping a byte every
+# millisecond never pauses for a gather window: the gather went on until the buffer (or the
+# pipe's slots) was full, and the landing judged its speed, looked for an abort and reported
+# to the fill's readers only then (512 KiB at a byte per 1.9 ms: 17 minutes).
+GATHER_MOST_S = 0.1
 
 
 class SplicePipe:
@@ -46,15 +51,18 @@ class SplicePipe:
 
     def fill(self, most: int, first_wait_s: float, gather_s: float) -> tuple[int, bool]:
         """Move up to `most` bytes from the socket into the (empty) pipe: wait up to
-        `first_wait_s` for the first byte, then take what else comes within `gather_s`.
+        `first_wait_s` for the first byte, then take what else comes, each within `gather_s`
+        of the one before, for at most GATHER_MOST_S.
 
         Returns (bytes moved, paused): paused when the gather ended because nothing more came
-        (a slow origin: the caller reports at once) or the socket reached its end (the next
-        fill returns 0). 0 bytes: the socket's end, or `refused` was set. Raises TimeoutError
-        when no byte came within `first_wait_s`, OSError when the socket failed."""
+        or GATHER_MOST_S passed (a slow origin: the caller reports at once) or the socket
+        reached its end (the next fill returns 0). 0 bytes: the socket's end, or `refused`
+        was set. Raises TimeoutError when no byte came within `first_wait_s`, OSError when
+        the socket failed."""
         most = min(most, self.capacity)
         moved = 0
         deadline = time.monotonic() + first_wait_s
+        gather_end = deadline  # set once the first byte moved
         woken = False  # the last wait ended readable
         while moved < most:
             try:
@@ -63,7 +71,8 @@ class SplicePipe:
                 if moved and self._readable(0.0):
                     return moved, False  # the socket has more: the pipe's slots are full
                 if moved:
-                    if self._readable(gather_s):
+                    left_s = gather_end - time.monotonic()
+                    if left_s > 0 and self._readable(min(gather_s, left_s)):
                         continue
                     return moved, True
                 left_s = deadline - time.monotonic()
@@ -80,6 +89,8 @@ class SplicePipe:
                 raise
             if count == 0:
                 return moved, True  # the socket's end; the next fill says so
+            if not moved:
+                gather_end = time.monotonic() + GATHER_MOST_S
             moved += count
             self.held += count
         return moved, False

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardcache.checksums import crc32c
-from shardcache.errors import OriginTimeout, OriginUnavailable
+from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 from shardcache.origins import landing, pool, splice
 from shardcache.origins.landing import Body
 from shardcache.origins.pool import Connections, Exchange
@@ -249,3 +249,51 @@ def test_a_well_formed_body_gives_its_connection_back(tmp_path: Path) -> None:
             assert reused
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("path", ["spliced", "copied", "spliced, the pipe full"])
+def test_a_drip_faster_than_the_gather_window_is_judged_and_reported_while_it_drips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Found by attacking the splice landing: one byte every 20 ms, each within the gather
+    window of the one before, under a floor of 1,000 bytes/s over a 0.5 s read timeout.
+    The gather must end on its own clock, and landed bytes be reported on one: the gather
+    went on while bytes kept coming, so the landing reported nothing and judged the floor
+    only once its buffer was full (a byte every 1.9 ms held a fill and its readers for 17
+    minutes), and a pipe whose slots filled first (many small packets) returned "not
+    paused", so its bytes waited for a report until a whole REPORT_BYTES had come.
+
+    The window is widened to 200 ms (the scheduler's jitter, not the drip, would end a 2 ms
+    one here) and the drip slowed to match; "the pipe full" shrinks the landing's pipe to
+    two slots, which two drips fill."""
+    monkeypatch.setattr(landing, "GATHER_S", 0.2)
+    if path == "spliced, the pipe full":
+        monkeypatch.setattr(landing, "LAND_BYTES", 8192)
+    drips = 300  # 4 s of drip or more
+
+    def send(conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.sendall(_head(drips))
+        time.sleep(0.1)  # past what comes with the headers
+        for _ in range(drips):
+            try:
+                conn.sendall(b"d")
+            except OSError:
+                return  # the landing gave up: the client closed
+            time.sleep(0.02)
+
+    # An O_APPEND file refuses splicing: the copying path (TLS, a body with bytes to skip).
+    fd = _open(tmp_path / "f", os.O_APPEND if path == "copied" else 0)
+    reports: list[float] = []
+    try:
+        with _body(send) as body:
+            started = time.monotonic()
+            with pytest.raises(OriginTooSlow, match="under the floor"):
+                body.land(
+                    fd, 0, drips, 0, 0.5, 1000.0, lambda n, c: reports.append(time.monotonic())
+                )
+            waited = time.monotonic() - started
+    finally:
+        os.close(fd)
+    assert waited < 1.5, f"judged after {waited:.1f} s, at the drip's end"
+    assert len(reports) >= 3, f"{len(reports)} reports while it dripped"
