@@ -22,7 +22,9 @@ import os
 import select
 import time
 
-F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module only from Python 3.10 on Linux
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ and F_GETPIPE_SZ (named from Python 3.10, on Linux)
+F_GETPIPE_SZ = 1032
+MIN_PIPE_BYTES = 64 << 10  # a pipe smaller than the default is not worth splicing through
 _REFUSED = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
 AVAILABLE = hasattr(os, "splice")
@@ -41,13 +43,18 @@ class SplicePipe:
         self._sock_fd = sock_fd
         self._read_end, self._write_end = os.pipe2(os.O_CLOEXEC)
         try:
-            self.capacity = fcntl.fcntl(self._write_end, F_SETPIPE_SZ, capacity)
-        except OSError:  # over /proc/sys/fs/pipe-max-size: the default pipe, smaller moves
-            self.capacity = 64 << 10
+            fcntl.fcntl(self._write_end, F_SETPIPE_SZ, capacity)
+        except OSError:  # over pipe-max-size, or the user's pipe-user-pages-soft: as it is
+            pass
+        # What the kernel gave: past the user's soft limit (a non-root daemon with more than
+        # ~128 such pipes) a new pipe holds only a page or two; a splice that small per round
+        # costs more than copying.
+        self.capacity = fcntl.fcntl(self._write_end, F_GETPIPE_SZ)
         self._poll = select.poll()
         self._poll.register(sock_fd, select.POLLIN)
         self.held = 0  # bytes in the pipe, not yet in the file
-        self.refused = False  # the socket or the file refused a splice: copy from now on
+        # The socket or the file refused a splice, or the pipe is too small: copy from now on.
+        self.refused = self.capacity < MIN_PIPE_BYTES
 
     def fill(self, most: int, first_wait_s: float, gather_s: float) -> tuple[int, bool]:
         """Move up to `most` bytes from the socket into the (empty) pipe: wait up to

@@ -297,3 +297,22 @@ def test_a_drip_faster_than_the_gather_window_is_judged_and_reported_while_it_dr
         os.close(fd)
     assert waited < 1.5, f"judged after {waited:.1f} s, at the drip's end"
     assert len(reports) >= 3, f"{len(reports)} reports while it dripped"
+
+
+def test_a_pipe_the_kernel_kept_small_is_not_spliced_through() -> None:
+    """Past a non-root user's pipe-user-pages-soft a new pipe holds a page or two; the pipe
+    reads its real size back and refuses, so the landing copies instead of splicing a page
+    per round (root is exempt from the limit, so the small pipe is asked for here)."""
+    left, right = socket.socketpair()
+    try:
+        small = splice.SplicePipe(left.fileno(), 4096)
+        big = splice.SplicePipe(left.fileno(), landing.LAND_BYTES)
+        try:
+            assert (small.capacity, small.refused) == (4096, True)
+            assert (big.capacity, big.refused) == (landing.LAND_BYTES, False)
+        finally:
+            small.close()
+            big.close()
+    finally:
+        left.close()
+        right.close()
