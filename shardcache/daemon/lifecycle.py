@@ -310,8 +310,10 @@ class Daemon:
         self.receivers.restart(new.receivers)
         # One step: the whole table, with everything kept per origin; a replaced backend is
         # closed once the fills using it end.
+        gone = set(self.origins.origins) - set(configured)
         self.origins.replace(configured)
         self.metrics.touch(configured)
+        self.metrics.forget(gone)  # a removed or renamed origin's series leave /metrics
         # What a reload applies is the `reloads` column of config's OPTIONS (log level and
         # format, receivers, above); every other changed setting is reported, not applied.
         restart_needed = settings_needing_restart(self.settings, new)

@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from shardcache import __version__
@@ -334,6 +335,12 @@ class Metrics:
             registry=registry,
         )
         self.build_info.labels(__version__).set(1)
+        # Every family labelled by origin, found, not listed: a new one is forgotten too.
+        self._by_origin: list[MetricWrapperBase] = [
+            family
+            for family in vars(self).values()
+            if isinstance(family, MetricWrapperBase) and "origin" in family._labelnames
+        ]
         self.touch(origins)
 
     def touch(self, origins: Iterable[str]) -> None:
@@ -361,6 +368,28 @@ class Metrics:
         for result in RESULTS:
             self.ttfb.labels(result)
             self.duration.labels(result)
+
+    def forget(self, origins: Iterable[str]) -> None:
+        """Drop every series labelled with one of `origins` (removed or renamed by a reload):
+        without this each rename left its old series in /metrics for the daemon's life. A
+        request of the old origin still in flight may bring one back until the next reload."""
+        gone = set(origins)
+        if not gone:
+            return
+        for family in self._by_origin:
+            names = family._labelnames  # prometheus_client keeps them only here
+            at = names.index("origin")
+            stale = {
+                tuple(sample.labels[name] for name in names)
+                for metric in family.collect()
+                for sample in metric.samples
+                if sample.labels.get("origin") in gone
+            }
+            for values in stale:
+                if values[at] in gone:
+                    family.remove(*values)
+        for origin in gone:
+            self._stall_clocks.pop(origin, None)
 
     def snapshot(self, origins: Iterable[str]) -> Snapshot:
         """Return the current counter values for `/_/status`."""

@@ -137,3 +137,26 @@ def test_reload_closes_the_clients_of_replaced_origins(
     while (held := _sockets_to(daemon.process.pid, origin.port)) > 4:
         assert time.monotonic() < deadline, f"{held} sockets to the origin after 10 reloads"
         time.sleep(0.05)
+
+
+def test_a_renamed_origin_leaves_metrics_and_the_others_keep_counting(
+    origin: OriginServer, start_daemon, tmp_path: Path
+) -> None:
+    """Found: 30 renames left 33 origins' series in /metrics. A removed or renamed origin's
+    series go with the reload; a kept origin's counters carry on."""
+    origin.put("s.tar", os.urandom(KiB))
+    config = tmp_path / "shardcache.toml"
+    config.write_text(f'[origins.a]\nurl = "{origin.url}"\n[origins.b]\nurl = "{origin.url}"\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+    assert _get(f"{daemon.url}/a/s.tar") == 200 and _get(f"{daemon.url}/b/s.tar") == 200
+    for n in range(5):  # b renamed five times over
+        _reload(
+            daemon,
+            config,
+            f'[origins.a]\nurl = "{origin.url}"\n[origins.b{n}]\nurl = "{origin.url}"\n',
+        )
+    with urllib.request.urlopen(daemon.url + "/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    labelled = set(re.findall(r'origin="([^"]*)"', text))
+    assert labelled == {"a", "b4"}, labelled
+    assert daemon.metric("shardcache_requests_total", origin="a", result="miss") == 1
