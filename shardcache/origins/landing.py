@@ -13,6 +13,7 @@ daemon checked the answer's headers and says how many bytes to skip and expect.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import ssl
 import time
@@ -123,8 +124,9 @@ class Body:
                 pipe.close()
 
     def _splice_pipe(self) -> SplicePipe | None:
-        """A pipe to splice this body through, where it can be: a plain (not TLS) socket
-        and a body that is not chunked."""
+        """A pipe to splice this body through, where it can be: a plain (not TLS) socket,
+        a body that is not chunked, and two descriptors to spare (copying needs none: a
+        receiver at its open-file limit still lands the body)."""
         sock = self._exchange.sock
         if (
             not SPLICE_AVAILABLE
@@ -132,7 +134,12 @@ class Body:
             or self._exchange.response.chunked
         ):
             return None
-        return SplicePipe(sock.fileno(), LAND_BYTES)
+        try:
+            return SplicePipe(sock.fileno(), LAND_BYTES)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                return None
+            raise
 
     def _splices_now(self) -> bool:
         """Past what came with the headers, and past the bytes to skip."""

@@ -46,10 +46,15 @@ class SplicePipe:
             fcntl.fcntl(self._write_end, F_SETPIPE_SZ, capacity)
         except OSError:  # over pipe-max-size, or the user's pipe-user-pages-soft: as it is
             pass
-        # What the kernel gave: past the user's soft limit (a non-root daemon with more than
-        # ~128 such pipes) a new pipe holds only a page or two; a splice that small per round
-        # costs more than copying.
-        self.capacity = fcntl.fcntl(self._write_end, F_GETPIPE_SZ)
+        try:
+            # What the kernel gave: past the user's soft limit (a non-root daemon with more
+            # than ~128 such pipes) a new pipe holds only a page or two; a splice that small
+            # per round costs more than copying.
+            self.capacity = fcntl.fcntl(self._write_end, F_GETPIPE_SZ)
+        except BaseException:
+            os.close(self._read_end)
+            os.close(self._write_end)
+            raise
         self._poll = select.poll()
         self._poll.register(sock_fd, select.POLLIN)
         self.held = 0  # bytes in the pipe, not yet in the file

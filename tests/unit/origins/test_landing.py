@@ -323,3 +323,47 @@ def test_a_pipe_the_kernel_kept_small_is_not_spliced_through() -> None:
     finally:
         left.close()
         right.close()
+
+
+_AT_THE_FD_LIMIT = """
+import os, pathlib, sys
+from shardcache.checksums import crc32c
+from tests.unit.origins.test_landing import _body, _head, _land, _open
+payload = os.urandom(3 << 20)
+fd = _open(pathlib.Path(sys.argv[1]))
+with _body(lambda c: c.sendall(_head(len(payload)) + payload)) as body:
+    spare = []
+    try:
+        while True:
+            spare.append(os.dup(0))  # every descriptor taken: pipe2 fails with EMFILE
+    except OSError:
+        pass
+    try:
+        crc, _ = _land(body, fd, len(payload))
+    finally:
+        for each in spare:
+            os.close(each)
+os.close(fd)
+assert open(sys.argv[1], "rb").read() == payload and crc == crc32c(payload)
+print("exact")
+"""
+
+
+def test_a_receiver_without_descriptors_to_spare_copies_instead(tmp_path: Path) -> None:
+    """From the attack: a receiver at its open-file limit failed every plain landing (pipe2:
+    EMFILE) where copying needs no descriptor at all. Run in a child process whose open-file
+    limit is low, every descriptor taken before the landing."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _AT_THE_FD_LIMIT, str(tmp_path / "f")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[3],
+        preexec_fn=lambda: __import__("resource").setrlimit(
+            __import__("resource").RLIMIT_NOFILE, (64, 64)
+        ),
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "exact", done.stderr[-2000:]
