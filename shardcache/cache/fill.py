@@ -4,9 +4,9 @@ Lifecycle: `fill_state` (the diagram and the transition table).
 Who wants it: a fill fetches for the readers that hold it (`hold`, from the moment each joins
 or starts it, to the end of its response) and, when the prefetch queue started or joined it
 (`keep_unread`), for the cache. When the last holder lets go while the body is still being
-fetched (STARTING or FILLING) and no prefetch wants it, it is not worth finishing: it stops
-(FAILED, `FillAbandoned`; its partial file and reservation go) and frees its origin
-connections. Admission letting a client's miss into the store does not keep it: that said
+fetched (STARTING or FILLING) and no prefetch wants it, it stops unless nearly done
+(`ShardCache`'s rule): FAILED, `FillAbandoned`; its partial file, reservation and origin
+connections go. Admission letting a client's miss into the store does not keep it: that said
 the object may be cached if fetched for a reader, not that it is worth fetching for nobody;
 an object admission refuses streams through (PASSTHROUGH) and stops with its one reader.
 A body already complete (VERIFIED) is committed whoever is left. The cache (`ShardCache`)
@@ -21,10 +21,8 @@ Checksums come from the first response when it was the whole object, else from a
 the fill's retries); when the HEAD fails for good, so does the fill: "no checksums" is only
 believed from an origin that answered and published none (then the length is all that is
 checked). A body failing the cheapest checksum gets a second opinion (`second_opinion`).
-
-The bytes come from `segments.SegmentedDownload` (parallel ranged connections, each segment
-resuming on its own after a failure); a second task hashes the contiguous prefix in order for
-the verification and for the digest kept with the entry (`shardcache verify`).
+Bytes: `segments.SegmentedDownload` (parallel ranged connections, each segment resuming on
+its own); a second task hashes the prefix in order (verification, `shardcache verify`'s digest).
 """
 
 from __future__ import annotations
@@ -118,8 +116,8 @@ class Fill:
         self._stop_reason: ShardcacheError | None = None
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
         self.is_prefetch = False  # started by the prefetch queue rather than a client
-        # What a HEAD said just before the fill (a prefetch sizes the object): its checksums
-        # serve when the first response is the same version, instead of a second HEAD.
+        # A HEAD's answer just before the fill (a prefetch sizing it): its checksums serve
+        # when the first response is the same version, instead of a second HEAD.
         self.known_info: ObjectInfo | None = None
         self._finished = asyncio.Event()
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
@@ -230,6 +228,10 @@ class Fill:
         await self._checksums_known.wait()
         return self.checksums
 
+    @property
+    def has_checksums(self) -> bool:  # learned (or given up on): no HEAD left to ask
+        return self._checksums_known.is_set()
+
     async def wait_finished(self) -> FillState:
         """Wait until the fill reached a final state and return it (never raises)."""
         await self._finished.wait()
@@ -307,10 +309,9 @@ class Fill:
         first: OriginStream | None = None
         try:
             # The first request asks for the first segment only, so that no byte is fetched
-            # twice; a full-object GET could not be cut short without discarding what the
-            # network already carried. With one connection there are no other segments to
-            # share the object with: the first request is the plain GET of all of it (each
-            # more request would pay the origin's time to first byte again).
+            # twice (a full GET could not be cut short without discarding what the network
+            # carried). With one connection the first request is the plain GET of all of it
+            # (each more request would pay the origin's time to first byte again).
             first_end = None if self._policy.connections == 1 else self._policy.first_segment_bytes
             first = await self._requests.open(0, first_end, None)
             if first.info.strong_etag is None:

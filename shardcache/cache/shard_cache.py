@@ -104,6 +104,16 @@ class Lease:
             self.stream = None
 
 
+# A fill whose last reader leaves with at most this much still to come from the origin (and
+# at most 1/8 of the object), its checksums already learned (no HEAD to ask under a cap),
+# finishes and is cached anyway. A tar reader (WebDataset) stops at the end-of-archive
+# blocks, before the record padding after them (up to 10 KiB): its `curl`, writing the
+# padding into the closed pipe, exits a few KiB from the end, and stopping the fill there
+# saved nothing but made the shard a miss again next epoch. A reader that leaves early
+# (`| head`, a timeout) still stops it.
+FINISH_LEFT_BYTES = 1 << 20
+
+
 class ShardCache:
     def __init__(
         self,
@@ -428,6 +438,10 @@ class ShardCache:
         flight and starts its own. A joiner is either counted before (4), and the fill goes
         on, or comes after (4), and cannot find it."""
         if fill.is_fetching:
+            size = 0 if fill.info is None else fill.info.size_bytes
+            if size and fill.has_checksums:
+                if size - fill.received_bytes <= min(FINISH_LEFT_BYTES, size // 8):
+                    return  # nearly all here, no HEAD to ask: it finishes and is cached
             self.flights.finish(fill)
             fill.stop(FillAbandoned(f"{fill.cache_key}: every reader left"))
             return

@@ -220,6 +220,7 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
     assert late.status == 200, (
         f"the late reader got {late.status} (Retry-After {late.headers.get('retry-after')}) "
         f"after {took_s:.2f} s; the origin had been sent GETs for {sorted(origin.gets)}"
+        f" HEADs {dict(origin.heads)} log {daemon.log()[-3000:]}"
     )
     time.sleep(2.5)  # a turn booked for a reader that left would be taken by now
     sent_for_leavers = sorted(k for k in origin.gets if k != "k6.tar")

@@ -48,3 +48,44 @@ def test_a_prefetch_completes_when_a_reader_of_its_object_came_and_left(
         f"{origin.gets['p.tar'] - gets_before} more GET(s)\n"
         + "\n".join(line for line in daemon.log().splitlines() if "p.tar" in line)
     )
+
+
+def _read_and_leave(url: str, count: int) -> None:
+    """Read the first `count` body bytes of `url`, then close the connection."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        connection.request("GET", parts.path)
+        response = connection.getresponse()
+        assert response.status == 200
+        got = 0
+        while got < count:
+            got += len(response.read1(count - got))
+    finally:
+        connection.close()
+
+
+def test_a_reader_that_leaves_near_the_end_lets_the_fill_finish(
+    origin: OriginServer, start_daemon: Callable[..., Daemon]
+) -> None:
+    """CI, under load: a WebDataset loader stops reading at the tar's end-of-archive blocks,
+    before the record padding after them; its curl, writing the padding into the closed pipe,
+    exits, and the fill, a few KiB from its end, was stopped with it: the shard stayed a miss
+    the next epoch. A fill whose last reader leaves within FINISH_LEFT_BYTES of its end now
+    finishes and is cached; one left far from its end still stops (the control)."""
+    size = 2 << 20
+    for key in ("near.tar", "far.tar"):
+        origin.put(key, os.urandom(size), chunk_bytes=64 * 1024, chunk_delay_s=0.03)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+
+    _read_and_leave(f"{daemon.url}/web/near.tar", size - 200 * 1024)
+    _read_and_leave(f"{daemon.url}/web/far.tar", 256 * 1024)
+    time.sleep(1.5)  # both origins' answers end (or stop) meanwhile
+
+    assert curl(f"{daemon.url}/web/near.tar").headers["x-shardcache"] == "hit"
+    assert origin.gets["near.tar"] == 1
+    assert curl(f"{daemon.url}/web/far.tar").headers["x-shardcache"] == "miss"
+    assert origin.gets["far.tar"] == 2

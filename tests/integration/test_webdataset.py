@@ -44,6 +44,7 @@ def test_loader_reads_exactly_the_direct_samples_then_all_hits(
 
     assert len(direct) == 80
     assert first == direct and second == direct
-    assert daemon.metric("shardcache_requests_total", origin="data", result="miss") == 4
+    misses = daemon.metric("shardcache_requests_total", origin="data", result="miss")
+    assert misses == 4, daemon.log()
     assert daemon.metric("shardcache_requests_total", origin="data", result="hit") == 4
-    assert sum(origin.gets.values()) == 4
+    assert sum(origin.gets.values()) == 4, (origin.gets, daemon.log())
