@@ -112,7 +112,9 @@ def test_prefetch_with_a_config_warms_the_daemon_that_config_listens_on(
     assert hit.headers["x-shardcache"] == "hit" and hit.sha256 == sha256(data)
 
 
-def _serve_process(cache_dir: Path) -> subprocess.Popen[str]:
+def _serve_process(
+    cache_dir: Path, *extra: str, start_new_session: bool = False
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -125,10 +127,12 @@ def _serve_process(cache_dir: Path) -> subprocess.Popen[str]:
             str(cache_dir),
             "--origin",
             "web=http://127.0.0.1:9",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=start_new_session,
     )
 
 
@@ -168,26 +172,7 @@ def test_ctrl_c_while_receivers_start_is_a_clean_exit(tmp_path: Path) -> None:
     receivers still importing (before they ignore SIGINT) died of it with a KeyboardInterrupt
     traceback each. Here the daemon runs in a group of its own, as under a shell, and the
     group is signalled as soon as the first receiver exists."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "shardcache",
-            "serve",
-            "--listen",
-            f"127.0.0.1:{free_port()}",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-            "--receivers",
-            "6",
-            "--origin",
-            "web=http://127.0.0.1:9",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    process = _serve_process(tmp_path / "cache", "--receivers", "6", start_new_session=True)
     children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
     wait_for("a receiver process", lambda: bool(children.read_text().split()), 30)
     os.killpg(process.pid, signal.SIGINT)
