@@ -50,7 +50,9 @@ class SplicePipe:
             # What the kernel gave: past the user's soft limit (a non-root daemon with more
             # than ~128 such pipes) a new pipe holds only a page or two; a splice that small
             # per round costs more than copying.
-            self.capacity = fcntl.fcntl(self._write_end, F_GETPIPE_SZ)
+            # Never more than asked: the landing reads each move back into a buffer that
+            # size for its CRC, which must cover every byte moved.
+            self.capacity = min(capacity, fcntl.fcntl(self._write_end, F_GETPIPE_SZ))
         except BaseException:
             os.close(self._read_end)
             os.close(self._write_end)
