@@ -267,12 +267,19 @@ class ShardCache:
             log.warning("treating %s as not cached: %s", url, exc)
             return None
 
-    async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
-        """Return what a GET would answer, without fetching the body or touching LRU order."""
+    async def head(
+        self, origin_name: str, key: str, wants_checksums: bool = True
+    ) -> tuple[Result, ObjectInfo]:
+        """Return what a GET would answer, without fetching the body or touching LRU order.
+
+        Without `wants_checksums` (validators are all the caller needs: a conditional GET),
+        a fill in flight answers at once, without waiting to learn the object's checksums."""
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
             info = fill.info  # a tier below HEADs us for checksums: wait until they are known
+            if not wants_checksums:
+                return Result.COALESCED, info
             fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
             try:
                 checksums = await fill.wait_checksums()

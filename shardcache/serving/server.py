@@ -194,7 +194,7 @@ async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | 
     leaves the answer to the GET."""
     origin, key = request.match_info["origin"], request.match_info["key"]
     try:
-        result, info = await request.app[CACHE_KEY].head(origin, key)
+        result, info = await request.app[CACHE_KEY].head(origin, key, wants_checksums=False)
     except OriginNotFound:
         raise
     except OriginError as exc:
