@@ -153,7 +153,7 @@ def object_response(
     return response
 
 
-def precondition_response(
+def _precondition_response(
     request: web.Request, result: Result, validators: Validators
 ) -> web.StreamResponse | None:
     """The 304 or 412 that the request's preconditions call for (RFC 9110 §13.2.2), or None
@@ -200,7 +200,7 @@ async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | 
     except OriginError as exc:
         log.debug("no validators for %s before its GET: %s", request.path, exc)
         return None
-    answer = precondition_response(request, result, Validators(info.etag, info.last_modified))
+    answer = _precondition_response(request, result, Validators(info.etag, info.last_modified))
     if answer is not None:
         request.app[METRICS_KEY].requests.labels(origin, result.value).inc()
     return answer
@@ -258,7 +258,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         metrics.waited(lease.origin, loop.time() - began)
     try:
         validators = Validators(lease.etag, lease.last_modified)
-        answer = precondition_response(request, lease.result, validators)
+        answer = _precondition_response(request, lease.result, validators)
         if answer is not None:  # the object changed since the check before the GET
             metrics.requests.labels(lease.origin, lease.result.value).inc()
             return answer
@@ -408,7 +408,7 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     cache = request.app[CACHE_KEY]
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     validators = Validators(info.etag, info.last_modified)
-    answer = precondition_response(request, result, validators)
+    answer = _precondition_response(request, result, validators)
     if answer is not None:
         return answer
     byte_range = _wanted_range(request, validators, info.size_bytes)
