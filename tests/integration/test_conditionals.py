@@ -224,3 +224,20 @@ def test_aws_s3_cp_reads_through_the_daemon(start_daemon, tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert target.read_bytes() == data
+
+
+def test_an_origin_refusing_head_gets_its_conditionals_answered_from_the_get(
+    origin: OriginServer, start_daemon
+) -> None:
+    """No validators before the GET (the HEAD is refused): the GET's own answer decides."""
+    data = os.urandom(100 * KiB)
+    origin.put("s.tar", data, head_status=405, last_modified=MODIFIED_TEXT)
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0")
+    url = f"{daemon.url}/web/s.tar"
+    answer = curl(url, "-H", f"If-None-Match: {origin.etags['s.tar']}")
+    assert (answer.status, answer.body) == (304, b"")
+    assert answer.headers["last-modified"] == MODIFIED_TEXT
+    refused = curl(url, "--no-fail", "-H", 'If-Match: "nope"')
+    assert refused.status == 412
+    whole = curl(url, "-H", "Range: bytes=0-99", "-H", 'If-Range: "deadbeef"')
+    assert (whole.status, whole.body) == (200, data)
