@@ -24,6 +24,9 @@ class EntryMeta:
     checksum_headers: dict[str, str] = field(default_factory=dict)  # verified, re-published
     digests: dict[str, str] = field(default_factory=dict)  # algorithm → hex, for `verify`
     verified_by: list[str] = field(default_factory=list)  # "length", "Content-MD5", "etag"…
+    # The origin's Last-Modified (seconds since the epoch), passed on as a validator; None
+    # when the origin gave none, or for an entry committed before it was kept.
+    last_modified: float | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +120,7 @@ def parse_meta(tag: object) -> EntryMeta:
         and all(isinstance(v, str) for v in meta.checksum_headers.values())
         and all(isinstance(v, str) for v in meta.digests.values())
         and all(isinstance(v, str) for v in meta.verified_by)
+        and (meta.last_modified is None or type(meta.last_modified) in (int, float))
     )
     if not is_sound:
         raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")

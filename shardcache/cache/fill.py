@@ -469,6 +469,7 @@ class Fill:
             to_headers(self.checksums),
             digests=self.digests,
             verified_by=list(self.verified_by),
+            last_modified=info.last_modified,
         )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)

@@ -39,7 +39,13 @@ RECENT_FILLS = 65536
 def _info_of(meta: EntryMeta) -> ObjectInfo:
     """An entry's metadata as ObjectInfo, with the checksums its fill verified."""
     published = {name.lower(): value for name, value in meta.checksum_headers.items()}
-    return ObjectInfo(meta.size_bytes, meta.etag, tuple(from_headers(published)), meta.content_type)
+    return ObjectInfo(
+        meta.size_bytes,
+        meta.etag,
+        tuple(from_headers(published)),
+        meta.content_type,
+        last_modified=meta.last_modified,
+    )
 
 
 class PrefetchOutcome(enum.Enum):
@@ -72,6 +78,7 @@ class Lease:
     stream: OriginStream | None = None
     checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
     verified_by: tuple[str, ...] = ()  # what a cached entry was verified against, for hits
+    last_modified: float | None = None  # the origin's, seconds since the epoch
 
     @classmethod
     def of(cls, result: Result, origin: Origin, info: ObjectInfo, **body: Any) -> Lease:
@@ -83,6 +90,7 @@ class Lease:
             info.etag,
             info.content_type,
             checksums=info.checksums,
+            last_modified=info.last_modified,
             **body,
         )
 
@@ -259,12 +267,19 @@ class ShardCache:
             log.warning("treating %s as not cached: %s", url, exc)
             return None
 
-    async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:
-        """Return what a GET would answer, without fetching the body or touching LRU order."""
+    async def head(
+        self, origin_name: str, key: str, wants_checksums: bool = True
+    ) -> tuple[Result, ObjectInfo]:
+        """Return what a GET would answer, without fetching the body or touching LRU order.
+
+        Without `wants_checksums` (validators are all the caller needs: a conditional GET),
+        a fill in flight answers at once, without waiting to learn the object's checksums."""
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
             info = fill.info  # a tier below HEADs us for checksums: wait until they are known
+            if not wants_checksums:
+                return Result.COALESCED, info
             fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
             try:
                 checksums = await fill.wait_checksums()

@@ -63,6 +63,7 @@ def _info(stat: os.stat_result) -> ObjectInfo:
         size_bytes=stat.st_size,
         etag=f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"',
         accepts_ranges=True,
+        last_modified=stat.st_mtime,
     )
 
 

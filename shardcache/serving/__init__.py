@@ -11,7 +11,8 @@ Parts, top down:
   `ServerState` the handlers read.
 - `body`: response bodies on the socket: `os.sendfile` from cache files and from fills being
   tailed, pass-through streams; any failure after the first byte aborts the connection.
-- `ranges`: one `Range` header parsed (pure); `access`: who may do what (the admin token);
+- `ranges`: one `Range` header parsed (pure); `conditionals`: the RFC 9110 §13 preconditions
+  (If-Match, If-None-Match, the dates, If-Range), pure; `access`: who may do what (the admin token);
   `connections`: how many client connections, and how long each may sit idle.
 - `status_page`, `status_page_html`: `GET /_/`, a page that reads only the `/_/status`
   document; `targets`: the (origin, key) pairs a prefetch or plans body names, bounded before

@@ -35,11 +35,13 @@ from shardcache.errors import (
     FillAbandoned,
     IntegrityError,
     NotCached,
+    OriginError,
+    OriginNotFound,
     ShardcacheError,
     ShuttingDown,
     TierLoop,
 )
-from shardcache.keys import TIER_REQUEST_HEADER
+from shardcache.keys import ERROR_KIND_HEADER, TIER_REQUEST_HEADER
 from shardcache.observability.logs import CLIENT_GONE, FailureLog
 from shardcache.observability.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch.queue import PrefetchQueue
@@ -67,6 +69,14 @@ from shardcache.serving.body import (
     send_fill,
     send_stream,
     settle_empty,
+)
+from shardcache.serving.conditionals import (
+    Outcome,
+    Validators,
+    evaluate,
+    http_date,
+    is_conditional,
+    range_applies,
 )
 from shardcache.serving.connections import ConnectionGuard
 from shardcache.serving.middleware import (
@@ -115,6 +125,7 @@ def object_response(
     byte_range: ByteRange | None,
     checksums: tuple[Checksum, ...] = (),
     verified_by: tuple[str, ...] = (),
+    last_modified: float | None = None,
 ) -> web.StreamResponse:
     """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
 
@@ -129,6 +140,8 @@ def object_response(
     }
     if etag:
         headers["ETag"] = etag
+    if last_modified is not None:
+        headers["Last-Modified"] = http_date(last_modified)
     if verified_by:
         headers["X-Shardcache-Verified"] = ", ".join(verified_by)
     if byte_range is None:
@@ -138,6 +151,59 @@ def object_response(
         response.headers["Content-Range"] = byte_range.content_range(size_bytes)
     response.content_length = byte_range.length if byte_range else size_bytes
     return response
+
+
+def _precondition_response(
+    request: web.Request, result: Result, validators: Validators
+) -> web.StreamResponse | None:
+    """The 304 or 412 that the request's preconditions call for (RFC 9110 §13.2.2), or None
+    to answer with the object.
+
+    A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
+    body; a 412 is a JSON error like any other."""
+    outcome = evaluate(request.headers, validators)
+    if outcome is Outcome.PROCEED:
+        return None
+    headers = {"X-Shardcache": result.value}
+    if validators.etag:
+        headers["ETag"] = validators.etag
+    if validators.last_modified is not None:
+        headers["Last-Modified"] = http_date(validators.last_modified)
+    if outcome is Outcome.NOT_MODIFIED:
+        return web.Response(status=304, headers=headers)
+    headers[ERROR_KIND_HEADER] = "precondition"
+    return json_error(412, "a precondition of the request does not hold", headers)
+
+
+def _wanted_range(
+    request: web.Request, validators: Validators, size_bytes: int
+) -> ByteRange | None:
+    """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
+    does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
+    if not range_applies(request.headers, validators):
+        return None
+    return parse_range(request.headers.get("Range"), size_bytes)
+
+
+async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | None:
+    """A conditional GET's 304 or 412 from the object's validators (the cached entry's, a
+    fill's, or the origin's HEAD), before a miss starts a GET for bytes it will not send.
+
+    None lets the GET go on; it evaluates the preconditions again against the validators of
+    what it reads (the object may change in between). An origin that cannot answer a HEAD
+    leaves the answer to the GET."""
+    origin, key = request.match_info["origin"], request.match_info["key"]
+    try:
+        result, info = await request.app[CACHE_KEY].head(origin, key, wants_checksums=False)
+    except OriginNotFound:
+        raise
+    except OriginError as exc:
+        log.debug("no validators for %s before its GET: %s", request.path, exc)
+        return None
+    answer = _precondition_response(request, result, Validators(info.etag, info.last_modified))
+    if answer is not None:
+        request.app[METRICS_KEY].requests.labels(origin, result.value).inc()
+    return answer
 
 
 async def get_object(request: web.Request) -> web.StreamResponse:
@@ -175,6 +241,10 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     origin, key = request.match_info["origin"], request.match_info["key"]
     guard = request.app.get(GUARD_KEY)
     reader_left = guard.lost(request.transport) if guard is not None else None
+    if is_conditional(request.headers):
+        early = await _answer_before_fetching(request)
+        if early is not None:
+            return early
     try:
         lease = await cache.open(origin, key, reader_left)
     except FillAbandoned:  # the client closed its connection while the origin was asked
@@ -187,7 +257,12 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
         metrics.waited(lease.origin, loop.time() - began)
     try:
-        byte_range = parse_range(request.headers.get("Range"), lease.size_bytes)
+        validators = Validators(lease.etag, lease.last_modified)
+        answer = _precondition_response(request, lease.result, validators)
+        if answer is not None:  # the object changed since the check before the GET
+            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            return answer
+        byte_range = _wanted_range(request, validators, lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
         if start == end:  # an empty object (ranges of it are 416)
             await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY].read_timeout_s)
@@ -199,6 +274,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             byte_range,
             lease.checksums if lease.result is Result.HIT else (),
             lease.verified_by,
+            lease.last_modified,
         )
         try:
             writer = await response.prepare(request)
@@ -331,9 +407,19 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     _refuse_tier_loop(request)
     cache = request.app[CACHE_KEY]
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
-    byte_range = parse_range(request.headers.get("Range"), info.size_bytes)
+    validators = Validators(info.etag, info.last_modified)
+    answer = _precondition_response(request, result, validators)
+    if answer is not None:
+        return answer
+    byte_range = _wanted_range(request, validators, info.size_bytes)
     return object_response(
-        result, info.size_bytes, info.etag, info.content_type, byte_range, info.checksums
+        result,
+        info.size_bytes,
+        info.etag,
+        info.content_type,
+        byte_range,
+        info.checksums,
+        last_modified=info.last_modified,
     )
 
 

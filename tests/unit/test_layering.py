@@ -58,6 +58,7 @@ ORDER: dict[str, list[str]] = {
         "serving.server_state",
         "serving.body",
         "serving.ranges",
+        "serving.conditionals",
         "serving.connections",
         "serving.access",
         "serving.targets",

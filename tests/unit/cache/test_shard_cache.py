@@ -291,3 +291,21 @@ async def test_joining_a_started_fill_takes_no_step_of_the_loop(
     go_on.set()
     assert second.result is Result.HIT and await read_all(second) == data
     await settle(cache)
+
+
+async def test_validators_of_a_fill_in_flight_need_not_wait_for_its_checksums(
+    cache: ShardCache, origin: FakeOrigin
+) -> None:
+    """A conditional GET needs only the ETag and Last-Modified: it must not wait for the HEAD
+    that learns a fill's checksums (a HEAD of a tier below does)."""
+    origin.put("k", b"x" * 1000)
+    origin.checksums_on_get = False  # only a HEAD publishes them…
+    origin.head_gate = asyncio.Event()  # …and it is held
+    origin.gate = asyncio.Event()
+    lease = await cache.open("fake", "k")
+    result, info = await asyncio.wait_for(cache.head("fake", "k", wants_checksums=False), 10)
+    assert (result, info.etag) == (Result.COALESCED, origin.etags["k"])
+    origin.head_gate.set()
+    origin.gate.set()
+    assert await read_all(lease) == b"x" * 1000
+    await settle(cache)

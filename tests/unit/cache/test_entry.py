@@ -1,0 +1,34 @@
+"""An entry's metadata as the index keeps it (`cache.entry.parse_meta`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from shardcache.cache.entry import EntryMeta, parse_meta
+from shardcache.errors import CacheError
+
+
+def test_last_modified_round_trips() -> None:
+    meta = EntryMeta(10, '"e"', "application/x-tar", last_modified=1_700_000_000.5)
+    assert parse_meta(json.dumps(dataclasses.asdict(meta))) == meta
+
+
+def test_an_entry_committed_before_last_modified_was_kept_still_loads() -> None:
+    old = {
+        "size_bytes": 10,
+        "etag": '"e"',
+        "content_type": None,
+        "checksum_headers": {},
+        "digests": {},
+        "verified_by": ["length"],
+    }
+    assert parse_meta(json.dumps(old)).last_modified is None
+
+
+@pytest.mark.parametrize("value", ["yesterday", True, [1]])
+def test_a_last_modified_that_is_not_a_number_is_unreadable(value: object) -> None:
+    with pytest.raises(CacheError):
+        parse_meta(json.dumps({"size_bytes": 10, "last_modified": value}))
