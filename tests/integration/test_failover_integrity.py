@@ -63,7 +63,11 @@ def test_a_lying_upstream_is_marked_down_and_the_home_serves_its_keys(
             how = result.headers.get("x-shardcache", "")
             results.append((read_pass, key, result.exit_code, result.sha256, how))
     failed = [r for r in results if r[2] != 0]
-    print(f"lying {role}: {len(failed)} visible failures of {len(results)} reads: {results}")
+    print(
+        f"lying {role}: {len(failed)} visible failures of {len(results)} reads; home "
+        f"{sum(home.gets.values())} GETs, {sum(home.heads.values())} HEADs; liar "
+        f"{sum(liar.gets.values())} GETs: {[r[:3] + r[4:] for r in results]}"
+    )
 
     # Every read that succeeded is exactly the home's bytes: never the liar's, never a splice.
     wrong = [r for r in results if r[2] == 0 and r[3] != expected[r[1]]]

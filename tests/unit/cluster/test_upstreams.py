@@ -15,7 +15,7 @@ import pytest
 from shardcache.cache.fill import FillState
 from shardcache.cache.shard_cache import Result, ShardCache
 from shardcache.cache.store import Store
-from shardcache.cluster.breaker import BreakerState, CircuitBreaker
+from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
 from shardcache.cluster.upstreams import FailoverOrigin
@@ -573,5 +573,49 @@ async def test_bytes_failing_the_homes_checksum_mark_the_mirror_down_and_are_fet
         assert await read_all(hit) == data
         assert len(mirror.opens) == mirror_opens  # nothing more asked of the liar
         assert store.check() == []
+    finally:
+        await cache.aclose()
+
+
+async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_path: Path) -> None:
+    clock = Clock()
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    keys = ["a", "b", "c"]
+    for key in keys:
+        home.put(key, os.urandom(MiB))
+        mirror.put(key, os.urandom(MiB), with_md5=False)
+        mirror.etags[key] = home.etags[key]
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+    )
+    policy = RetryPolicy(retries=2, base_s=0.001, connections=1)
+    cache = ShardCache(Store(tmp_path / "c", 16 * MiB), {"o": failover}, policy, NullObserver())
+
+    def mirror_health() -> Health:
+        return dict((h.upstream, h) for _, h in failover.health())["mirror"]
+
+    try:
+        lease = await cache.open("o", "a")
+        failed = lease.fill
+        assert failed is not None and failed.task is not None
+        with pytest.raises(IntegrityError):
+            await read_all(lease)
+        await failed.task
+        again = cache.flights.get(home.url_for("a"))
+        assert again is not None and again.is_second_fetch  # from the home, while it is down
+        assert await again.wait_finished() is FillState.COMMITTED
+        assert mirror_health().retry_in_s == 1.0
+        clock.now += 1.5  # its back-off ended: probing
+        assert (await failover.head("b")).size_bytes == MiB  # a HEAD answers…
+        assert mirror_health().state is BreakerState.HALF_OPEN  # …and closes nothing
+        opens = len(mirror.opens)
+        with pytest.raises(IntegrityError):  # the next GET is the probe; its bytes lie again
+            await read_all(await cache.open("o", "b"))
+        assert len(mirror.opens) == opens + 1
+        health = mirror_health()
+        assert health.state is BreakerState.OPEN and health.retry_in_s == 2.0  # doubled
+        assert health.integrity_failures_total == 2
+        assert await read_all(await cache.open("o", "c")) == home.objects["c"]  # skipped
+        assert len(mirror.opens) == opens + 1
     finally:
         await cache.aclose()
