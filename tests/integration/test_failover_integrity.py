@@ -50,10 +50,8 @@ def test_a_lying_upstream_is_marked_down_and_the_home_serves_its_keys(
     config = tmp_path / "origins.toml"
     if role == "tier":
         config.write_text(f'[origins.o]\nurls = ["{home.url}"]\ntier = ["{liar.url}"]\n')
-        liar_url = liar.url
     else:
         config.write_text(f'[origins.o]\nurls = ["{liar.url}", "{home.url}"]\n')
-        liar_url = liar.url
     daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
 
     results: list[tuple[int, str, int, str, str]] = []  # pass, key, curl exit, sha256, X-Shardcache
@@ -82,13 +80,13 @@ def test_a_lying_upstream_is_marked_down_and_the_home_serves_its_keys(
     # The failure was counted against the liar, as integrity, and its breaker opened.
     _, status = daemon.get_json("/_/status")
     rows = status["origins"]["o"]["upstreams"]  # type: ignore[index]
-    row = next(r for r in rows if r["url"] == liar_url)
+    row = next(r for r in rows if r["url"] == liar.url)
     assert row["role"] == role
     assert row["failures"] >= 1 and row["integrity_failures"] >= 1, row
     assert "did not verify" in row["last_error"], row
     home_row = next(r for r in rows if r["role"] == "home")
     assert home_row["failures"] == 0 and home_row["state"] == "up", home_row
-    labels = {"origin": "o", "upstream": liar_url, "role": role}
+    labels = {"origin": "o", "upstream": liar.url, "role": role}
     assert daemon.metric("shardcache_upstream_integrity_failures_total", **labels) >= 1
     assert daemon.metric("shardcache_upstream_failures_total", **labels) >= 1
     # The home was asked for the bodies, not only for its checksum.
