@@ -56,6 +56,7 @@ from shardcache.errors import (
     CacheError,
     CacheFull,
     FillAbandoned,
+    IntegrityError,
     NotAdmitted,
     OriginChanged,
     OriginError,
@@ -126,6 +127,10 @@ class Fill:
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self._checksums_known = asyncio.Event()
         self._progress = asyncio.Event()
+        # The upstreams (not the home) whose bytes were in a body that failed verification:
+        # the cache fetches it again from the next one (`ShardCache`), once.
+        self.blamed: tuple[str, ...] = ()
+        self.is_second_fetch = False
 
     # -- state ---------------------------------------------------------------------------
 
@@ -331,6 +336,7 @@ class Fill:
             )
             handed, first = first, None  # the download owns and closes it
             await self._download_and_verify(handed, info)
+            self._download.vouch()
             self._keep_digest()
             self._move(FillState.VERIFIED)
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
@@ -379,6 +385,9 @@ class Fill:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
                 for task in done:
                     task.result()  # raises the first failure
+        except IntegrityError as exc:  # counts against the upstreams that sent the bytes
+            self.blamed = self._download.blame(str(exc))
+            raise
         finally:
             for task in (downloading, hashing):
                 task.cancel()

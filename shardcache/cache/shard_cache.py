@@ -144,6 +144,7 @@ class ShardCache:
         # The kinds of checksum each origin publishes but cannot get right (fills report).
         self.checksum_trust = ChecksumTrust(observer)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._is_closing = False  # `aclose` began: no fill is started again
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
         # How many fills have finished per cache key (recent keys only): lets a caller that
         # awaited something notice that a fill came and went meanwhile.
@@ -476,9 +477,41 @@ class ShardCache:
                 await fill.run()
         finally:
             self.flights.finish(fill)
+            if fill.blamed and not fill.is_second_fetch and not self._is_closing:
+                self._fetch_again(fill)  # in the same step: no reader starts a fill between
             self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
             if len(self._finished) > RECENT_FILLS:
                 self._finished.popitem(last=False)  # forgotten keys only cost a second look
+        if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
+            await fill.discard_passthrough()  # no starter to take its stream
+
+    def _fetch_again(self, failed: Fill) -> None:
+        """Fetch again, from byte 0 and as a new fill, an object whose body failed
+        verification with bytes from a tier member or mirror (`Fill.blamed`). Those upstreams
+        are marked down by now, so its first GET goes to the next one; nothing of the failed
+        body is kept (a resume there would splice two upstreams' bytes). The failed fill's
+        readers had its bytes and got a visible failure; this one is kept for the cache even
+        with no reader (`keep_unread`, unpinned), so the next read is a hit, and readers that
+        come meanwhile join it. Once: a second fetch that fails too starts no third."""
+        log.info(  # the breaker logged the upstream going down, once
+            "%s failed verification with bytes from %s; fetching it again from the next upstream",
+            failed.cache_key,
+            ", ".join(failed.blamed),
+        )
+        try:  # the origin as configured now: a reload may have replaced the failed fill's
+            origin, url = self.cache_key(failed.origin.name, failed.origin_key)
+        except UnknownOrigin:
+            return
+        if url != failed.cache_key:  # its home changed: another object for the cache
+            return
+        fill, joined = self.flights.join_or_start(
+            url, lambda: self._new_fill(origin, failed.origin_key, url)
+        )
+        if joined:  # a reader started one already: it asks the same upstreams
+            return
+        fill.is_second_fetch = True
+        fill.keep_unread()
+        self._spawn(fill)
 
     def stop_unread_fills(self) -> None:
         """Stop the fills only the prefetch queue wanted (no reader holds them): the daemon is
@@ -490,6 +523,7 @@ class ShardCache:
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
         ones finish committing, wait for all of them, then close the origins."""
+        self._is_closing = True
         for fill in self.flights:
             if not fill.is_body_complete:
                 fill.cancel()

@@ -9,6 +9,11 @@ are one outage, not many: they neither double the back-off nor extend it. Skippi
 caller's choice: `upstreams` asks the healthy upstreams, and the home when none is left, so a
 breaker never turns a working origin into an error.
 
+Bytes that failed verification (`failed(..., is_integrity=True)`) open it the same way, but an
+upstream that lied about its bytes answers HEADs and headers as well as an honest one: until a
+body it sent verifies (`succeeded(..., proves_bytes=True)`) no answer closes it and a HEAD is
+no probe, so a liar's back-off doubles as a dead upstream's does.
+
 It knows nothing of HTTP or of origins; `transition` tells the caller when the state changed, so
 that a change is logged once, not per request.
 """
@@ -41,6 +46,7 @@ class Health:
     failures_total: int
     retry_in_s: float  # 0 unless open
     last_error: str | None
+    integrity_failures_total: int = 0  # of failures_total: bytes that failed verification
 
 
 class CircuitBreaker:
@@ -62,6 +68,8 @@ class CircuitBreaker:
         self._opened_at = -float("inf")  # the last failure that counted (not the same outage)
         self._probe_sent_at: float | None = None
         self._last_error: str | None = None
+        self._integrity_failures_total = 0
+        self._doubts_bytes = False  # its last failure was bytes that did not verify
 
     @property
     def state(self) -> BreakerState:
@@ -80,28 +88,41 @@ class CircuitBreaker:
             return self._clock() - self._probe_sent_at < PROBE_S
         return state is BreakerState.OPEN
 
-    def sending(self) -> None:
-        """A request is about to go to the upstream: when half-open, it is the probe."""
-        if self.state is BreakerState.HALF_OPEN:
+    def sending(self, carries_bytes: bool = True) -> None:
+        """A request is about to go to the upstream: when half-open, it is the probe, unless
+        the breaker opened on bad bytes and the request carries none (a HEAD)."""
+        if self.state is BreakerState.HALF_OPEN and (carries_bytes or not self._doubts_bytes):
             self._probe_sent_at = self._clock()
 
-    def succeeded(self, sent_at: float | None = None) -> BreakerState | None:
-        """The upstream answered a request sent at `sent_at`; return the state it left if that
-        changed, else None. An answer to a request sent before the last failure says nothing
-        new (a HEAD sent alongside the GET that failed), so it does not close the breaker."""
+    def succeeded(
+        self, sent_at: float | None = None, proves_bytes: bool = False
+    ) -> BreakerState | None:
+        """The upstream answered a request sent at `sent_at` (`proves_bytes`: and the body it
+        sent verified); return the state it left if that changed, else None. An answer to a
+        request sent before the last failure says nothing new (a HEAD sent alongside the GET
+        that failed), so it does not close the breaker; nor does any answer but verified
+        bytes once bytes it sent failed verification."""
         if sent_at is not None and sent_at < self._opened_at:
+            return None
+        if self._doubts_bytes and not proves_bytes:
             return None
         before = self.state
         self._failures_in_a_row = 0
         self._open_until = 0.0
         self._probe_sent_at = None
+        self._doubts_bytes = False
         return before if before is not BreakerState.CLOSED else None
 
-    def failed(self, reason: str, sent_at: float | None = None) -> BreakerState | None:
-        """A request sent at `sent_at` failed; return the state the breaker left if it opened
-        just now, else None."""
+    def failed(
+        self, reason: str, sent_at: float | None = None, is_integrity: bool = False
+    ) -> BreakerState | None:
+        """A request sent at `sent_at` failed (`is_integrity`: the bytes it sent failed
+        verification); return the state the breaker left if it opened just now, else None."""
         self._failures_total += 1
         self._last_error = reason
+        if is_integrity:
+            self._integrity_failures_total += 1
+            self._doubts_bytes = True
         if sent_at is not None and sent_at < self._opened_at:
             return None  # sent before the breaker opened: the same outage, already counted
         before = self.state
@@ -126,4 +147,5 @@ class CircuitBreaker:
             self._failures_total,
             round(self.backoff_s, 3) if state is BreakerState.OPEN else 0.0,
             self._last_error,
+            self._integrity_failures_total,
         )

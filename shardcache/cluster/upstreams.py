@@ -12,6 +12,14 @@ and the next upstream (its own share of threads) is asked. A fill that fails mid
 with Range and If-Match on the object's ETag from the next upstream, so two upstreams whose
 versions differ fail the fill (`OriginChanged`) instead of splicing two objects.
 
+Bytes that fail verification count against the tier member or mirror that sent them: each of
+their responses carries a `Sender` (`ObjectInfo.sent_by`) that the fill tells whether the body
+verified; a failure marks the upstream down as a 5xx does (`CircuitBreaker`, as integrity), and
+it is asked again only after its back-off, by a GET whose body must verify to bring it back.
+The fill that failed is not resumed: the cache fetches the object again from byte 0, from the
+next upstream (`ShardCache`). The home sends no `Sender`: it names the object and publishes the
+checksum its bytes are judged by.
+
 A tier member's refusal as one too many (`OriginThrottled`: it passes on the object store's
 503 SlowDown) is passed up without trying the next upstream: every member asks the same store,
 and going round them would multiply the requests it is refusing; the fill waits and retries
@@ -37,6 +45,7 @@ from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
 from shardcache.config.options import default as option_default
 from shardcache.errors import (
+    IntegrityError,
     LocalBusy,
     OriginChanged,
     OriginError,
@@ -118,7 +127,9 @@ class FailoverOrigin:
         those either, raise OriginUnavailable: a body nobody can vouch for is not served.
         An answer that says it publishes none (the home answered without one) leaves the
         length, as with a single origin."""
-        upstream, info, _ = await self._first_answer(key, lambda origin: origin.head(key))
+        upstream, info, _ = await self._first_answer(
+            key, lambda origin: origin.head(key), carries_bytes=False
+        )
         if upstream is self._chain[-1]:
             return info
         own = _named(info.checksums, upstream.role)
@@ -149,7 +160,7 @@ class FailoverOrigin:
             if self._clock() >= deadline and upstream is not home:
                 continue
             sent_at = self._clock()
-            upstream.breaker.sending()
+            upstream.breaker.sending(carries_bytes=False)
             try:
                 try:
                     other = await upstream.origin.head(key)
@@ -208,13 +219,14 @@ class FailoverOrigin:
         return watched
 
     async def _first_answer(
-        self, key: str, ask: Callable[[Origin], Awaitable[T]]
+        self, key: str, ask: Callable[[Origin], Awaitable[T]], carries_bytes: bool = True
     ) -> tuple[Upstream, T, float]:
         """Ask each upstream that is not marked down in turn, and the home last whatever its
         state, until one answers. The others are asked for FAILOVER_BUDGET read timeouts at
         most (a request never waits on every hung member in turn), the home always. Raise the
         last failure when none answers, or at once a definite answer (not found, changed) or a
-        tier member's throttling."""
+        tier member's throttling. `carries_bytes`: a GET (a HEAD is no probe of an upstream
+        marked down for bad bytes: see `breaker`)."""
         order = await self.order(key)
         home = self._chain[-1]
         asked = [u for u in order if not u.breaker.is_open and u is not home] + [home]
@@ -224,7 +236,7 @@ class FailoverOrigin:
             if last is not None and self._clock() >= deadline and upstream is not home:
                 continue  # out of time for the others: the home still gets its turn
             sent_at = self._clock()
-            upstream.breaker.sending()
+            upstream.breaker.sending(carries_bytes)
             try:
                 answer = await ask(upstream.origin)
             except LocalBusy as exc:
@@ -244,16 +256,21 @@ class FailoverOrigin:
         assert last is not None
         raise last
 
-    def note_success(self, upstream: Upstream, sent_at: float) -> None:
-        left = upstream.breaker.succeeded(sent_at)
+    def note_success(self, upstream: Upstream, sent_at: float, proves_bytes: bool = False) -> None:
+        """`upstream` answered a request sent at `sent_at` (`proves_bytes`: and the body it
+        sent verified)."""
+        left = upstream.breaker.succeeded(sent_at, proves_bytes)
         if left is not None:
             log.warning(
                 "origin %s: %s %s is up again", self.name, upstream.role, upstream.breaker.upstream
             )
 
-    def note_failure(self, upstream: Upstream, exc: Exception, sent_at: float) -> None:
-        """Mark `upstream` down; logged when it goes down, not at each failed probe after."""
-        left = upstream.breaker.failed(str(exc), sent_at)
+    def note_failure(
+        self, upstream: Upstream, exc: Exception, sent_at: float, is_integrity: bool = False
+    ) -> None:
+        """Mark `upstream` down; logged when it goes down, not at each failed probe after.
+        `is_integrity`: the bytes it sent failed verification."""
+        left = upstream.breaker.failed(str(exc), sent_at, is_integrity)
         level = logging.WARNING if left is BreakerState.CLOSED else logging.DEBUG
         log.log(
             level,
@@ -294,6 +311,24 @@ def _is_upstream_failure(exc: OriginError) -> bool:
     return exc.is_retryable and isinstance(exc, OriginUnavailable | OriginTimeout)
 
 
+class UpstreamSender:
+    """The `Sender` of one response from a tier member or mirror: the fill's verdict on the
+    bytes it landed from it reaches that upstream's breaker."""
+
+    def __init__(self, upstream: Upstream, owner: FailoverOrigin, sent_at: float) -> None:
+        self.name = f"{upstream.role} {upstream.breaker.upstream}"
+        self._upstream = upstream
+        self._owner = owner
+        self._sent_at = sent_at
+
+    def bytes_failed(self, reason: str) -> None:
+        failure = IntegrityError(f"sent bytes that did not verify: {reason}")
+        self._owner.note_failure(self._upstream, failure, self._sent_at, is_integrity=True)
+
+    def bytes_verified(self) -> None:
+        self._owner.note_success(self._upstream, self._sent_at, proves_bytes=True)
+
+
 class WatchedStream:
     """An upstream's stream that marks the upstream down when its body fails or stalls, so the
     fill's resumed request goes to the next upstream."""
@@ -302,6 +337,10 @@ class WatchedStream:
         self, inner: OriginStream, upstream: Upstream, owner: FailoverOrigin, sent_at: float
     ) -> None:
         self.info = inner.info
+        if upstream is not owner._chain[-1]:  # the home's bytes are judged by its own checksum
+            self.info = dataclasses.replace(
+                inner.info, sent_by=UpstreamSender(upstream, owner, sent_at)
+            )
         self._inner = inner
         self._upstream = upstream
         self._owner = owner
@@ -364,4 +403,11 @@ class WatchedStream:
         await self._inner.aclose()
 
 
-__all__ = ["BreakerState", "FailoverOrigin", "TierMembers", "Upstream", "WatchedStream"]
+__all__ = [
+    "BreakerState",
+    "FailoverOrigin",
+    "TierMembers",
+    "Upstream",
+    "UpstreamSender",
+    "WatchedStream",
+]

@@ -129,6 +129,7 @@ def _upstreams_status(rows: list[tuple[str, str, Health]]) -> dict[str, list[dic
                 "role": role,
                 "state": health.state.value,
                 "failures": health.failures_total,
+                "integrity_failures": health.integrity_failures_total,
                 "failures_in_a_row": health.failures_in_a_row,
                 "retry_in_s": health.retry_in_s,
                 "last_error": health.last_error,

@@ -8,7 +8,9 @@ reader may see. Each segment resumes on its own after a failure (Range from its 
 byte, `If-Match` on the object's ETag), through `OriginRequests`, the one retry policy. Every
 later response must prove it is the first one's version (the same strong ETag, or the same
 published checksum; `ObjectInfo.proves_same_version`): an upstream that ignores If-Match, with
-or without validators of its own, must never get two versions spliced into one shard.
+or without validators of its own, must never get two versions spliced into one shard. It keeps
+who sent the bytes it landed (`senders`), so the fill's verdict on the body reaches the upstreams
+that sent them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from shardcache.errors import (
 from shardcache.fetch.capped import CONTINUING
 from shardcache.fetch.limiter import RequestLimiter
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import ObjectInfo, Origin, OriginStream, Sender
 
 log = logging.getLogger("shardcache.fill")
 FIRST_SEGMENT_BYTES = 2 << 20  # the first request of a fill: small, so its first byte is soon
@@ -324,6 +326,22 @@ class SegmentedDownload:
         self._next_segment = 0
         self._first_incomplete = 0
         self._loop = asyncio.get_running_loop()
+        # The upstreams (other than the home) that sent bytes landed in the file, each by its
+        # latest response: the fill tells them whether the body verified.
+        self.senders: dict[str, Sender] = {}
+
+    def blame(self, reason: str) -> tuple[str, ...]:
+        """The body failed verification for `reason`: tell every upstream that sent bytes of
+        it (each then counts it as its failure); return their names (none when the home, or a
+        lone origin, sent every byte)."""
+        for sender in self.senders.values():
+            sender.bytes_failed(reason)
+        return tuple(self.senders)
+
+    def vouch(self) -> None:
+        """The body verified: tell every upstream that sent bytes of it."""
+        for sender in self.senders.values():
+            sender.bytes_verified()
 
     @property
     def contiguous_bytes(self) -> int:
@@ -393,6 +411,7 @@ class SegmentedDownload:
             nonlocal stream
             opened, stream = stream, None  # a retry opens a new request from the position
             is_first_answer = opened is not None  # the answer every other one is held to
+            landed_before = segment.done_bytes
             try:
                 if opened is None:
                     opened = await self.requests.open_once(
@@ -412,6 +431,9 @@ class SegmentedDownload:
                 self.requests.count("ok")
             finally:
                 if opened is not None:
+                    sender = opened.info.sent_by
+                    if sender is not None and segment.done_bytes > landed_before:
+                        self.senders[sender.name] = sender
                     await opened.aclose()
 
         await self.requests.retrying(once, lambda: segment.position)

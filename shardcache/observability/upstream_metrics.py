@@ -34,16 +34,26 @@ class UpstreamCollector(Collector):
         )
         failures = CounterMetricFamily(
             "shardcache_upstream_failures",
-            "Requests to an upstream that failed over to the next one (connect, 5xx, stall)",
+            "Requests to an upstream that failed over to the next one (connect, 5xx, stall, "
+            "bytes that failed verification)",
+            labels=labels,
+        )
+        integrity = CounterMetricFamily(
+            "shardcache_upstream_integrity_failures",
+            "Of an upstream's failures, bodies it sent that failed verification (checksum or "
+            "length): it is marked down as for a 5xx and the object fetched again elsewhere",
             labels=labels,
         )
         for origin, role, health in self._read():
             row = [origin, health.upstream, role]
             up.add_metric(row, 1 if health.state is BreakerState.CLOSED else 0)
             failures.add_metric(row, health.failures_total)
+            integrity.add_metric(row, health.integrity_failures_total)
         for origin, url in self._lone_homes().items():
             # No breaker: with nothing to fail over to it is never skipped, so always up.
             up.add_metric([origin, url, "home"], 1)
             failures.add_metric([origin, url, "home"], 0)
+            integrity.add_metric([origin, url, "home"], 0)
         yield up
         yield failures
+        yield integrity

@@ -31,10 +31,27 @@ class Timeouts:
     min_bytes_per_s: float = 0.0
 
 
+class Sender(Protocol):
+    """Which of an origin's upstreams sent a response (`cluster.upstreams`), told what the
+    fill found its bytes to be: bytes that fail verification count against the upstream that
+    sent them, as a 5xx does, and only verified bytes prove it sends the right ones again."""
+
+    name: str  # the upstream, as logs and `/_/status` show it ("mirror http://…")
+
+    def bytes_failed(self, reason: str) -> None:
+        """The bytes this response landed failed verification for `reason`."""
+        ...
+
+    def bytes_verified(self) -> None:
+        """The bytes this response landed were part of a verified body."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """What an origin says about a whole object; `size_bytes` is the full length, even for a
-    ranged read."""
+    ranged read. `sent_by`: the upstream that sent this response, when the origin has several
+    and it was not the home (it takes no part in comparing two answers)."""
 
     size_bytes: int
     etag: str | None = None
@@ -42,6 +59,7 @@ class ObjectInfo:
     content_type: str | None = None
     accepts_ranges: bool = False  # the origin serves byte ranges: fetch in parallel segments
     last_modified: float | None = None  # seconds since the epoch, when the origin says
+    sent_by: Sender | None = field(default=None, compare=False, repr=False)
 
     def differs_from(self, other: ObjectInfo) -> str | None:
         """Say how `other` (a later response for the same key) shows a different object than

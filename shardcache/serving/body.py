@@ -286,6 +286,8 @@ async def send_stream(
     The stream runs from the object's first byte to its last, whatever the range, so the
     last chunk sent is held back until the stream has ended with the right length and the
     published checksums matched: a failure never yields a complete response, whole or ranged.
+    The upstream that sent it (`ObjectInfo.sent_by`, a tier member or mirror) hears the
+    verdict, as from a fill.
     """
     info = stream.info
     verifier = Verifier(info.checksums)
@@ -306,6 +308,13 @@ async def send_stream(
         began = loop.time()
     if position != info.size_bytes:
         raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
-    verifier.verify()
+    try:
+        verifier.verify()
+    except IntegrityError as exc:  # counts against the mirror or tier member that sent it
+        if info.sent_by is not None:
+            info.sent_by.bytes_failed(str(exc))
+        raise
+    if info.sent_by is not None:
+        info.sent_by.bytes_verified()
     await write(pending)
     on_sent(len(pending))

@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.fill import FillState
+from shardcache.cache.shard_cache import Result, ShardCache
 from shardcache.cache.store import Store
-from shardcache.cluster.breaker import BreakerState, CircuitBreaker
+from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.errors import (
+    IntegrityError,
     OriginBusy,
     OriginChanged,
     OriginNotFound,
@@ -523,3 +525,97 @@ def test_a_shardcache_503_is_throttling_only_when_it_says_so() -> None:
         with pytest.raises(expected) as raised:
             _raise_for_status(503, "http://member/o/k", headers)
         assert type(raised.value) is expected, headers
+
+
+@pytest.mark.parametrize("connections", [1, 4])
+async def test_bytes_failing_the_homes_checksum_mark_the_mirror_down_and_are_fetched_again(
+    connections: int, tmp_path: Path
+) -> None:
+    # The mirror serves other bytes under the home's ETag and length, with no checksum; the
+    # home publishes its MD5. With 4 connections the body comes in segments (several GETs).
+    clock = Clock()  # never advances: the mirror stays down once marked
+    data = os.urandom(3 * MiB)
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    home.put("k", data)
+    mirror.put("k", os.urandom(len(data)), with_md5=False)
+    mirror.etags["k"] = home.etags["k"]
+    for origin in (mirror, home):
+        origin.accepts_ranges = True
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+    )
+    store = Store(tmp_path / "c", 16 * MiB)
+    policy = RetryPolicy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
+    cache = ShardCache(store, {"o": failover}, policy, NullObserver())
+    try:
+        lease = await cache.open("o", "k")
+        failed = lease.fill
+        assert failed is not None and failed.task is not None
+        with pytest.raises(IntegrityError):  # its reader had the mirror's bytes: it fails
+            await read_all(lease)
+        await failed.task
+        assert failed.blamed == ("mirror mirror",)
+        health = dict((h.upstream, h) for _, h in failover.health())
+        assert health["mirror"].state is BreakerState.OPEN
+        assert health["mirror"].integrity_failures_total == 1  # once per fill, not per GET
+        assert "did not verify" in (health["mirror"].last_error or "")
+        assert health["home"].failures_total == 0
+        mirror_opens = len(mirror.opens)
+        assert home.ranges and home.ranges[0][1] == 0  # fetched again from byte 0
+
+        # The second fetch was started as the first failed: the next read joins or hits it.
+        again = cache.flights.get(home.url_for("k"))
+        if again is not None:
+            assert again.is_second_fetch
+            assert await again.wait_finished() is FillState.COMMITTED
+        hit = await cache.open("o", "k")
+        assert hit.result is Result.HIT
+        assert await read_all(hit) == data
+        assert len(mirror.opens) == mirror_opens  # nothing more asked of the liar
+        assert store.check() == []
+    finally:
+        await cache.aclose()
+
+
+async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_path: Path) -> None:
+    clock = Clock()
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    keys = ["a", "b", "c"]
+    for key in keys:
+        home.put(key, os.urandom(MiB))
+        mirror.put(key, os.urandom(MiB), with_md5=False)
+        mirror.etags[key] = home.etags[key]
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+    )
+    policy = RetryPolicy(retries=2, base_s=0.001, connections=1)
+    cache = ShardCache(Store(tmp_path / "c", 16 * MiB), {"o": failover}, policy, NullObserver())
+
+    def mirror_health() -> Health:
+        return dict((h.upstream, h) for _, h in failover.health())["mirror"]
+
+    try:
+        lease = await cache.open("o", "a")
+        failed = lease.fill
+        assert failed is not None and failed.task is not None
+        with pytest.raises(IntegrityError):
+            await read_all(lease)
+        await failed.task
+        again = cache.flights.get(home.url_for("a"))
+        assert again is not None and again.is_second_fetch  # from the home, while it is down
+        assert await again.wait_finished() is FillState.COMMITTED
+        assert mirror_health().retry_in_s == 1.0
+        clock.now += 1.5  # its back-off ended: probing
+        assert (await failover.head("b")).size_bytes == MiB  # a HEAD answers…
+        assert mirror_health().state is BreakerState.HALF_OPEN  # …and closes nothing
+        opens = len(mirror.opens)
+        with pytest.raises(IntegrityError):  # the next GET is the probe; its bytes lie again
+            await read_all(await cache.open("o", "b"))
+        assert len(mirror.opens) == opens + 1
+        health = mirror_health()
+        assert health.state is BreakerState.OPEN and health.retry_in_s == 2.0  # doubled
+        assert health.integrity_failures_total == 2
+        assert await read_all(await cache.open("o", "c")) == home.objects["c"]  # skipped
+        assert len(mirror.opens) == opens + 1
+    finally:
+        await cache.aclose()
