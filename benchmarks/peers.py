@@ -24,19 +24,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
+def wait_http(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    """Return once `url` answers at all; a try refused, reset or timed out (TimeoutError is an
+    OSError) is retried until `timeout_s`, generous for a loaded machine."""
     deadline = time.monotonic() + timeout_s
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"{process.args} exited {process.returncode}")
         try:
-            urllib.request.urlopen(url, timeout=1).close()
+            urllib.request.urlopen(url, timeout=5).close()
             return
         except urllib.error.HTTPError:
             return  # it answers
-        except OSError:
+        except OSError as exc:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{url} did not answer") from None
+                raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s: {exc}") from None
             time.sleep(0.05)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from tests.ports import free_port
+from tests.readiness import START_TIMEOUT_S
 
 
 class AppThread:
@@ -37,7 +38,10 @@ class AppThread:
         return f"{scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
+        """Serve on a free port; return once it listens. Raises AssertionError with the
+        thread's error when it fails to start, or when START_TIMEOUT_S passes first."""
         ready = threading.Event()
+        failed: list[BaseException] = []
         self.port = free_port()
 
         def run() -> None:
@@ -45,9 +49,16 @@ class AppThread:
             # A test's leftover handlers (a stalled body, a held response) are cancelled at
             # once when it ends: waiting for them to finish only slows the suite.
             runner = web.AppRunner(self._make_app(), access_log=None, shutdown_timeout=0.25)
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl_context)
-            loop.run_until_complete(site.start())
+            try:
+                loop.run_until_complete(runner.setup())
+                site = web.TCPSite(runner, "127.0.0.1", self.port, ssl_context=self._ssl_context)
+                loop.run_until_complete(site.start())
+            except BaseException as exc:  # handed to start(), which raises it
+                failed.append(exc)
+                ready.set()
+                loop.run_until_complete(runner.cleanup())
+                loop.close()
+                return
             ready.set()
             loop.run_forever()
             loop.run_until_complete(runner.cleanup())
@@ -55,7 +66,11 @@ class AppThread:
 
         self._thread = threading.Thread(target=run, daemon=True, name=self._name)
         self._thread.start()
-        assert ready.wait(10), f"{self._name} did not start"
+        if not ready.wait(START_TIMEOUT_S):
+            raise AssertionError(f"{self._name} did not listen within {START_TIMEOUT_S:.0f} s")
+        if failed:
+            self.loop = None
+            raise AssertionError(f"{self._name} did not start on {self.url}") from failed[0]
 
     def call_soon(self, callback: Callable[[], object]) -> None:
         """Run `callback` on the app's loop (thread-safe)."""

@@ -25,6 +25,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.readiness import wait_until_ready
+
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
     "--headless",
@@ -70,12 +72,16 @@ class Chromium:
             stderr=subprocess.STDOUT,
         )
         port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text().strip():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"chromium did not start:\n{self.log_path.read_text()}")
-            time.sleep(0.05)
+        try:
+            wait_until_ready(
+                "chromium (its DevToolsActivePort)",
+                lambda: bool(port_file.exists() and port_file.read_text().strip()),
+                process=self.process,
+                log=self.log_path,
+            )
+        except AssertionError:
+            self.stop()
+            raise
         self.port = int(port_file.read_text().split()[0])
 
     def stop(self) -> None:

@@ -4,6 +4,7 @@ users start it."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,8 +33,12 @@ def moto_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A SeaweedFS process (`weed server -s3`) for the session, started on first use."""
-    with seaweedfs_server(tmp_path_factory.mktemp("seaweedfs")) as url:
+    directory = tmp_path_factory.mktemp("seaweedfs")
+    with seaweedfs_server(directory) as url:
         yield url
+    # The store's volumes hold every S3 test's uploads: not kept after a failed run either
+    # (the failing test's own tmp_path is).
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(params=STORES)

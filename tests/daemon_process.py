@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.ports import free_port
+from tests.readiness import START_TIMEOUT_S, answers_200, wait_until_ready
 
 
 class Daemon:
@@ -75,23 +76,21 @@ class Daemon:
         host = "127.0.0.1" if self.listen_host in ("0.0.0.0", "::") else self.listen_host
         return f"http://{host}:{self.port}"
 
-    def _wait_ready(self, timeout_s: float = 20) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"daemon exited {self.process.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.05)
-        raise AssertionError(f"daemon not ready in {timeout_s}s:\n{self.log()}")
+    def _wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Return once /readyz answers 200; any failed try (refused, timed out, 503) is retried
+        until `timeout_s`, then this fails with the last error and the log's tail."""
+        wait_until_ready(
+            f"daemon on {self.url}",
+            answers_200(self.url + "/readyz"),
+            process=self.process,
+            log=self.log_path,
+            timeout_s=timeout_s,
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_for_log(self, text: str, timeout_s: float = 10) -> str:
+    def wait_for_log(self, text: str, timeout_s: float = 30) -> str:
         """Return the log once it contains ``text``. The access line of a request is written
         after its response has gone out, so a client can see the answer before the line."""
         deadline = time.monotonic() + timeout_s

@@ -11,17 +11,14 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.ports import free_port
+from tests.readiness import answers_200, wait_until_ready
 
 STORES = ("moto", "seaweedfs")
-START_TIMEOUT_S = 30
 # `weed server` roles, each with an HTTP and a gRPC port; all chosen here, so parallel runs
 # (and a developer's own SeaweedFS on the defaults 8333, 9333, 8080, 8888) cannot collide.
 _WEED_ROLES = ("s3", "master", "volume", "filer")
@@ -59,22 +56,13 @@ def client_for(endpoint: str, **config: object):  # type: ignore[no-untyped-def]
 
 
 def _wait_ready(process: subprocess.Popen[bytes], url: str, what: str, log: Path | None) -> None:
-    """Return once GET `url` answers 200; raise with the log's tail if `process` exits or
-    START_TIMEOUT_S passes first."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            state = f"exited {process.returncode}" if process.poll() is not None else "not ready"
-            _stop(process, grace_s=1)
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log else ""
-            raise AssertionError(f"{what} {state} after {START_TIMEOUT_S} s at {url}:\n{tail}")
-        time.sleep(0.1)
+    """Return once GET `url` answers 200; stop `process` and raise with the log's tail if it
+    exits or START_TIMEOUT_S passes first."""
+    try:
+        wait_until_ready(f"{what} at {url}", answers_200(url), process=process, log=log)
+    except AssertionError:
+        _stop(process, grace_s=1)
+        raise
 
 
 def _stop(process: subprocess.Popen[bytes], grace_s: float = 10) -> None:

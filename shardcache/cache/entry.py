@@ -54,10 +54,15 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class StoreUsage:
+    """`size_bytes` is what counts against `capacity_bytes`: the entries' bytes
+    (`entry_bytes`) plus the index database and per-entry allowances, which an empty cache
+    has too; people are shown `entry_bytes`, with the rest as the index's."""
+
     size_bytes: int
     entries: int
     reserved_bytes: int
     capacity_bytes: int
+    entry_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

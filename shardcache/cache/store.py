@@ -202,7 +202,11 @@ class Store:
         try:
             with map_store_errors("cannot read the index size"):
                 usage = StoreUsage(
-                    self._used_bytes(), len(self._index), self._reserved_bytes, self.capacity_bytes
+                    self._used_bytes(),
+                    len(self._index),
+                    self._reserved_bytes,
+                    self.capacity_bytes,
+                    self._index.entry_bytes(),
                 )
         except CacheError as exc:
             log.debug("usage: %s", exc)

@@ -83,20 +83,21 @@ def run_ls(args: argparse.Namespace, daemon: str) -> int:
 
 def _ls(args: argparse.Namespace, daemon: str) -> int:
     origins = [args.origin_name] if args.origin_name else sorted(client.origins(daemon))
-    shown, total, now = 0, 0, time.time()
+    shown, total = 0, 0
+    table = _Table(time.time(), as_json=args.json)
     for origin in origins:
         for entry in _entries(origin, args.pattern, daemon):
-            if shown == 0 and not args.json:  # after the first answer: an error comes alone
-                print(_HEADER)
             if args.limit and shown == args.limit:
+                table.flush()
                 print(
                     f"shardcache: showed the first {shown} entries (--limit); more are cached: "
                     "--limit 0 shows all",
                     file=sys.stderr,
                 )
                 return 0
-            _show(origin, entry, args.json, now)
+            table.add(origin, entry)
             shown, total = shown + 1, total + int(entry["size_bytes"])
+    table.flush()
     print(f"{shown} entries, {format_size(total)}", file=sys.stderr)
     return 0
 
@@ -109,12 +110,12 @@ def run_purge(args: argparse.Namespace, daemon: str) -> int:
 def _purge(args: argparse.Namespace, daemon: str) -> int:
     origin, pattern = args.origin_name, args.pattern
     if args.dry_run:
-        count, total, now = 0, 0, time.time()
+        count, total = 0, 0
+        table = _Table(time.time(), as_json=False)
         for entry in _entries(origin, pattern, daemon):
-            if count == 0:
-                print(_HEADER)
-            _show(origin, entry, False, now)
+            table.add(origin, entry)
             count, total = count + 1, total + int(entry["size_bytes"])
+        table.flush()
         print(
             f"would purge {_entries_count(count)} ({format_size(total)}) of origin {origin} "
             f"matching {pattern!r}; nothing purged (--dry-run)",
@@ -156,20 +157,74 @@ def _advanced(cursor: object, after: str, daemon: str) -> str:
     return cursor
 
 
-_HEADER = f"{'SIZE':>10}  {'AGE':>6}  {'READ':>8}  {'VERIFIED AGAINST':<28}  {'PINNED':<15}  KEY"
+# The text columns grow from their least width to the widest value of the first page shown,
+# up to their most; a wider value (a later page's, or past the most) ends in "…" (`--json`
+# has every value whole).
+VERIFIED_MIN_CHARS, VERIFIED_MAX_CHARS = 28, 64
+PINNED_MIN_CHARS, PINNED_MAX_CHARS = 15, 32
 
 
-def _show(origin: str, entry: dict[str, Any], as_json: bool, now: float) -> None:
-    if as_json:
-        print(json.dumps({"origin": origin, **entry}))
-        return
-    verified = printable(", ".join(entry["verified_by"]) or "-")
-    pinned = printable(", ".join(entry["pinned_by"]) or "-")
-    print(
-        f"{format_size(entry['size_bytes']):>10}  {_ago(entry['age_s']):>6}  "
-        f"{_ago(now - entry['read_at']) + ' ago':>8}  {verified:<28}  {pinned:<15}  "
-        f"{printable(origin)}/{printable(entry['key'])}"
+class _Table:
+    """`ls` rows with their columns in line: the first page of entries is held until its
+    widest "verified against" and "pinned" values are known, then the header and the rows
+    print, and later rows keep those widths. With `as_json`, one JSON object per entry."""
+
+    def __init__(self, now: float, as_json: bool) -> None:
+        self._now = now
+        self._as_json = as_json
+        self._held: list[tuple[str, dict[str, Any]]] = []
+        self._widths: tuple[int, int] | None = None
+
+    def add(self, origin: str, entry: dict[str, Any]) -> None:
+        if self._as_json:
+            print(json.dumps({"origin": origin, **entry}))
+        elif self._widths is not None:
+            self._print(origin, entry)
+        else:
+            self._held.append((origin, entry))
+            if len(self._held) >= PAGE:
+                self.flush()
+
+    def flush(self) -> None:
+        """Print what is held (the header first, once there is an entry to show)."""
+        if self._as_json or not self._held:
+            return
+        if self._widths is None:
+            texts = [_texts(entry) for _, entry in self._held]
+            verified = max([VERIFIED_MIN_CHARS, *(len(v) for v, _ in texts)])
+            pinned = max([PINNED_MIN_CHARS, *(len(p) for _, p in texts)])
+            self._widths = (min(verified, VERIFIED_MAX_CHARS), min(pinned, PINNED_MAX_CHARS))
+            print(
+                f"{'SIZE':>10}  {'AGE':>6}  {'READ':>8}  {'VERIFIED AGAINST':<{self._widths[0]}}"
+                f"  {'PINNED':<{self._widths[1]}}  KEY"
+            )
+        for origin, entry in self._held:
+            self._print(origin, entry)
+        self._held = []
+
+    def _print(self, origin: str, entry: dict[str, Any]) -> None:
+        assert self._widths is not None
+        verified_width, pinned_width = self._widths
+        verified, pinned = _texts(entry)
+        print(
+            f"{format_size(entry['size_bytes']):>10}  {_ago(entry['age_s']):>6}  "
+            f"{_ago(self._now - entry['read_at']) + ' ago':>8}  "
+            f"{_fit(verified, verified_width):<{verified_width}}  "
+            f"{_fit(pinned, pinned_width):<{pinned_width}}  "
+            f"{printable(origin)}/{printable(entry['key'])}"
+        )
+
+
+def _texts(entry: dict[str, Any]) -> tuple[str, str]:
+    """An entry's "verified against" and "pinned" columns, printable."""
+    return (
+        printable(", ".join(entry["verified_by"]) or "-"),
+        printable(", ".join(entry["pinned_by"]) or "-"),
     )
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _ago(seconds: float) -> str:

@@ -58,9 +58,10 @@ def format_status(document: dict[str, Any]) -> str:
         f"hit ratio      {percent(ratio['requests'])} of requests, "
         f"{percent(ratio['bytes'])} of bytes",
         _origin_read_line(document),
-        f"cache          {format_size(cache['size_bytes'])} of "
-        f"{format_size(cache['capacity_bytes'])} ({percent(cache['use_ratio'])}), "
-        f"{cache['entries']} entries, {cache['evictions']} evictions",
+        f"cache          {format_size(cache.get('entry_bytes', cache['size_bytes']))} in "
+        f"{cache['entries']} entries of {format_size(cache['capacity_bytes'])} "
+        f"(+{format_size(cache['size_bytes'] - cache.get('entry_bytes', 0))} index: "
+        f"{percent(cache['use_ratio'])} used), {cache['evictions']} evictions",
         _eviction_line(cache.get("eviction")),
         f"loader stalled {document.get('loader_stall_s', 0):.2f} s waiting for bytes not on disk "
         f"({document['client_wait_s']:.2f} s added up over every stream)",

@@ -157,15 +157,16 @@ class Daemon:
         self._store_watch = asyncio.create_task(self._watch_store(store), name="store watch")
         usage = store.usage()
         log.info(
-            "shardcache %s serving on http://%s (%s); cache %s: %s of %s used, %d entries, "
-            "--eviction %s; origins: %s",
+            "shardcache %s serving on http://%s (%s); cache %s: %s in %d entries of %s "
+            "(index %s), --eviction %s; origins: %s",
             __version__,
             settings.listen,
             _access_summary(settings),
             settings.cache_dir,
-            format_size(usage.size_bytes),
-            format_size(usage.capacity_bytes),
+            format_size(usage.entry_bytes),
             usage.entries,
+            format_size(usage.capacity_bytes),
+            format_size(usage.size_bytes - usage.entry_bytes),
             settings.eviction,
             ", ".join(f"{n}={u}" for n, u in self.origins.shown_urls().items()) or "none",
         )

@@ -60,6 +60,7 @@ class Readouts:
             cache={
                 "dir": self.cache_dir,
                 "size_bytes": usage.size_bytes,
+                "entry_bytes": usage.entry_bytes,
                 "capacity_bytes": usage.capacity_bytes,
                 "entries": usage.entries,
                 "reserved_bytes": usage.reserved_bytes,

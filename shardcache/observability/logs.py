@@ -148,6 +148,9 @@ def _text_of(exc: BaseException) -> str:
 ROUTINE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/_/status"})
 CLIENT_GONE = "shardcache.client_gone"  # request key: the client left before the response ended
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", what log readers know
+# Request key: the body bytes an object response sent (sendfile's included). aiohttp's
+# `body_length` counts the status line and headers too, so a 1,177,600-byte shard read 1,177,952.
+BODY_BYTES = "shardcache.body_bytes"
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -162,7 +165,7 @@ class AccessLogger(AbstractAccessLogger):
             "path": escape_controls(request.path),
             "status": CLIENT_CLOSED_STATUS if is_gone else response.status,
             "result": response.headers.get("X-Shardcache", "-"),
-            "bytes": response.body_length,
+            "bytes": _body_bytes(request, response),
             "duration_s": round(time_s, 6),
             "remote": request.remote,
         }
@@ -178,6 +181,19 @@ class AccessLogger(AbstractAccessLogger):
             time_s * 1000,
             extra={"fields": fields},
         )
+
+
+def _body_bytes(request: BaseRequest, response: StreamResponse) -> int:
+    """The response's body bytes, without the status line and headers aiohttp counts."""
+    sent = request.get(BODY_BYTES)
+    if sent is not None:  # an object's body, counted as it was sent
+        return int(sent)
+    if request.method == "HEAD":
+        return 0
+    body = getattr(response, "body", None)  # a whole-body Response (JSON, metrics, a page)
+    if isinstance(body, bytes | bytearray):
+        return len(body)
+    return response.body_length  # another stream: its headers counted too
 
 
 FAILURE_LOG_INTERVAL_S = 60.0

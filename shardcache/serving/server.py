@@ -42,7 +42,7 @@ from shardcache.errors import (
     TierLoop,
 )
 from shardcache.keys import ERROR_KIND_HEADER, TIER_REQUEST_HEADER
-from shardcache.observability.logs import CLIENT_GONE, FailureLog
+from shardcache.observability.logs import BODY_BYTES, CLIENT_GONE, FailureLog
 from shardcache.observability.metrics import CONTENT_TYPE, Metrics
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
@@ -323,7 +323,8 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             sender.close()
             source = "cache" if lease.result is Result.HIT else "origin"
             metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
-            writer.output_size += sender.take_bypassed_bytes()  # for the access log
+            writer.output_size += sender.take_bypassed_bytes()
+            request[BODY_BYTES] = sender.sent_bytes  # for the access log: the body alone
         metrics.duration.labels(lease.result.value).observe(loop.time() - began)
         return response
     finally:

@@ -6,16 +6,23 @@ Content-Security-Policy that lets only its own script and style run (by hash), f
 this daemon and be framed by no one; its script inserts every string of the document as text,
 never as HTML (origin names, keys and error messages come from clients and origins). Access is
 the other `/_/` routes' (`access`, `middleware.admit_request`): with an admin token the browser
-asks for it as a Basic password.
+asks for it as a Basic password. The page arrives with the status document's first figures
+already in it (rendered here, escaped), so a browser without scripts, or a screenshot taken
+before the first poll, shows data; the script then redraws it from its polls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import html
+import re
+from typing import Any
 
 from aiohttp import web
 
+from shardcache.serving.middleware import FAILURES_KEY, STATE_KEY, redacted
 from shardcache.serving.status_page_html import page
 
 
@@ -53,5 +60,105 @@ HEADERS = {
 
 
 async def status_page(request: web.Request) -> web.Response:
-    """The page (the same bytes every time: its data comes from its polls)."""
-    return web.Response(body=BODY, headers=HEADERS)
+    """The page, with the figures of `/_/status` now in it (its polls redraw them)."""
+    state = request.app[STATE_KEY]
+    document = await asyncio.to_thread(state.status)
+    document["recent_failures"] = request.app[FAILURES_KEY].recent()
+    return web.Response(
+        body=with_figures(BODY.decode(), redacted(document)).encode(), headers=HEADERS
+    )
+
+
+def with_figures(page_html: str, document: dict[str, Any]) -> str:
+    """`page_html` with the status `document`'s figures in its elements, as the script would
+    put them (the same texts, and the raw number as `data-value`); every string escaped."""
+    for element_id, (shown, value) in _figures(document).items():
+        value_attribute = "" if value is None else f' data-value="{html.escape(_js(value))}"'
+        found = re.search(rf'id="{re.escape(element_id)}"([^>]*)>[^<]*<', page_html)
+        assert found, element_id  # the template and this table name the same ids
+        replacement = f'id="{element_id}"{found[1]}{value_attribute}>{html.escape(shown)}<'
+        page_html = page_html[: found.start()] + replacement + page_html[found.end() :]
+    rows = "".join(_origin_row(name, origin) for name, origin in document["origins"].items())
+    return page_html.replace('<tbody id="origins"></tbody>', f'<tbody id="origins">{rows}</tbody>')
+
+
+def _figures(doc: dict[str, Any]) -> dict[str, tuple[str, float | None]]:
+    """Element id -> (text, raw value) for the header and the tiles (the script's `render`)."""
+    requests = sum(doc["requests"].values())
+    served = doc["bytes"]["cache"] + doc["bytes"]["origin"]
+    cache = doc["cache"]
+    entry_bytes = cache.get("entry_bytes", cache["size_bytes"])
+    return {
+        "version": ("v" + str(doc["version"]), None),
+        "listen": (str(doc["listen"]), None),
+        "uptime": (_secs(doc["uptime_s"]), None),
+        "updated": ("as of the page's load", None),
+        "hit-ratio-requests": (_pct(doc["hit_ratio"]["requests"]), doc["hit_ratio"]["requests"]),
+        "requests-total": (f"{doc['requests']['hit']} hits of {requests} requests", requests),
+        "hit-ratio-bytes": (_pct(doc["hit_ratio"]["bytes"]), doc["hit_ratio"]["bytes"]),
+        "bytes-served": (_bytes(served), served),
+        "bytes-split": (
+            f"{_bytes(doc['bytes']['cache'])} from cache, "
+            f"{_bytes(doc['bytes']['origin'])} streamed from origins",
+            None,
+        ),
+        "origin-bytes": (_bytes(doc.get("origin_bytes") or 0), doc.get("origin_bytes") or 0),
+        "loader-stall": (_secs(doc["loader_stall_s"]), doc["loader_stall_s"]),
+        "client-wait": (f"clients waited {_secs(doc['client_wait_s'])} in all", None),
+        "cache-fill": (_pct(cache["use_ratio"]), cache["use_ratio"]),
+        "cache-size": (
+            f"{_bytes(entry_bytes)} in {cache['entries']} entries of "
+            f"{_bytes(cache['capacity_bytes'])} (+{_bytes(cache['size_bytes'] - entry_bytes)} "
+            "index)",
+            None,
+        ),
+    }
+
+
+def _origin_row(name: str, origin: dict[str, Any]) -> str:
+    """One row of the origins table, as the script's `renderOrigins` draws it (no upstreams)."""
+    q = origin["requests"]
+    count = q["hit"] + q["miss"] + q["coalesced"] + q["error"]
+    errors = ", ".join(f"{k} {v}" for k, v in origin["origin_errors"].items()) or "none"
+    throttled = str(origin.get("throttled") or 0)
+    if origin.get("request_limit"):
+        throttled += f", limit {origin['request_limit']}"
+    cells = [
+        (f"{q['hit']} / {q['miss']} / {q['coalesced']} / {q['error']}", "num"),
+        (_pct(q["hit"] / count) if count else "–", "num"),
+        (_bytes(origin["bytes"]["cache"] + origin["bytes"]["origin"]), "num"),
+        (_bytes(origin.get("origin_bytes") or 0), "num"),
+        (_secs(origin["loader_stall_s"]), "num"),
+        (errors, ""),
+        (str(origin["origin_retries"]), "num"),
+        (throttled, "num"),
+    ]
+    e = html.escape
+    first = f'<td class="name">{e(name)}<div class="muted">{e(str(origin["url"]))}</div></td>'
+    rest = "".join(f'<td class="{k}">{e(v)}</td>' if k else f"<td>{e(v)}</td>" for v, k in cells)
+    return f'<tr data-origin="{e(name)}">{first}{rest}</tr>'
+
+
+def _js(value: float) -> str:
+    """A number as JavaScript's String() writes it (what the script puts in data-value)."""
+    return str(int(value)) if float(value).is_integer() else repr(value)
+
+
+def _pct(ratio: float | None) -> str:
+    return "–" if ratio is None else f"{100 * ratio:.1f} %"
+
+
+def _bytes(n: float) -> str:
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    i = 0
+    while abs(n) >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return (f"{n:.{2 if n < 10 else 1}f}" if i else str(round(n))) + " " + units[i]
+
+
+def _secs(s: float) -> str:
+    if s < 120:
+        return f"{s:.{2 if s < 10 else 1}f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

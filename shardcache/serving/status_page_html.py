@@ -222,8 +222,9 @@ SCRIPT = r"""
     const c = doc.cache;
     show("cache-fill", pct(c.use_ratio), c.use_ratio);
     $("cache-bar").style.width = Math.min(100, 100 * (c.use_ratio || 0)) + "%";
-    show("cache-size", bytes(c.size_bytes) + " of " + bytes(c.capacity_bytes) + ", " +
-      c.entries + " entries");
+    const entryBytes = c.entry_bytes === undefined ? c.size_bytes : c.entry_bytes;
+    show("cache-size", bytes(entryBytes) + " in " + c.entries + " entries of " +
+      bytes(c.capacity_bytes) + " (+" + bytes(c.size_bytes - entryBytes) + " index)");
     const e = c.eviction || {};
     pairs("eviction", [["policy", e.policy + (e.setting !== e.policy ? " (" + e.setting + ")"
       : "")], ["evictions", c.evictions], ["reserved for fills", bytes(c.reserved_bytes)],
@@ -407,6 +408,8 @@ HTML = """<!doctype html>
 </section>
 <p class="muted">Polls /_/status every <span id="every"></span> s and keeps the last 180 polls
 in this page; the totals count from the daemon's start.</p>
+<noscript><p class="muted">Scripts are off: these are the figures at the page's load; reload
+for new ones.</p></noscript>
 <script>{script}</script>
 </body>
 </html>

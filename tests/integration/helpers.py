@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.readiness import RETRIED
+
 
 @dataclass
 class CurlResult:
@@ -80,9 +82,19 @@ def run_cli(
     )
 
 
-def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 15) -> None:
-    """Poll `condition` (a state only the daemon's own timing decides) until it holds."""
+def wait_for(what: str, condition: Callable[[], object], timeout_s: float = 30) -> None:
+    """Poll `condition` (a state only the daemon's own timing decides) until it holds.
+
+    A try that raises what a slow or busy daemon's answer raises (refused, reset, timed out:
+    OSError, HTTPException) is retried like a False; the failure after `timeout_s` names the
+    last such error."""
+    last_error = ""
     deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+    while True:
+        try:
+            if condition():
+                return
+        except RETRIED as exc:
+            last_error = f" (last try: {type(exc).__name__}: {exc})"
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s{last_error}"
         time.sleep(0.05)

@@ -16,8 +16,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from tests.container_image import (
 )
 from tests.integration.helpers import curl, sha256
 from tests.ports import free_port
+from tests.readiness import answers_200, wait_until_ready
 
 pytestmark = pytest.mark.timeout(900)  # a cold first run makes the base image: minutes
 
@@ -165,16 +164,13 @@ def _container_command_pid(runner: subprocess.Popen[bytes]) -> int:
 
 
 def _wait_ready(url: str, runner: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert runner.poll() is None, f"daemon exited {runner.returncode}:\n{log.read_text()}"
-        try:
-            with urllib.request.urlopen(url + "/readyz", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            time.sleep(0.1)
-    raise AssertionError(f"daemon not ready in {timeout_s} s:\n{log.read_text()}")
+    wait_until_ready(
+        f"the container's daemon on {url}",
+        answers_200(url + "/readyz"),
+        process=runner,
+        log=log,
+        timeout_s=timeout_s,
+    )
 
 
 def _status(proc: int) -> dict[str, str]:

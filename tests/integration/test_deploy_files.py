@@ -163,6 +163,54 @@ def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
     assert not settings.is_loopback and settings.admin_token is not None
 
 
+def test_the_sidecar_example_is_a_job_that_completes_with_a_native_sidecar() -> None:
+    """A bare Pod (restartPolicy Always by default) reran its trainer for ever. The example is
+    a Job whose trainer runs once and whose shardcache is a native sidecar (an init container
+    with restartPolicy Always, Kubernetes >= 1.29): stopped by the kubelet when the trainer
+    exits, so the pod completes."""
+    job = yaml.safe_load((DEPLOY / "kubernetes" / "sidecar-example.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("batch/v1", "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] in ("Never", "OnFailure")
+    assert job["spec"]["backoffLimit"] <= 6  # retried a few times, not for ever
+    (trainer,) = pod["containers"]  # the one container whose exit ends the pod
+    assert trainer["name"] == "trainer" and "restartPolicy" not in trainer
+    # Its command is a run that ends: no loop, no sleep, no server of its own.
+    command = " ".join([*trainer.get("command", []), *trainer.get("args", [])])
+    assert not re.search(r"\bwhile\b|\bsleep\b|tail -f|serve\b", command), command
+    loader, sidecar = pod["initContainers"]
+    assert "restartPolicy" not in loader  # the copy runs once, before the sidecar starts
+    assert sidecar["name"] == "shardcache" and sidecar["restartPolicy"] == "Always"
+    # The trainer starts once the sidecar serves: the kubelet waits for its startupProbe.
+    probe = " ".join(sidecar["startupProbe"]["exec"]["command"])
+    assert "127.0.0.1:8470/readyz" in probe and "--listen" in sidecar["args"]
+    assert (
+        sidecar["startupProbe"]["periodSeconds"] * sidecar["startupProbe"]["failureThreshold"] >= 60
+    )
+    # Both read the same port; the loader copy reaches the trainer's path.
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert env["SHARDCACHE_URL"] == "http://127.0.0.1:8470"
+    assert sidecar["args"][sidecar["args"].index("--listen") + 1] == "127.0.0.1:8470"
+    assert env["PYTHONPATH"] in {m["mountPath"] for m in trainer["volumeMounts"]}
+    deploying = DOCS_DEPLOYING.read_text()
+    assert "restartPolicy: Always" in deploying and "1.29" in deploying
+
+
+def test_the_daemonset_selects_nodes_every_cluster_has() -> None:
+    """Its nodeSelector was `node-role.example.com/training: "true"`, a label no node has and
+    no page mentioned: as shipped it scheduled nowhere. It may select only labels the kubelet
+    sets on every node; narrowing it is a documented choice."""
+    daemonset = yaml.safe_load((DEPLOY / "kubernetes" / "daemonset.yaml").read_text())
+    pod = daemonset["spec"]["template"]["spec"]
+    well_known = {"kubernetes.io/os": {"linux"}, "kubernetes.io/arch": {"amd64", "arm64"}}
+    for label, value in (pod.get("nodeSelector") or {}).items():
+        assert value in well_known.get(label, set()), f"nodeSelector {label}: {value}"
+    assert "affinity" not in pod
+    text = (DEPLOY / "kubernetes" / "daemonset.yaml").read_text()
+    assert "example.com" not in text.replace("prometheus.io", "")
+    assert "nodeSelector" in _section(DOCS_DEPLOYING, "Kubernetes")
+
+
 def _settings_from(text: str, tmp_path: Path) -> Settings:
     config_file, token_file = tmp_path / "c.toml", tmp_path / "token"
     config_file.write_text(text)
@@ -338,7 +386,8 @@ def _shardcache_containers(documents: list[dict]) -> list[dict]:  # type: ignore
     for document in documents:
         spec = document.get("spec", {})
         pod = spec.get("template", {}).get("spec", spec)
-        found += [c for c in pod.get("containers", []) if c["name"] == "shardcache"]
+        containers = [*pod.get("initContainers", []), *pod.get("containers", [])]
+        found += [c for c in containers if c["name"] == "shardcache"]
     return found
 
 

@@ -28,6 +28,7 @@ import yaml
 from tests.integration.helpers import curl
 from tests.origin_server import OriginServer
 from tests.ports import free_port
+from tests.readiness import answers_200, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "shardcache.json"
@@ -65,15 +66,16 @@ class Prometheus:
             stdout=subprocess.DEVNULL,
             stderr=self._log,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=1).close()
-                return
-            except OSError:
-                assert self.process.poll() is None, (workdir / "prometheus.log").read_text()
-                assert time.monotonic() < deadline, "prometheus did not become ready"
-                time.sleep(0.2)
+        try:
+            wait_until_ready(
+                "prometheus",
+                answers_200(f"http://127.0.0.1:{self.port}/-/ready"),
+                process=self.process,
+                log=workdir / "prometheus.log",
+            )
+        except AssertionError:
+            self.stop()
+            raise
 
     def api(self, path: str, **params: str) -> dict[str, object]:
         query = urllib.parse.urlencode(params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,6 +20,7 @@ import pytest
 
 from tests.chromium import Chromium, Tab, png_size_and_colours
 from tests.daemon_process import Daemon
+from tests.integration.helpers import wait_for
 from tests.origin_server import OriginServer
 
 SHARD_BYTES = 200 * 1024
@@ -250,3 +252,27 @@ async def test_with_an_admin_token_the_browser_presents_it_as_a_basic_password(
         figures = await tab.evaluate(FIGURES_JS)
         assert figures["problem"] is None and figures["requests"] == "1", figures
         assert tab.problems() == []
+
+
+def test_the_page_arrives_with_figures_for_a_reader_without_scripts(files_daemon: Daemon) -> None:
+    """A plain GET (no script runs): the tiles and the origins table already hold the daemon's
+    figures, not dashes; the script's polls redraw them after."""
+    daemon = files_daemon
+    for n in (0, 0, 1, 1, 2):  # three misses, two hits
+        _get(daemon, f"/files/shard-{n:03d}.tar")
+    # A fill commits after its body went out: the page is asked once all three have.
+    wait_for("3 entries", lambda: daemon.get_json("/_/status")[1]["cache"]["entries"] == 3)
+    page = _get(daemon, "/_/").decode()
+    status = daemon.get_json("/_/status")[1]
+    element = r'id="([a-z-]+)"(?: class="[^"]*")?(?: data-value="([^"]*)")?>([^<]*)<'
+    figure = {m[1]: (m[2], m[3]) for m in re.finditer(element, page)}
+    assert figure["requests-total"] == ("5", "2 hits of 5 requests")
+    assert figure["hit-ratio-requests"] == ("0.4", "40.0 %")
+    assert figure["bytes-served"] == (str(5 * SHARD_BYTES), "1000.0 KiB")
+    assert figure["origin-bytes"][0] == str(3 * SHARD_BYTES)
+    assert figure["version"][1] == "v" + str(status["version"])
+    assert figure["cache-size"][1].startswith("600.0 KiB in 3 entries of 1.00 GiB (+")
+    assert figure["cache-fill"][0] == str(status["cache"]["use_ratio"])
+    row = re.search(r'<tr data-origin="files">(.*?)</tr>', page)
+    assert row and "2 / 3 / 0 / 0" in row[1] and "40.0 %" in row[1], page
+    assert not [k for k, (_, shown) in figure.items() if shown == "–" and k != "hit-ratio-bytes"]

@@ -52,8 +52,8 @@ ORDER: dict[str, list[str]] = {
     "serving": [
         "serving.server",
         "serving.admin",
-        "serving.middleware",
         "serving.status_page",
+        "serving.middleware",
         "serving.status_page_html",
         "serving.server_state",
         "serving.body",
