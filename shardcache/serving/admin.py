@@ -24,7 +24,15 @@ from aiohttp import web
 from shardcache.cache.catalog import MAX_PAGE_ENTRIES, Page, list_page, matching_keys
 from shardcache.cache.plans import Plan, PlanBook, PlanRefused
 from shardcache.cache.scrub import Scrubber
-from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
+from shardcache.errors import (
+    BadRequest,
+    CacheError,
+    InvalidKey,
+    PlansOff,
+    QueueFull,
+    RequestTimeout,
+)
+from shardcache.patterns import MAX_EXPANSION, count, literal_chars
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.serving.targets import parse_targets
@@ -294,8 +302,29 @@ def _parse_plan_body(
         raise BadRequest("unknown field(s): warm")
     if body.get("urls") == [] and "keys" not in body:
         return job, epoch, []  # nothing more to read: the job's plan ends
-    plans.check_room(job, _listed(body))
+    plans.check_room(job, *_planned_size(body))
     return job, epoch, parse_targets(body, origins)
+
+
+def _planned_size(body: dict[str, Any]) -> tuple[int, int]:
+    """How many keys a plan body's names expand to, and at least how many characters they
+    add up to, counted without expanding them (`patterns.count`): one brace pattern may stand
+    for 100,000 keys. A name `parse_targets` will refuse counts as one key."""
+    keys = chars = 0
+    for field, names in (("urls", body.get("urls")), ("keys", body.get("keys"))):
+        if not isinstance(names, list) or len(names) > MAX_EXPANSION:
+            continue  # parse_targets says what is wrong
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            pattern = name.removeprefix("/").partition("/")[2] if field == "urls" else name
+            try:
+                expands_to = count(pattern)
+            except InvalidKey:
+                expands_to = 1
+            keys += expands_to
+            chars += expands_to * literal_chars(pattern)
+    return keys, chars
 
 
 def _batch_id(request: web.Request) -> int | None:
