@@ -463,11 +463,17 @@ class Fill:
             log.debug("%s streamed through uncached: %s", self.cache_key, exc)
             return False
         except CacheFull as exc:
-            log.warning("%s streamed through uncached: %s", self.cache_key, exc)
+            self._store.warnings.warning(
+                log, "full", "%s streamed through uncached: %s", self.cache_key, exc
+            )
             return False
         except CacheError as exc:  # a broken cache dir must not fail reads
-            log.warning(
-                "%s streamed through uncached, the cache is unusable: %s", self.cache_key, exc
+            self._store.warnings.warning(
+                log,
+                "unusable",
+                "%s streamed through uncached, the cache is unusable: %s",
+                self.cache_key,
+                exc,
             )
             return False
         return True

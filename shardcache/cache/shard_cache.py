@@ -258,14 +258,14 @@ class ShardCache:
         try:
             return await asyncio.to_thread(self.store.lookup, url)
         except CacheError as exc:
-            log.warning("treating %s as a miss: %s", url, exc)
+            self.store.warnings.warning(log, "lookup", "treating %s as a miss: %s", url, exc)
             return None
 
     async def _peek(self, url: str) -> EntryMeta | None:
         try:
             return await asyncio.to_thread(self.store.peek, url)
         except CacheError as exc:
-            log.warning("treating %s as not cached: %s", url, exc)
+            self.store.warnings.warning(log, "peek", "treating %s as not cached: %s", url, exc)
             return None
 
     async def head(self, origin_name: str, key: str) -> tuple[Result, ObjectInfo]:

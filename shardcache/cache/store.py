@@ -45,6 +45,7 @@ from shardcache.cache.index import AdoptFile, Index, map_store_errors
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.space import Room, cannot_fit, startup_warnings
 from shardcache.errors import CacheError, CacheFull, NotAdmitted
+from shardcache.log_limit import LogLimit
 
 log = logging.getLogger("shardcache.store")
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
@@ -90,6 +91,9 @@ class Store:
             plans,
         )
         self.swept_partials = 0
+        # What its users log of its failures (a broken disk fails every request): a WARNING
+        # a minute per kind, the rest at DEBUG.
+        self.warnings = LogLimit()
         self._open(repair)
         self._dir.remember_device()
         if repair:  # the daemon's store, not `shardcache verify`'s look at one

@@ -151,6 +151,7 @@ ORDER: dict[str, list[str]] = {
         "observer",
         "printable",
         "units",
+        "log_limit",
         "__init__",
     ],
 }
