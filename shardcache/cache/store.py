@@ -120,9 +120,11 @@ class Store:
     def _drop_damaged_entries(self) -> None:
         """Drop entries whose metadata is unreadable or whose file has another size than
         the entry says, before diskcache's check would "fix" the size to the damaged file."""
+        index_dir = str(self._index_dir)  # a Path per row was a third of a 20,000-entry start
         for key, filename, tag in self._index.rows():
             try:
-                is_sound = parse_meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
+                path = os.path.join(index_dir, filename)
+                is_sound = parse_meta(tag).size_bytes == os.stat(path).st_size
             except (CacheError, FileNotFoundError):
                 is_sound = False
             if not is_sound:
