@@ -100,6 +100,26 @@ def _count_expression(expression: str, limit: int, nesting: int) -> int | None:
     return min(sum(_count_pattern(item, limit, nesting) for item in items), limit + 1)
 
 
+def literal_chars(pattern: str) -> int:
+    """How many characters every name `pattern` denotes has at least: those outside its
+    braces (a lower bound, so that a size checked with it never refuses what would fit)."""
+    chars = pos = depth = 0
+    while pos < len(pattern):
+        char = pattern[pos]
+        if char == "\\":
+            chars += depth == 0
+            pos += 2
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}" and depth:
+            depth -= 1
+        elif depth == 0:
+            chars += 1
+        pos += 1
+    return chars
+
+
 _OF_TOTAL = re.compile(r"(\d+)-of-(\d+)")
 _DIGITS = re.compile(r"\d+")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -144,3 +145,18 @@ def list_page(
             return Page(entries, row.key[len(base) :], len(rows))
     more = len(rows) == SCAN_ROWS
     return Page(entries, rows[-1].key[len(base) :] if more else None, len(rows))
+
+
+def matching_keys(origin: Origin, pattern: str, cache_keys: Iterable[str]) -> dict[str, str]:
+    """Of `cache_keys` (fills in flight, say, which the index does not hold yet), those of
+    `origin`'s keys that match the glob `pattern`: cache key → key. Raises BadRequest."""
+    matcher = compile_pattern(pattern)
+    base, suffix = _frame(origin, "")
+    found = {}
+    for cache_key in cache_keys:
+        if not cache_key.startswith(base):
+            continue
+        key = _key_of(origin, cache_key, base, suffix)
+        if key is not None and matcher.match(key):
+            found[cache_key] = key
+    return found

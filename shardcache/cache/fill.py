@@ -9,8 +9,10 @@ fetched (STARTING or FILLING) and no prefetch wants it, it stops unless nearly d
 connections go. Admission letting a client's miss into the store does not keep it: that said
 the object may be cached if fetched for a reader, not that it is worth fetching for nobody;
 an object admission refuses streams through (PASSTHROUGH) and stops with its one reader.
-A body already complete (VERIFIED) is committed whoever is left. The cache (`ShardCache`)
-takes it out of the flights at the moment it is given up, so no reader can join it after.
+A body already complete (VERIFIED) is committed whoever is left. A purge (`do_not_keep`)
+lets a fill still fetching finish for its readers, then not commit it (DISCARDED). The cache
+(`ShardCache`) takes it out of the flights at the moment it is given up, so no reader can
+join it after.
 
 Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
 response*, which waits for VERIFIED: full length, every later response proven the first one's
@@ -113,6 +115,7 @@ class Fill:
         self._readers = 0  # open file descriptors handed out (`acquire_reader`)
         self._holders = 0  # readers that want the bytes (`hold`), from before they wait
         self._kept_unread = False  # the prefetch queue wants it cached (`keep_unread`)
+        self.is_kept = True  # False once purged: it finishes for its readers, uncommitted
         self._on_unwanted = on_unwanted
         self._stop_reason: ShardcacheError | None = None
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
@@ -199,6 +202,15 @@ class Fill:
         """The daemon is stopping: with no reader holding it, the fill stops now."""
         self._kept_unread = False
         self._tell_owner_if_unwanted()
+
+    def do_not_keep(self) -> bool:
+        """A purge: finish for the readers holding it, but do not commit the body (their
+        response is whole; the next request fetches afresh). False when it is too late (the
+        body is complete: committing, committed or given up) or nothing would be kept."""
+        if not self.is_fetching:
+            return False
+        self.is_kept = False
+        return True
 
     def _tell_owner_if_unwanted(self) -> None:
         if self._on_unwanted is not None and not (self._holders or self._kept_unread):
@@ -460,17 +472,27 @@ class Fill:
             log.debug("%s streamed through uncached: %s", self.cache_key, exc)
             return False
         except CacheFull as exc:
-            log.warning("%s streamed through uncached: %s", self.cache_key, exc)
+            self._store.warnings.warning(
+                log, "full", "%s streamed through uncached: %s", self.cache_key, exc
+            )
             return False
         except CacheError as exc:  # a broken cache dir must not fail reads
-            log.warning(
-                "%s streamed through uncached, the cache is unusable: %s", self.cache_key, exc
+            self._store.warnings.warning(
+                log,
+                "unusable",
+                "%s streamed through uncached, the cache is unusable: %s",
+                self.cache_key,
+                exc,
             )
             return False
         return True
 
     async def _commit(self, info: ObjectInfo) -> None:
         assert self._reservation is not None
+        if not self.is_kept:  # its readers hold the fd; `_release_space` drops the file
+            log.info("%s was purged while it was filled: not cached", self.cache_key)
+            self._move(FillState.DISCARDED)
+            return
         meta = EntryMeta(
             info.size_bytes,
             info.etag,

@@ -3,7 +3,7 @@
 Lifecycle (an illegal transition raises; FAILED, PASSTHROUGH, COMMITTED, DISCARDED are final):
 
     STARTING ──► FILLING ──► VERIFIED ──► COMMITTED     indexed: later requests are hits
-        │           │            ├──────► DISCARDED     verified but could not be indexed
+        │           │            ├──────► DISCARDED     verified, not indexed (cannot be, or purged)
         │           │            └──────► FAILED        a bug while committing
         │           └──────────────────► FAILED        origin/verification/disk failure
         ├──────────────────────────────► FAILED        failed before the first byte

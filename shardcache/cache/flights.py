@@ -3,6 +3,8 @@
 `join_or_start` is synchronous (no await between the lookup and the insert), which is what makes
 it atomic on the event loop. An entry leaves the map when its fill finishes, before any
 follow-up request could start a duplicate: the order is (1) commit to the store, (2) `finish()`.
+A purged fill is `detach`ed: no request joins it any more (the next one starts afresh), but it
+is still iterated (shutdown cancels it) until it finishes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from shardcache.cache.fill import Fill
 class Flights:
     def __init__(self) -> None:
         self._fills: dict[str, Fill] = {}
+        self._detached: set[Fill] = set()  # running for their readers, joined by no one
 
     def get(self, key: str) -> Fill | None:
         return self._fills.get(key)
@@ -33,11 +36,23 @@ class Flights:
 
     def finish(self, fill: Fill) -> None:
         """Forget `fill` if it is still the one registered for its key."""
+        self._detached.discard(fill)
         if self._fills.get(fill.cache_key) is fill:
             del self._fills[fill.cache_key]
 
+    def detach(self, fill: Fill) -> None:
+        """Let no request join `fill` from now on (it was purged); it stays in the iteration
+        until `finish(fill)`."""
+        if self._fills.get(fill.cache_key) is fill:
+            del self._fills[fill.cache_key]
+            self._detached.add(fill)
+
+    def keys(self) -> list[str]:
+        """The cache keys a request would join a fill for (not the detached fills')."""
+        return list(self._fills)
+
     def __len__(self) -> int:
-        return len(self._fills)
+        return len(self._fills) + len(self._detached)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._fills.values()))
+        return iter([*self._fills.values(), *self._detached])

@@ -180,20 +180,22 @@ class PlanBook:
                 self._push(key)
             return plan
 
-    def check_room(self, job: str, keys: int) -> None:
-        """Raise PlanRefused when a plan of at least `keys` keys for `job` would be refused
-        (`post` decides on the exact keys): asked before a body's names are expanded."""
+    def check_room(self, job: str, keys: int, chars: int = 0) -> None:
+        """Raise PlanRefused when a plan of at least `keys` keys and `chars` characters for
+        `job` would be refused (`post` decides on the exact keys): asked before a body's names
+        are expanded."""
         with self._locked():
             self._drop_quiet()
             others = [p for p in self._plans.values() if p.job != job and not p.is_finished]
             if (
                 len(others) + 1 > MAX_PLANS
                 or sum(len(p.keys) for p in others) + keys > MAX_PLANNED_KEYS
+                or sum(p.chars for p in others) + chars > MAX_PLANNED_KEY_CHARS
             ):
                 raise PlanRefused(
                     f"the plans in use are at the bound ({MAX_PLANS} plans, "
-                    f"{MAX_PLANNED_KEYS} keys): {keys} more keys not parsed; post again when "
-                    "jobs end"
+                    f"{MAX_PLANNED_KEYS} keys, {MAX_PLANNED_KEY_CHARS >> 20} Mi characters): "
+                    f"{keys} more keys not expanded; post again when jobs end"
                 )
 
     @staticmethod

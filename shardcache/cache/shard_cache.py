@@ -56,6 +56,15 @@ class PrefetchOutcome(enum.Enum):
     NOT_ADMITTED = "not_admitted"  # the eviction policy would not cache it now: not fetched
 
 
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What a purge reached: entries deleted, and fills in flight that finish for their
+    readers but will not be kept (by cache key)."""
+
+    deleted: list[str]
+    not_kept: list[str]
+
+
 class Result(enum.Enum):
     HIT = "hit"
     MISS = "miss"
@@ -258,14 +267,14 @@ class ShardCache:
         try:
             return await asyncio.to_thread(self.store.lookup, url)
         except CacheError as exc:
-            log.warning("treating %s as a miss: %s", url, exc)
+            self.store.warnings.warning(log, "lookup", "treating %s as a miss: %s", url, exc)
             return None
 
     async def _peek(self, url: str) -> EntryMeta | None:
         try:
             return await asyncio.to_thread(self.store.peek, url)
         except CacheError as exc:
-            log.warning("treating %s as not cached: %s", url, exc)
+            self.store.warnings.warning(log, "peek", "treating %s as not cached: %s", url, exc)
             return None
 
     async def head(
@@ -295,17 +304,26 @@ class ShardCache:
         usable = self.checksum_trust.usable(origin.name, info.checksums)  # none set aside
         return Result.MISS, dataclasses.replace(info, checksums=usable)
 
-    async def purge(self, origin_name: str, key: str) -> None:
-        """Delete the cached entry for `key`; raise NotCached if there is none."""
+    async def purge(self, origin_name: str, key: str) -> Purged:
+        """Delete the cached entry for `key` and keep no fill of it in flight (`purge_entries`);
+        raise NotCached if there is neither."""
         origin, url = self.cache_key(origin_name, key)
-        if not await self.purge_entries(origin, [url]):
+        purged = await self.purge_entries(origin, [url])
+        if not (purged.deleted or purged.not_kept):
             raise NotCached(f"{origin_name}/{key} is not cached")
+        return purged
 
-    async def purge_entries(self, origin: Origin, urls: list[str]) -> list[str]:
-        """Delete the entries of cache keys `urls` (one worker-thread hop) and return those
-        that existed. A reader holding an entry open reads on (its descriptor outlives the
-        file's name); a fill in flight commits afterwards as usual. Raises CacheError when the
-        cache dir is not writable (the entries deleted until then stay deleted)."""
+    async def purge_entries(self, origin: Origin, urls: list[str]) -> Purged:
+        """Delete the entries of cache keys `urls` (one worker-thread hop), and let their fills
+        in flight finish for the readers they have without keeping them (the next request
+        starts a fetch of its own). A reader holding an entry open reads on (its descriptor
+        outlives the file's name). Raises CacheError when the cache dir is not writable (the
+        entries deleted until then stay deleted).
+
+        The race with a fill's commit, in steps: (1) a fill still fetching is told not to keep
+        its body, on the event loop, and cannot commit after; (2) one whose body is complete
+        is committing on a worker thread (VERIFIED) and cannot be stopped: the purge waits for
+        it and deletes its entry as any other."""
         unread = [url for url in urls if url in self._unread]
         for url in unread:
             self._mark_read(url)
@@ -316,7 +334,21 @@ class ShardCache:
                 len(unread),
                 origin.name,
             )
-        return await asyncio.to_thread(lambda: [url for url in urls if self.store.delete(url)])
+        not_kept: list[str] = []
+        committing: list[Fill] = []
+        for url in urls:
+            fill = self.flights.get(url)
+            if fill is None:
+                continue
+            if fill.do_not_keep():
+                self.flights.detach(fill)
+                not_kept.append(url)
+            elif fill.state is FillState.VERIFIED:
+                committing.append(fill)
+        for fill in committing:
+            await fill.wait_finished()
+        deleted = await asyncio.to_thread(lambda: [url for url in urls if self.store.delete(url)])
+        return Purged(deleted, not_kept)
 
     # -- prefetch --------------------------------------------------------------------------
 
@@ -455,7 +487,7 @@ class ShardCache:
         on, or comes after (4), and cannot find it."""
         if fill.is_fetching:
             size = 0 if fill.info is None else fill.info.size_bytes
-            if size and fill.has_checksums:
+            if size and fill.has_checksums and fill.is_kept:
                 if size - fill.received_bytes <= min(FINISH_LEFT_BYTES, size // 8):
                     return  # nearly all here, no HEAD to ask: it finishes and is cached
             self.flights.finish(fill)

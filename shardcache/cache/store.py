@@ -45,6 +45,7 @@ from shardcache.cache.index import AdoptFile, Index, map_store_errors
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.space import Room, cannot_fit, startup_warnings
 from shardcache.errors import CacheError, CacheFull, NotAdmitted
+from shardcache.log_limit import LogLimit
 
 log = logging.getLogger("shardcache.store")
 ENTRY_OVERHEAD_BYTES = 8 * 1024  # a file's last partial block and its share of directories
@@ -90,6 +91,9 @@ class Store:
             plans,
         )
         self.swept_partials = 0
+        # What its users log of its failures (a broken disk fails every request): a WARNING
+        # a minute per kind, the rest at DEBUG.
+        self.warnings = LogLimit()
         self._open(repair)
         self._dir.remember_device()
         if repair:  # the daemon's store, not `shardcache verify`'s look at one
@@ -116,9 +120,11 @@ class Store:
     def _drop_damaged_entries(self) -> None:
         """Drop entries whose metadata is unreadable or whose file has another size than
         the entry says, before diskcache's check would "fix" the size to the damaged file."""
+        index_dir = str(self._index_dir)  # a Path per row was a third of a 20,000-entry start
         for key, filename, tag in self._index.rows():
             try:
-                is_sound = parse_meta(tag).size_bytes == os.stat(self._index_dir / filename).st_size
+                path = os.path.join(index_dir, filename)
+                is_sound = parse_meta(tag).size_bytes == os.stat(path).st_size
             except (CacheError, FileNotFoundError):
                 is_sound = False
             if not is_sound:

@@ -49,7 +49,8 @@ def add_parsers(commands: Any) -> None:
         "purge",
         help="drop cached entries of an origin whose keys match a glob",
         description="Purge the entries `shardcache ls ORIGIN PATTERN` lists, through the "
-        "running daemon (a client reading one finishes its read; the next read refetches).",
+        "running daemon (a client reading one finishes its read; the next read refetches), "
+        "and the fills of matching keys in flight (their readers finish; nothing is kept).",
     )
     purge.add_argument("origin_name", metavar="ORIGIN")
     purge.add_argument("pattern", metavar="PATTERN", help="a glob over keys; '*' for all")
@@ -122,18 +123,28 @@ def _purge(args: argparse.Namespace, daemon: str) -> int:
             file=sys.stderr,
         )
         return 0
-    count, total, after = 0, 0, ""
+    count, total, not_kept, after = 0, 0, 0, ""
     while True:
         answer = client.purge_cached(origin, pattern, after, daemon)
         count, total = count + len(answer["deleted"]), total + int(answer["deleted_bytes"])
+        not_kept += len(answer.get("fills_not_kept", ()))  # absent from an older daemon's
         if not answer["next"]:
             break
         after = _advanced(answer["next"], after, daemon)
     print(
         f"purged {_entries_count(count)} ({format_size(total)}) of origin {origin} "
-        f"matching {pattern!r}"
+        f"matching {pattern!r}" + _not_kept(not_kept)
     )
     return 0
+
+
+def _not_kept(fills: int) -> str:
+    """What a purge says of the fills in flight it reached (nothing when none)."""
+    if not fills:
+        return ""
+    if fills == 1:
+        return "; 1 fill in flight finishes for its readers and is not kept"
+    return f"; {fills} fills in flight finish for their readers and are not kept"
 
 
 def _entries(origin: str, pattern: str, daemon: str) -> Iterator[dict[str, Any]]:

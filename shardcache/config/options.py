@@ -103,6 +103,19 @@ def _parse_prefetch_concurrency(value: Any) -> int | None:
     return number
 
 
+MAX_LISTEN_BACKLOG = 65535
+
+
+def _parse_listen_backlog(value: Any) -> int | None:
+    """`auto` (None: the system's bound, net.core.somaxconn) or a queue length, 1 or more."""
+    if str(value).strip().lower() == "auto":
+        return None
+    number = _parse_workers(value)
+    if number > MAX_LISTEN_BACKLOG:
+        raise ValueError(f"must be at most {MAX_LISTEN_BACKLOG}")
+    return number
+
+
 def _parse_optional_size(value: Any) -> int | None:
     return None if str(value).strip().lower() == "auto" else parse_size(value)
 
@@ -350,6 +363,15 @@ OPTIONS: tuple[Option, ...] = (
         _parse_workers,
         1024,
         "client connections at once; more are answered 503 and closed",
+        "N",
+        reloads=False,
+    ),
+    Option(
+        "listen_backlog",
+        _parse_listen_backlog,
+        "auto",
+        "connections the kernel queues until the daemon accepts them (a burst of loader "
+        "workers starting); auto = the system's bound, net.core.somaxconn",
         "N",
         reloads=False,
     ),

@@ -54,6 +54,7 @@ class Settings:
     client_send_timeout: float
     max_connections: int
     max_connections_per_client: int
+    listen_backlog: int | None  # None: the system's bound (net.core.somaxconn)
     admin_token: str | None = field(repr=False)  # never shown, never logged
     admin_token_file: Path | None  # the setting as given (read into admin_token if it wins)
     require_token_for_reads: bool

@@ -33,7 +33,12 @@ from shardcache.cache.store import Store
 from shardcache.config import Settings, settings_needing_restart
 from shardcache.daemon.notify import monotonic_usec, notify
 from shardcache.daemon.readouts import Readouts, upstream_rows
-from shardcache.daemon.wiring import configure_origins, open_store, raise_open_file_limit
+from shardcache.daemon.wiring import (
+    configure_origins,
+    listen_backlog,
+    open_store,
+    raise_open_file_limit,
+)
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
@@ -88,6 +93,7 @@ class Daemon:
         self._store_watch: asyncio.Task[None] | None = None
         self._stop_now = asyncio.Event()  # a second stop signal: the grace is over
         self._listener: asyncio.Server | None = None
+        self.listen_backlog = listen_backlog(settings.listen_backlog)
         self.guard = ConnectionGuard(
             ConnectionLimits(
                 idle_s=settings.client_idle_timeout,
@@ -133,6 +139,7 @@ class Daemon:
                 settings.listen_host,
                 settings.listen_port,
                 reuse_address=True,
+                backlog=self.listen_backlog,
             )
         except OSError as exc:
             await started.runner.cleanup()

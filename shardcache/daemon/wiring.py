@@ -1,6 +1,6 @@
 """The daemon's wiring: one backend per configured origin (and the `OriginTable` entries that
-hold them), and the store, built from `Settings`; the open-file limit lifted before the port
-is bound.
+hold them), and the store, built from `Settings`; the open-file limit lifted and the listen
+backlog chosen before the port is bound.
 
 Apart from `lifecycle` so that `shardcache check` builds its origins exactly as the daemon does
 without importing the server, and so that `lifecycle` keeps to start, drain, stop and reload.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import resource
+from pathlib import Path
 
 from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.plans import PlanBook
@@ -112,3 +113,36 @@ def raise_open_file_limit(max_connections: int) -> None:
             needed,
             max_connections,
         )
+
+
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")
+# Linux's own somaxconn since 5.4, for a system that does not say (another kernel, no /proc).
+ASSUMED_SOMAXCONN = 4096
+
+
+def listen_backlog(configured: int | None, somaxconn: Path = SOMAXCONN) -> int:
+    """The accept queue to ask `listen()` for: `--listen-backlog`, else the system's bound.
+
+    asyncio's default of 100 overflows when hundreds of loader workers connect at once: the
+    kernel drops the SYNs past it and each waits a retransmission (a second or more), a
+    health probe behind them too. The kernel caps any backlog at somaxconn, silently: a
+    setting above it is logged, with what to raise."""
+    system = _system_somaxconn(somaxconn)
+    if configured is None:
+        return system
+    if configured > system:
+        log.warning(
+            "--listen-backlog %d is above the system's bound net.core.somaxconn=%d, which "
+            "the kernel applies instead; raise it (sysctl -w net.core.somaxconn=%d)",
+            configured,
+            system,
+            configured,
+        )
+    return configured
+
+
+def _system_somaxconn(path: Path) -> int:
+    try:
+        return max(1, int(path.read_text().strip()))
+    except (OSError, ValueError):  # no /proc (another kernel): Linux's default
+        return ASSUMED_SOMAXCONN

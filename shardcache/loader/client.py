@@ -452,8 +452,9 @@ def cached(
 def purge_cached(
     origin: str, pattern: str, after: str = "", daemon: str | None = None
 ) -> dict[str, Any]:
-    """Purge one page of `cached(origin, pattern)`'s entries: `{"deleted": [KEY, ...],
-    "deleted_bytes", "next"}`; call again with `after=next` until `next` is None."""
+    """Purge one page of `cached(origin, pattern)`'s entries, and the fills of matching keys in
+    flight: `{"deleted": [KEY, ...], "deleted_bytes", "fills_not_kept": [KEY, ...], "next"}`;
+    call again with `after=next` until `next` is None."""
     query = urlencode({"origin": origin, "pattern": pattern} | _after(after))
     result = _request_object("DELETE", daemon_url(daemon) + "/_/cache?" + query)
     return result

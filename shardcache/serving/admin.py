@@ -21,10 +21,18 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.cache.catalog import MAX_PAGE_ENTRIES, Page, list_page
+from shardcache.cache.catalog import MAX_PAGE_ENTRIES, Page, list_page, matching_keys
 from shardcache.cache.plans import Plan, PlanBook, PlanRefused
 from shardcache.cache.scrub import Scrubber
-from shardcache.errors import BadRequest, CacheError, PlansOff, QueueFull, RequestTimeout
+from shardcache.errors import (
+    BadRequest,
+    CacheError,
+    InvalidKey,
+    PlansOff,
+    QueueFull,
+    RequestTimeout,
+)
+from shardcache.patterns import MAX_EXPANSION, count, literal_chars
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
 from shardcache.serving.targets import parse_targets
@@ -88,9 +96,17 @@ TURNS_KEY = web.AppKey("admin_turns", PostTurns)
 
 
 async def delete_object(request: web.Request) -> web.Response:
-    await request.app[CACHE_KEY].purge(request.match_info["origin"], request.match_info["key"])
+    """Purge one key: its entry, and its fill in flight (which finishes for its readers and
+    is not kept); 404 when there is neither."""
+    purged = await request.app[CACHE_KEY].purge(
+        request.match_info["origin"], request.match_info["key"]
+    )
     return web.json_response(
-        {"deleted": f"{request.match_info['origin']}/{request.match_info['key']}"}
+        {
+            "deleted": f"{request.match_info['origin']}/{request.match_info['key']}",
+            "entry_deleted": bool(purged.deleted),
+            "fill_not_kept": bool(purged.not_kept),
+        }
     )
 
 
@@ -145,16 +161,21 @@ async def delete_cache(request: web.Request) -> web.Response:
     listing shows, as `DELETE /_/cache/NAME/KEY` purges one (`ShardCache.purge_entries`);
     call again with `after=next` until `next` is null."""
     page = await _catalog_page(request, pattern_required=True, with_pins=False)
-    origin = request.app[CACHE_KEY].origin(request.query["origin"])
-    deleted = set(
-        await request.app[CACHE_KEY].purge_entries(origin, [e.cache_key for e in page.entries])
-    )
+    cache = request.app[CACHE_KEY]
+    origin = cache.origin(request.query["origin"])
+    # Fills in flight are not in the index yet: each page reaches those matching now (a
+    # purged one is joined by no one after, so no later page counts it again).
+    keys = {entry.cache_key: entry.key for entry in page.entries}
+    keys |= matching_keys(origin, request.query["pattern"], cache.flights.keys())
+    purged = await cache.purge_entries(origin, list(keys))
+    deleted = set(purged.deleted)
     gone = [entry for entry in page.entries if entry.cache_key in deleted]
     return web.json_response(
         {
             "origin": request.query["origin"],
             "deleted": [entry.key for entry in gone],
             "deleted_bytes": sum(entry.size_bytes for entry in gone),
+            "fills_not_kept": [keys[url] for url in purged.not_kept],
             "next": page.next,
         }
     )
@@ -281,8 +302,29 @@ def _parse_plan_body(
         raise BadRequest("unknown field(s): warm")
     if body.get("urls") == [] and "keys" not in body:
         return job, epoch, []  # nothing more to read: the job's plan ends
-    plans.check_room(job, _listed(body))
+    plans.check_room(job, *_planned_size(body))
     return job, epoch, parse_targets(body, origins)
+
+
+def _planned_size(body: dict[str, Any]) -> tuple[int, int]:
+    """How many keys a plan body's names expand to, and at least how many characters they
+    add up to, counted without expanding them (`patterns.count`): one brace pattern may stand
+    for 100,000 keys. A name `parse_targets` will refuse counts as one key."""
+    keys = chars = 0
+    for field, names in (("urls", body.get("urls")), ("keys", body.get("keys"))):
+        if not isinstance(names, list) or len(names) > MAX_EXPANSION:
+            continue  # parse_targets says what is wrong
+        for name in names:
+            if not isinstance(name, str):
+                continue
+            pattern = name.removeprefix("/").partition("/")[2] if field == "urls" else name
+            try:
+                expands_to = count(pattern)
+            except InvalidKey:
+                expands_to = 1
+            keys += expands_to
+            chars += expands_to * literal_chars(pattern)
+    return keys, chars
 
 
 def _batch_id(request: web.Request) -> int | None:

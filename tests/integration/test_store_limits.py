@@ -107,7 +107,10 @@ def test_a_purge_on_a_read_only_cache_dir_is_not_answered_deleted(
         assert len(entry_files(cache_dir)) == 1
 
     assert _is_hit(daemon, "s_0.tar")  # nothing was half done: the entry is whole
-    assert _delete(daemon, "/_/cache/web/s_0.tar") == (200, {"deleted": "web/s_0.tar"})
+    assert _delete(daemon, "/_/cache/web/s_0.tar") == (
+        200,
+        {"deleted": "web/s_0.tar", "entry_deleted": True, "fill_not_kept": False},
+    )
     assert entry_files(cache_dir) == []
     assert daemon.stop() == 0
     assert_no_crash(daemon.log())

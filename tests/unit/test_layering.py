@@ -152,6 +152,7 @@ ORDER: dict[str, list[str]] = {
         "observer",
         "printable",
         "units",
+        "log_limit",
         "__init__",
     ],
 }

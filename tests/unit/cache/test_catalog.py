@@ -125,3 +125,24 @@ def test_a_long_glob_of_stars_over_long_keys_finishes(store: Store) -> None:
         _put(store, web.url_for("a" * 900 + str(n)))
     pattern = "*a" * 500 + "*b"  # a backtracking matcher would take forever here
     assert catalog.list_page(store, web, pattern[:1024]).entries == []  # type: ignore[arg-type]
+
+
+def test_matching_keys_picks_an_origins_keys_by_glob() -> None:
+    """The keys of fills in flight (not in the index) that a bulk purge reaches."""
+    web = QuotingOrigin("web", "http://h/data/")
+    other = QuotingOrigin("other", "http://h/data-2/")
+    s3 = SuffixOrigin("s3", "s3://bucket/")
+    in_flight = [
+        web.url_for("a b/1.tar"),
+        web.url_for("a b/2.tar"),
+        web.url_for("c/1.tar"),
+        other.url_for("a b/3.tar"),  # another origin, sharing the prefix's start
+        s3.url_for("a b/4.tar"),
+    ]
+    assert catalog.matching_keys(web, "a b/*", in_flight) == {
+        in_flight[0]: "a b/1.tar",
+        in_flight[1]: "a b/2.tar",
+    }
+    assert catalog.matching_keys(s3, "*", in_flight) == {in_flight[4]: "a b/4.tar"}
+    with pytest.raises(BadRequest):
+        catalog.matching_keys(web, "", in_flight)

@@ -23,6 +23,8 @@ def test_defaults() -> None:
     assert settings.eviction == "auto"
     assert load_settings({"prefetch_concurrency": "auto"}, {}).prefetch_concurrency is None
     assert load_settings({}, {"SHARDCACHE_PREFETCH_CONCURRENCY": "3"}).prefetch_concurrency == 3
+    assert settings.listen_backlog is None  # auto: the system's somaxconn
+    assert load_settings({"listen_backlog": "8192"}, {}).listen_backlog == 8192
 
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
@@ -68,6 +70,8 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
         ({}, {"SHARDCACHE_PREFETCH_CONCURRENCY": "-1"}, "from 1 to 256, got '-1'"),
         ({"prefetch_concurrency": "999999"}, {}, "from 1 to 256, got '999999'"),
         ({"prefetch_concurrency": "1.5"}, {}, "expected auto or a whole number"),
+        ({"listen_backlog": "0"}, {}, "--listen-backlog: must be at least 1"),
+        ({}, {"SHARDCACHE_LISTEN_BACKLOG": "70000"}, "must be at most 65535"),
     ],
 )
 def test_errors_name_the_setting(
