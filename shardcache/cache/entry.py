@@ -24,6 +24,7 @@ class EntryMeta:
     checksum_headers: dict[str, str] = field(default_factory=dict)  # verified, re-published
     digests: dict[str, str] = field(default_factory=dict)  # algorithm → hex, for `verify`
     verified_by: list[str] = field(default_factory=list)  # "length", "Content-MD5", "etag"…
+    block_crc32c: str = ""  # base64 CRC-32C per 1 MiB block (`blocks`), checked by hits
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ def parse_meta(tag: object) -> EntryMeta:
         and all(isinstance(v, str) for v in meta.checksum_headers.values())
         and all(isinstance(v, str) for v in meta.digests.values())
         and all(isinstance(v, str) for v in meta.verified_by)
+        and isinstance(meta.block_crc32c, str)
     )
     if not is_sound:
         raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")

@@ -34,6 +34,7 @@ import os
 import time
 from collections.abc import Callable
 
+from shardcache.cache.blocks import BlockHasher, encode
 from shardcache.cache.entry import EntryMeta, Reservation
 from shardcache.cache.fill_state import (
     BODY_COMPLETE,
@@ -124,6 +125,7 @@ class Fill:
         self._published: tuple[Checksum, ...] = ()  # every usable one: second opinions
         self._trust = trust if trust is not None else ChecksumTrust(observer)
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
+        self.block_digests = b""  # CRC-32C per block (`blocks`), kept per entry for hits
         self._checksums_known = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -409,23 +411,26 @@ class Fill:
             log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
 
     async def _verify_in_order(self, info: ObjectInfo) -> None:
-        """Learn the checksums; when there are any, hash the contiguous prefix in order as it
-        grows, in batches (one thread hop per HASH_BATCH_BYTES, not per chunk)."""
+        """Learn the checksums; hash the contiguous prefix in order as it grows, in batches
+        (one thread hop per HASH_BATCH_BYTES, not per chunk): with the published checksum
+        when there is one, and always into the per-block CRC-32C a hit is checked against."""
         assert self._reservation is not None and self._download is not None
         fd = self._reservation.fd
         checksums = cheapest(await self._learn_checksums(info))
         self._know_checksums(checksums)
-        if not checksums:
-            return
         verifier = Verifier(checksums)
+        blocks = BlockHasher()
         hashed = 0
         while hashed < info.size_bytes:
             batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
             while self.written_bytes - hashed < batch:
                 await self._progress.wait()
             available = self.written_bytes
-            await asyncio.to_thread(verifier.update_from, fd, hashed, available - hashed)
+            await asyncio.to_thread(_hash_from, fd, hashed, available - hashed, verifier, blocks)
             hashed = available
+        self.block_digests = blocks.digests()
+        if not checksums:
+            return
         if mismatches := verifier.mismatches():  # a checksum the origin gets wrong, or corruption
             opinion = SecondOpinion(self._published, mismatches, fd, info.size_bytes)
             verifier = await opinion.judge(self._trust, self.origin.name, self.origin_key)
@@ -469,6 +474,7 @@ class Fill:
             to_headers(self.checksums),
             digests=self.digests,
             verified_by=list(self.verified_by),
+            block_crc32c=encode(self.block_digests),
         )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)
@@ -498,3 +504,17 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
+
+
+def _hash_from(fd: int, offset: int, count: int, verifier: Verifier, blocks: BlockHasher) -> None:
+    """Feed bytes [offset, offset+count) of `fd` to `verifier` and `blocks`, in 1 MiB reads
+    (a bounded buffer per fill). Blocking: call it on a worker thread. Raises CacheError when
+    the file is shorter than that."""
+    while count:
+        data = os.pread(fd, min(count, 1 << 20), offset)
+        if not data:
+            raise CacheError("the partial file is shorter than what was written")
+        verifier.update(data)
+        blocks.update(data)
+        offset += len(data)
+        count -= len(data)

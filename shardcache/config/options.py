@@ -373,6 +373,16 @@ OPTIONS: tuple[Option, ...] = (
         reloads=False,
     ),
     Option(
+        "verify_hits",
+        _parse_switch,
+        "on",
+        "check each hit's bytes against the CRC-32C per 1 MiB block kept at commit before its "
+        "last byte leaves (a mismatch aborts the response and drops the entry); off: hits as "
+        "fast as sendfile goes, bit rot caught by the scrub only",
+        "BOOL",
+        reloads=False,
+    ),
+    Option(
         "admin_token",
         parse_token,
         "",

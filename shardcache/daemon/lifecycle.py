@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from shardcache import __version__
 from shardcache.cache.directory import LAYOUT_VERSION
+from shardcache.cache.hit_check import HitChecker
 from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
@@ -106,6 +107,7 @@ class Daemon:
             status=self._status,
             origins=self.origins,
             in_flight=self.in_flight,
+            hit_checker=HitChecker() if settings.verify_hits else None,
         )
 
     async def start(self) -> None:

@@ -216,6 +216,32 @@ class _Progress:
             raise self._sender.stalled()
 
 
+async def send_checked(
+    sender: FileSender, fd: int, start: int, end: int, check: Awaitable[int]
+) -> int:
+    """Send bytes [start, end) of a cached file while `check` (the hit's block check) runs;
+    the last byte leaves only once it passed. Returns what `check` returned (bytes read).
+
+    Raises the check's IntegrityError as soon as it fails (the send is stopped; the caller
+    aborts the connection, so the client never sees the response end), or the send's error.
+    """
+    checking = asyncio.ensure_future(check)
+    sending = asyncio.ensure_future(sender.send(fd, start, end - start - 1))
+    try:
+        done, _ = await asyncio.wait({checking, sending}, return_when=asyncio.FIRST_EXCEPTION)
+        for task in (checking, sending):
+            if task in done:
+                task.result()  # the first failure, at once
+        checked = await checking
+        await sending
+    finally:
+        for task in (checking, sending):
+            task.cancel()
+        await asyncio.gather(checking, sending, return_exceptions=True)
+    await sender.send(fd, end - 1, 1)
+    return checked
+
+
 async def send_fill(
     sender: FileSender,
     fill: Fill,
