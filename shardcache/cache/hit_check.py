@@ -1,8 +1,8 @@
 """`HitChecker`: a hit's bytes checked against the block digests kept at commit, before its
 last byte leaves (the serving side holds it back; `serving.body.send_checked`).
 
-Cost bound: each block of an entry version is read and hashed at most once per
-`window_s` (VERIFIED_WINDOW_S), however many readers send it: a block checked since
+Cost bound: each block of an entry version is read and hashed at most once per `window_s`
+(the `verify_hits_window` setting, 2 s), however many readers send it: a block checked since
 `window_s` before a read began counts for that read, and a block another read is checking
 now is waited for, not read again (single flight, one future per batch). So N readers of one
 hot shard cost what one does, once a window; the price is that a block rotting after its
@@ -28,9 +28,10 @@ from shardcache.cache.blocks import BLOCK_BYTES, BlockHasher, check_blocks, cove
 from shardcache.cache.entry import EntryMeta
 from shardcache.cache.verify import expected_checksums
 from shardcache.checksums import Checksum, Verifier, cheapest
+from shardcache.config.options import default as option_default
 from shardcache.errors import IntegrityError
 
-VERIFIED_WINDOW_S = 2.0
+VERIFIED_WINDOW_S: float = option_default("verify_hits_window")  # the table's, not a copy
 BATCH_BLOCKS = 8  # blocks per worker-thread hop: 8 MiB of CRC-32C, about 1 ms
 MAX_RECORDS = 4096  # entry versions remembered; past it, those with nothing fresh are dropped
 _WHOLE = -1  # the in-flight slot of an old entry's whole-object check

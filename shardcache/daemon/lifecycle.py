@@ -107,7 +107,7 @@ class Daemon:
             status=self._status,
             origins=self.origins,
             in_flight=self.in_flight,
-            hit_checker=HitChecker() if settings.verify_hits else None,
+            hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
 
     async def start(self) -> None:

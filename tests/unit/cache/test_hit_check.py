@@ -126,3 +126,18 @@ async def test_a_rotten_old_entry_fails_its_whole_check(fd: int, data: bytes) ->
     _flip(fd, SIZE - 1)
     with pytest.raises(IntegrityError, match="whole object"):
         await checker.check("o/old", fd, meta, 0, 10)
+
+
+async def test_with_no_window_every_hit_checks_but_concurrent_ones_share(
+    fd: int, data: bytes
+) -> None:
+    clock = Clock()
+    checker = HitChecker(window_s=0.0, clock=clock)
+    meta = _meta(data)
+    await checker.check("o/a", fd, meta, 0, SIZE)
+    clock.now += 0.001
+    await checker.check("o/a", fd, meta, 0, SIZE)
+    assert checker.read_bytes == 2 * SIZE
+    clock.now += 0.001
+    await asyncio.gather(*(checker.check("o/a", fd, meta, 0, SIZE) for _ in range(8)))
+    assert checker.read_bytes == 3 * SIZE
