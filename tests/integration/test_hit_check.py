@@ -4,6 +4,7 @@ next read is a correct miss. `--verify-hits off` serves hits as before (the scru
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -102,3 +103,16 @@ def test_with_verify_hits_off_a_hit_is_served_as_before(
     assert served.sha256 != sha256(data) and len(served.body) == len(data)
     assert _corrupt_hits(daemon) == 0
     assert daemon.metric("shardcache_hit_checked_bytes_total") == 0
+
+
+def test_many_readers_of_a_hot_shard_check_each_block_once_a_window(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits-window", "600")
+    key = "hot-000.tar"
+    data, _ = _cached(daemon, origin, key, 8 * MiB + 1)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        reads = list(pool.map(lambda _: curl(f"{daemon.url}/o/{key}"), range(16)))
+    assert all(r.exit_code == 0 and r.sha256 == sha256(data) for r in reads)
+    assert [r.headers["x-shardcache"] for r in reads] == ["hit"] * 16
+    assert daemon.metric("shardcache_hit_checked_bytes_total") == len(data)  # not 16 times
