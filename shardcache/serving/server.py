@@ -26,6 +26,7 @@ import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -323,7 +324,10 @@ async def _send_body(
     if lease.entry is not None and checker is not None and checker.can_check(lease.entry.meta):
         entry = lease.entry
         name = f"{lease.origin}/{request.match_info['key']}"
-        check = checker.check(name, entry.fd, entry.meta, start, end)
+
+        def check(first: int, last: int) -> Awaitable[int]:
+            return checker.check(name, entry.fd, entry.meta, first, last)
+
         metrics.hit_checked_bytes_total.inc(await send_checked(sender, entry.fd, start, end, check))
     elif lease.entry is not None:
         await sender.send(lease.entry.fd, start, end - start)

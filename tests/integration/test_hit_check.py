@@ -45,7 +45,7 @@ def test_a_flipped_byte_aborts_the_hit_drops_the_entry_and_the_next_read_is_a_mi
 ) -> None:
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
     key = "shards/rot-000.tar"
-    data, path = _cached(daemon, origin, key, 5 * MiB + 7)
+    data, path = _cached(daemon, origin, key, 17 * MiB + 7)  # three checked pieces
     _flip(path, 3 * MiB + 3)  # before any hit: none has checked a block of it yet
 
     rotten = curl(f"{daemon.url}/o/{key}")
