@@ -9,6 +9,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
+from shardcache.checksums import crc32c
 from tests.daemon_process import Daemon
 from tests.integration.disk_helpers import MiB, entry_files
 from tests.integration.helpers import curl, sha256, wait_for
@@ -116,3 +119,45 @@ def test_many_readers_of_a_hot_shard_check_each_block_once_a_window(
     assert all(r.exit_code == 0 and r.sha256 == sha256(data) for r in reads)
     assert [r.headers["x-shardcache"] for r in reads] == ["hit"] * 16
     assert daemon.metric("shardcache_hit_checked_bytes_total") == len(data)  # not 16 times
+
+
+def _cached_before_block_digests(cache_dir: Path, url: str, data: bytes) -> Path:
+    """Commit `data` as an entry of a version that kept a whole-object digest only."""
+    store = Store(cache_dir, 64 * MiB)
+    try:
+        before = set(entry_files(cache_dir))
+        reservation = store.reserve(len(data))
+        os.pwrite(reservation.fd, data, 0)
+        meta = EntryMeta(len(data), digests={"crc32c": f"{crc32c(data):08x}"})
+        store.commit(reservation, url, meta)
+        os.close(reservation.fd)
+        (path,) = set(entry_files(cache_dir)) - before
+        return path
+    finally:
+        store.close()
+
+
+def test_an_entry_cached_before_block_digests_is_checked_whole_on_its_first_hit(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    clean, rotten = os.urandom(3 * MiB + 5), os.urandom(2 * MiB)
+    origin.put("old-000.tar", clean)
+    origin.put("old-001.tar", rotten)
+    cache_dir = tmp_path / "cache"
+    _cached_before_block_digests(cache_dir, f"{origin.url}/old-000.tar", clean)
+    path = _cached_before_block_digests(cache_dir, f"{origin.url}/old-001.tar", rotten)
+    _flip(path, MiB + 1)
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
+
+    ranged = curl(f"{daemon.url}/o/old-000.tar", "-r", "0-99")
+    assert ranged.exit_code == 0 and ranged.headers["x-shardcache"] == "hit"
+    assert ranged.body == clean[:100]
+    assert daemon.metric("shardcache_hit_checked_bytes_total") == len(clean)  # whole, once
+    again = curl(f"{daemon.url}/o/old-000.tar", "-r", f"{2 * MiB}-{2 * MiB + 9}")
+    assert again.exit_code == 0 and again.body == clean[2 * MiB : 2 * MiB + 10]
+
+    bad = curl(f"{daemon.url}/o/old-001.tar", "-r", "0-99")  # the flip is in another block
+    assert bad.headers["x-shardcache"] == "hit" and bad.exit_code != 0
+    assert _corrupt_hits(daemon) == 1
+    refetched = curl(f"{daemon.url}/o/old-001.tar")
+    assert refetched.headers["x-shardcache"] == "miss" and refetched.sha256 == sha256(rotten)
