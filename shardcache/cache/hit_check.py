@@ -71,8 +71,9 @@ class HitChecker:
 
     async def check(self, key: str, fd: int, meta: EntryMeta, start: int, end: int) -> int:
         """Check bytes [start, end) of the entry `key` open as `fd`; return the bytes this call
-        read. Raises IntegrityError naming the key and block when they do not match (the
-        version is forgotten: the caller drops the entry), OSError for a read error."""
+        read. Raises IntegrityError naming the key when they do not match or its block digests
+        are unreadable (the version is forgotten: the caller drops the entry), OSError for a
+        read error."""
         version = self._version(key, meta)
         since = self._clock() - self.window_s
         read = 0
@@ -84,15 +85,14 @@ class HitChecker:
             read += await self._check_batch(key, version, fd, batch, since)
         return read
 
-    def forget(self, key: str) -> None:
-        """Drop what is known of `key` (its entry was purged or found corrupt)."""
-        self._versions.pop(key, None)
-
     def _version(self, key: str, meta: EntryMeta) -> _Version:
         identity = meta.block_crc32c or f"{meta.size_bytes} {meta.etag} {sorted(meta.digests)}"
         version = self._versions.get(key)
         if version is None or version.identity != identity:
-            digests = decode(meta.block_crc32c, meta.size_bytes) if meta.block_crc32c else None
+            try:
+                digests = decode(meta.block_crc32c, meta.size_bytes) if meta.block_crc32c else None
+            except ValueError as exc:  # its metadata cannot vouch for it: dropped as corrupt
+                raise IntegrityError(f"the cached entry {key} is unusable: {exc}") from None
             version = _Version(identity, meta.size_bytes, digests)
             if len(self._versions) >= MAX_RECORDS:
                 self._prune()

@@ -141,3 +141,10 @@ async def test_with_no_window_every_hit_checks_but_concurrent_ones_share(
     clock.now += 0.001
     await asyncio.gather(*(checker.check("o/a", fd, meta, 0, SIZE) for _ in range(8)))
     assert checker.read_bytes == 3 * SIZE
+
+
+async def test_unreadable_block_digests_fail_the_hit(fd: int, data: bytes) -> None:
+    checker = HitChecker(clock=Clock())
+    meta = EntryMeta(SIZE, block_crc32c=encode(b"\0" * 8))  # two digests for 21 blocks
+    with pytest.raises(IntegrityError, match="unusable"):
+        await checker.check("o/a", fd, meta, 0, 10)
