@@ -90,10 +90,12 @@ class Fill:
         limiter: RequestLimiter | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
         trust: ChecksumTrust | None = None,
+        keeps_block_digests: bool = True,
     ) -> None:
         """`on_unwanted(fill)`: the last holder let go of a fill nothing else wants (see the
         module docstring); the owner stops it, or closes the stream nobody took. `trust`: the
-        cache's."""
+        cache's. `keeps_block_digests`: take the CRC-32C per block that hits are checked
+        against (`blocks`)."""
         self.cache_key, self.origin, self.origin_key = cache_key, origin, origin_key
         self.state = FillState.STARTING
         self.info: ObjectInfo | None = None
@@ -126,6 +128,7 @@ class Fill:
         self._trust = trust if trust is not None else ChecksumTrust(observer)
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self.block_digests = b""  # CRC-32C per block (`blocks`), kept per entry for hits
+        self._keeps_block_digests = keeps_block_digests
         self._checksums_known = asyncio.Event()
         self._progress = asyncio.Event()
 
@@ -413,13 +416,16 @@ class Fill:
     async def _verify_in_order(self, info: ObjectInfo) -> None:
         """Learn the checksums; hash the contiguous prefix in order as it grows, in batches
         (one thread hop per HASH_BATCH_BYTES, not per chunk): with the published checksum
-        when there is one, and always into the per-block CRC-32C a hit is checked against."""
+        when there is one, and (unless `verify_hits` is off) into the CRC-32C per block a hit
+        is checked against."""
         assert self._reservation is not None and self._download is not None
         fd = self._reservation.fd
         checksums = cheapest(await self._learn_checksums(info))
         self._know_checksums(checksums)
+        if not checksums and not self._keeps_block_digests:
+            return
         verifier = Verifier(checksums)
-        blocks = BlockHasher()
+        blocks = BlockHasher() if self._keeps_block_digests else None
         hashed = 0
         while hashed < info.size_bytes:
             batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
@@ -428,7 +434,8 @@ class Fill:
             available = self.written_bytes
             await asyncio.to_thread(_hash_from, fd, hashed, available - hashed, verifier, blocks)
             hashed = available
-        self.block_digests = blocks.digests()
+        if blocks is not None:
+            self.block_digests = blocks.digests()
         if not checksums:
             return
         if mismatches := verifier.mismatches():  # a checksum the origin gets wrong, or corruption
@@ -506,7 +513,9 @@ class Fill:
         self._close_if_idle()
 
 
-def _hash_from(fd: int, offset: int, count: int, verifier: Verifier, blocks: BlockHasher) -> None:
+def _hash_from(
+    fd: int, offset: int, count: int, verifier: Verifier, blocks: BlockHasher | None
+) -> None:
     """Feed bytes [offset, offset+count) of `fd` to `verifier` and `blocks`, read into one
     reused READ_BYTES buffer (it stays in the CPU's cache between the copy and the hashing).
     Blocking: call it on a worker thread. Raises CacheError when the file is shorter."""
@@ -516,6 +525,7 @@ def _hash_from(fd: int, offset: int, count: int, verifier: Verifier, blocks: Blo
         if not got:
             raise CacheError("the partial file is shorter than what was written")
         verifier.update(buffer[:got])
-        blocks.update(buffer[:got])
+        if blocks is not None:
+            blocks.update(buffer[:got])
         offset += got
         count -= got

@@ -184,7 +184,9 @@ class Daemon:
             segment_bytes=settings.segment_size,
             first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
         )
-        cache = ShardCache(store, self.origins, policy, self.metrics)
+        cache = ShardCache(
+            store, self.origins, policy, self.metrics, keeps_block_digests=settings.verify_hits
+        )
         prefetch = PrefetchQueue(
             cache,
             settings.prefetch_concurrency,

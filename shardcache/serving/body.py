@@ -13,6 +13,7 @@ response headers promised a Content-Length that will not be met.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import os
@@ -31,6 +32,7 @@ DEFAULT_SEND_TIMEOUT_S: float = option_default("client_send_timeout")  # the tab
 PROGRESS_CHECK_S = 1.0  # how often a blocked send looks for progress
 TRANSPORT_LOW_WATER_BYTES = 64 * 1024
 CHECKED_PIECE_BYTES = 8 << 20  # a hit is sent and checked in pieces this large (block-aligned)
+CHECKS_IN_FLIGHT = 3  # pieces sent but not yet checked before sending waits for the oldest
 Write = Callable[[bytes], Awaitable[None]]
 
 
@@ -224,30 +226,33 @@ async def send_checked(
     on every piece; the last byte leaves only once all of it passed. Returns the sum of what
     the checks returned (bytes read).
 
-    Each CHECKED_PIECE_BYTES piece is checked just after sendfile sent it, while the next one
-    is sent: its pages are still in the CPU's cache, so the check's copy costs less than a read
-    from memory. Raises the check's IntegrityError (the caller aborts the connection, so the
-    client never sees the response end), or the send's error.
+    Each CHECKED_PIECE_BYTES piece is checked just after sendfile sent it, while the next ones
+    are sent (its pages are still in the CPU's cache); sending waits for a check only when
+    CHECKS_IN_FLIGHT are behind, so the socket never idles for one. Raises the check's
+    IntegrityError (the caller aborts the connection, so the client never sees the response
+    end), or the send's error.
     """
     checked = 0
-    checking: asyncio.Future[int] | None = None
+    checks: collections.deque[asyncio.Future[int]] = collections.deque()
     position = start
     try:
         while position < end - 1:
             boundary = (position // CHECKED_PIECE_BYTES + 1) * CHECKED_PIECE_BYTES
             piece_end = min(boundary, end - 1)
             await sender.send(fd, position, piece_end - position)
-            if checking is not None:
-                checked += await checking
+            while checks and (checks[0].done() or len(checks) >= CHECKS_IN_FLIGHT):
+                checked += await checks.popleft()  # raises a failed check's error at once
             checked_end = end if piece_end == end - 1 else piece_end  # the held-back byte too
-            checking = asyncio.ensure_future(check(position, checked_end))
+            checks.append(asyncio.ensure_future(check(position, checked_end)))
             position = piece_end
-        checked += await (checking if checking is not None else check(start, end))
-        checking = None
+        if not checks:
+            checks.append(asyncio.ensure_future(check(start, end)))
+        while checks:
+            checked += await checks.popleft()
     finally:
-        if checking is not None:
-            checking.cancel()
-            await asyncio.gather(checking, return_exceptions=True)
+        for pending in checks:
+            pending.cancel()
+        await asyncio.gather(*checks, return_exceptions=True)
     await sender.send(fd, end - 1, 1)
     return checked
 
