@@ -9,7 +9,9 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
   table); `passthrough`: the streams of a fill that is not cached (not admitted, no room).
 - `scrub`, `scrub_check`, `verify`: every entry's bytes checked against the digest kept for
   it, by the daemon's paced scrub or offline (`shardcache verify`); `catalog`: what the cache
-  holds by origin and glob, for `ls` and `purge`. All over the store.
+  holds by origin and glob, for `ls` and `purge`. All over the store. `hit_check`: a hit's
+  blocks checked against the CRC-32C per block (`blocks`) kept at commit, once a window
+  however many readers send them.
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
   the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
 - `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
@@ -19,6 +21,7 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `index`: the diskcache adapter, the only module that imports diskcache or touches its
   private `_sql` and `_disk` (its schema test: `tests/unit/cache/test_index.py`), and
   `map_store_errors`, the edge where SQLite and OS errors become `CacheError`.
+- `blocks`: the per-block CRC-32C digests (taken by the fill, checked by hits).
 - `entry`, `space`: values (entry metadata, reservations, listed rows) and the pure
   arithmetic of room (`CacheFull` and `NotAdmitted` are in `errors`, with the whole tree).
 - `admission`, `plans`: what the policies decide from (pure): the scan-resistant admission

@@ -27,6 +27,7 @@ class EntryMeta:
     # The origin's Last-Modified (seconds since the epoch), passed on as a validator; None
     # when the origin gave none, or for an entry committed before it was kept.
     last_modified: float | None = None
+    block_crc32c: str = ""  # base64 CRC-32C per 1 MiB block (`blocks`), checked by hits
 
 
 @dataclass(slots=True)
@@ -126,6 +127,7 @@ def parse_meta(tag: object) -> EntryMeta:
         and all(isinstance(v, str) for v in meta.digests.values())
         and all(isinstance(v, str) for v in meta.verified_by)
         and (meta.last_modified is None or type(meta.last_modified) in (int, float))
+        and isinstance(meta.block_crc32c, str)
     )
     if not is_sound:
         raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")

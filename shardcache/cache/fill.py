@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Callable
 
+from shardcache.cache.blocks import READ_BYTES, BlockHasher, encode
 from shardcache.cache.entry import EntryMeta, Reservation
 from shardcache.cache.fill_state import (
     BODY_COMPLETE,
@@ -92,10 +93,12 @@ class Fill:
         limiter: RequestLimiter | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
         trust: ChecksumTrust | None = None,
+        keeps_block_digests: bool = True,
     ) -> None:
         """`on_unwanted(fill)`: the last holder let go of a fill nothing else wants (see the
         module docstring); the owner stops it, or closes the stream nobody took. `trust`: the
-        cache's."""
+        cache's. `keeps_block_digests`: take the CRC-32C per block that hits are checked
+        against (`blocks`)."""
         self.cache_key, self.origin, self.origin_key = cache_key, origin, origin_key
         self.state = FillState.STARTING
         self.info: ObjectInfo | None = None
@@ -128,6 +131,8 @@ class Fill:
         self._published: tuple[Checksum, ...] = ()  # every usable one: second opinions
         self._trust = trust if trust is not None else ChecksumTrust(observer)
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
+        self.block_digests = b""  # CRC-32C per block (`blocks`), kept per entry for hits
+        self._keeps_block_digests = keeps_block_digests
         self._checksums_known = asyncio.Event()
         self._progress = asyncio.Event()
         # The upstreams (not the home) whose bytes were in a body that failed verification:
@@ -430,23 +435,30 @@ class Fill:
             log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
 
     async def _verify_in_order(self, info: ObjectInfo) -> None:
-        """Learn the checksums; when there are any, hash the contiguous prefix in order as it
-        grows, in batches (one thread hop per HASH_BATCH_BYTES, not per chunk)."""
+        """Learn the checksums; hash the contiguous prefix in order as it grows, in batches
+        (one thread hop per HASH_BATCH_BYTES, not per chunk): with the published checksum
+        when there is one, and (unless `verify_hits` is off) into the CRC-32C per block a hit
+        is checked against."""
         assert self._reservation is not None and self._download is not None
         fd = self._reservation.fd
         checksums = cheapest(await self._learn_checksums(info))
         self._know_checksums(checksums)
-        if not checksums:
+        if not checksums and not self._keeps_block_digests:
             return
         verifier = Verifier(checksums)
+        blocks = BlockHasher() if self._keeps_block_digests else None
         hashed = 0
         while hashed < info.size_bytes:
             batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
             while self.written_bytes - hashed < batch:
                 await self._progress.wait()
             available = self.written_bytes
-            await asyncio.to_thread(verifier.update_from, fd, hashed, available - hashed)
+            await asyncio.to_thread(_hash_from, fd, hashed, available - hashed, verifier, blocks)
             hashed = available
+        if blocks is not None:
+            self.block_digests = blocks.digests()
+        if not checksums:
+            return
         if mismatches := verifier.mismatches():  # a checksum the origin gets wrong, or corruption
             opinion = SecondOpinion(self._published, mismatches, fd, info.size_bytes)
             verifier = await opinion.judge(self._trust, self.origin.name, self.origin_key)
@@ -501,6 +513,7 @@ class Fill:
             digests=self.digests,
             verified_by=list(self.verified_by),
             last_modified=info.last_modified,
+            block_crc32c=encode(self.block_digests),
         )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)
@@ -530,3 +543,21 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
+
+
+def _hash_from(
+    fd: int, offset: int, count: int, verifier: Verifier, blocks: BlockHasher | None
+) -> None:
+    """Feed bytes [offset, offset+count) of `fd` to `verifier` and `blocks`, read into one
+    reused READ_BYTES buffer (it stays in the CPU's cache between the copy and the hashing).
+    Blocking: call it on a worker thread. Raises CacheError when the file is shorter."""
+    buffer = memoryview(bytearray(min(count, READ_BYTES)))
+    while count:
+        got = os.preadv(fd, [buffer[: min(count, READ_BYTES)]], offset)
+        if not got:
+            raise CacheError("the partial file is shorter than what was written")
+        verifier.update(buffer[:got])
+        if blocks is not None:
+            blocks.update(buffer[:got])
+        offset += got
+        count -= got

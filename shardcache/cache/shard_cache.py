@@ -139,8 +139,12 @@ class ShardCache:
         policy: RetryPolicy,
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
+        keeps_block_digests: bool = True,
     ) -> None:
+        """`keeps_block_digests`: fills take the CRC-32C per block hits are checked against
+        (off with `verify_hits`: a miss then costs what it did before)."""
         self.store = store
+        self.keeps_block_digests = keeps_block_digests
         # Each origin with its limiter, built as one by the daemon, which replaces it whole on
         # a reload; this cache closes it (`aclose`). A mapping is a table built by hand.
         self._origins = (
@@ -472,6 +476,7 @@ class ShardCache:
             None if slot is None else slot.limiter,
             self._drop_unwanted,
             self.checksum_trust,
+            keeps_block_digests=self.keeps_block_digests,
         )
 
     def _drop_unwanted(self, fill: Fill) -> None:

@@ -158,6 +158,13 @@ def _parse_scrub_rate(value: Any) -> int:
     return 0 if text == "0" else parse_size(text)
 
 
+def _parse_seconds_or_zero(value: Any) -> float:
+    """Seconds, or 0 for none."""
+    if str(value).strip().removesuffix("s") in ("0", "0.0"):
+        return 0.0
+    return parse_seconds(value)
+
+
 def parse_token(value: Any) -> str | None:
     """A token is printable ASCII without spaces, at least 16 characters; "" means none."""
     if not isinstance(value, str):  # TOML: a number or a list is a mistake, not a token
@@ -392,6 +399,28 @@ OPTIONS: tuple[Option, ...] = (
         "bytes/s the background scrub re-reads cached shards at, to drop bit rot before it is "
         "served; 0 = off (a few percent of a local SSD; lower it on a throughput-capped volume)",
         "SIZE",
+        reloads=False,
+    ),
+    Option(
+        "verify_hits",
+        _parse_switch,
+        "on",
+        "check each hit's bytes against the CRC-32C per 1 MiB block kept at commit before its "
+        "last byte leaves (a mismatch aborts the response and drops the entry); off: hits as "
+        "fast as sendfile goes, bit rot caught by the scrub only",
+        "BOOL",
+        reloads=False,
+    ),
+    Option(
+        "verify_hits_window",
+        _parse_seconds_or_zero,
+        # Bounds a hot shard's cost: each block checked at most once per window however
+        # many readers send it; rot is served clean for at most this long after a check.
+        2.0,
+        "seconds a block a hit checked counts as checked for the next hits of that entry "
+        "(each block is read at most once per window, however many readers); 0: every hit "
+        "checks every block it sends (concurrent hits still share one check)",
+        "S",
         reloads=False,
     ),
     Option(

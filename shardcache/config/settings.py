@@ -60,6 +60,8 @@ class Settings:
     require_token_for_reads: bool
     insecure_no_token: bool
     scrub_rate: int  # bytes/s, 0: off
+    verify_hits: bool  # hits checked per block before their last byte
+    verify_hits_window: float  # seconds a checked block counts as checked (0: every hit)
     config: Path | None  # the TOML file read, if any
 
     @property

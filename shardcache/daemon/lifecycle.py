@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from shardcache import __version__
 from shardcache.cache.directory import LAYOUT_VERSION
+from shardcache.cache.hit_check import HitChecker
 from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
@@ -112,6 +113,7 @@ class Daemon:
             status=self._status,
             origins=self.origins,
             in_flight=self.in_flight,
+            hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
 
     async def start(self) -> None:
@@ -190,7 +192,9 @@ class Daemon:
             segment_bytes=settings.segment_size,
             first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
         )
-        cache = ShardCache(store, self.origins, policy, self.metrics)
+        cache = ShardCache(
+            store, self.origins, policy, self.metrics, keeps_block_digests=settings.verify_hits
+        )
         prefetch = PrefetchQueue(
             cache,
             settings.prefetch_concurrency,

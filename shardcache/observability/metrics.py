@@ -305,6 +305,17 @@ class Metrics:
             ["origin", "algorithm"],
             registry=registry,
         )
+        self.hit_corrupt_total = Counter(
+            "shardcache_hit_corrupt",
+            "Hits whose cached bytes failed their block check: aborted, the entry dropped",
+            ["origin"],
+            registry=registry,
+        )
+        self.hit_checked_bytes_total = Counter(
+            "shardcache_hit_checked_bytes",
+            "Bytes of cached entries read and hashed to check hits (verify_hits)",
+            registry=registry,
+        )
         self.client_disconnects = Counter(
             "shardcache_client_disconnects",
             "Shard responses the client left before their end (logged as 499)",
@@ -356,6 +367,7 @@ class Metrics:
             self.client_wait.labels(origin)
             self.loader_stall.labels(origin)
             self.client_disconnects.labels(origin)
+            self.hit_corrupt_total.labels(origin)
             self.origin_retries.labels(origin)
             self.origin_throttled_total.labels(origin)
             self.origin_request_limit_gauge.labels(origin)

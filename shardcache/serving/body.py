@@ -13,6 +13,7 @@ response headers promised a Content-Length that will not be met.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import os
@@ -30,6 +31,8 @@ FALLBACK_CHUNK_BYTES = 1 << 20
 DEFAULT_SEND_TIMEOUT_S: float = option_default("client_send_timeout")  # the table's, not a copy
 PROGRESS_CHECK_S = 1.0  # how often a blocked send looks for progress
 TRANSPORT_LOW_WATER_BYTES = 64 * 1024
+CHECKED_PIECE_BYTES = 8 << 20  # a hit is sent and checked in pieces this large (block-aligned)
+CHECKS_IN_FLIGHT = 3  # pieces sent but not yet checked before sending waits for the oldest
 Write = Callable[[bytes], Awaitable[None]]
 
 
@@ -214,6 +217,44 @@ class _Progress:
         self._queued = queued
         if now >= self._deadline:
             raise self._sender.stalled()
+
+
+async def send_checked(
+    sender: FileSender, fd: int, start: int, end: int, check: Callable[[int, int], Awaitable[int]]
+) -> int:
+    """Send bytes [start, end) of a cached file, `check(a, b)` (the hit's block check) passing
+    on every piece; the last byte leaves only once all of it passed. Returns the sum of what
+    the checks returned (bytes read).
+
+    Each CHECKED_PIECE_BYTES piece is checked just after sendfile sent it, while the next ones
+    are sent (its pages are still in the CPU's cache); sending waits for a check only when
+    CHECKS_IN_FLIGHT are behind, so the socket never idles for one. Raises the check's
+    IntegrityError (the caller aborts the connection, so the client never sees the response
+    end), or the send's error.
+    """
+    checked = 0
+    checks: collections.deque[asyncio.Future[int]] = collections.deque()
+    position = start
+    try:
+        while position < end - 1:
+            boundary = (position // CHECKED_PIECE_BYTES + 1) * CHECKED_PIECE_BYTES
+            piece_end = min(boundary, end - 1)
+            await sender.send(fd, position, piece_end - position)
+            while checks and (checks[0].done() or len(checks) >= CHECKS_IN_FLIGHT):
+                checked += await checks.popleft()  # raises a failed check's error at once
+            checked_end = end if piece_end == end - 1 else piece_end  # the held-back byte too
+            checks.append(asyncio.ensure_future(check(position, checked_end)))
+            position = piece_end
+        if not checks:
+            checks.append(asyncio.ensure_future(check(start, end)))
+        while checks:
+            checked += await checks.popleft()
+    finally:
+        for pending in checks:
+            pending.cancel()
+        await asyncio.gather(*checks, return_exceptions=True)
+    await sender.send(fd, end - 1, 1)
+    return checked
 
 
 async def send_fill(

@@ -26,6 +26,7 @@ import contextlib
 import logging
 import socket
 import struct
+from collections.abc import Awaitable
 
 from aiohttp import web
 
@@ -66,6 +67,7 @@ from shardcache.serving.body import (
     ClientGone,
     ClientStalled,
     FileSender,
+    send_checked,
     send_fill,
     send_stream,
     settle_empty,
@@ -312,9 +314,12 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             if not is_counted:
                 metrics.requests.labels(lease.origin, "error").inc()
             _failed_after_headers(request, lease, exc, sender.sent_bytes, end - start)
-            if lease.result is Result.HIT and isinstance(exc, EOFError):
-                # The entry's file is shorter than its index says: drop it (before the client
-                # hears of the failure and retries), so the next request refetches.
+            if lease.result is Result.HIT and isinstance(exc, EOFError | IntegrityError):
+                # The entry's file is shorter than its index says, or failed its block check:
+                # drop it (before the client hears of the failure and retries), so the next
+                # request refetches.
+                if isinstance(exc, IntegrityError):
+                    _count_corrupt_hit(request, lease.origin, exc)
                 with contextlib.suppress(NotCached):
                     await cache.purge(request.match_info["origin"], request.match_info["key"])
             _abort(request)
@@ -365,6 +370,12 @@ def _failed_after_headers(
     )
 
 
+def _count_corrupt_hit(request: web.Request, origin: str, exc: IntegrityError) -> None:
+    """A hit whose bytes failed their block check: counted, and a WARNING naming the key."""
+    request.app[METRICS_KEY].hit_corrupt_total.labels(origin).inc()
+    log.warning("dropping cached %s/%s: %s", origin, request.match_info["key"], exc)
+
+
 def _client_left(request: web.Request, origin: str) -> None:
     """A client going away mid-response is normal (`tar t | head`): a 499 and a counter, never an
     error; a fill it started goes on for the cache and for other readers."""
@@ -386,7 +397,16 @@ async def _send_body(
 
     if start == end:
         return  # settled before the headers
-    if lease.entry is not None:
+    checker = request.app[STATE_KEY].hit_checker
+    if lease.entry is not None and checker is not None and checker.can_check(lease.entry.meta):
+        entry = lease.entry
+        name = f"{lease.origin}/{request.match_info['key']}"
+
+        def check(first: int, last: int) -> Awaitable[int]:
+            return checker.check(name, entry.fd, entry.meta, first, last)
+
+        metrics.hit_checked_bytes_total.inc(await send_checked(sender, entry.fd, start, end, check))
+    elif lease.entry is not None:
         await sender.send(lease.entry.fd, start, end - start)
     elif lease.fill is not None:
         await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait, reader_left)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardcache.cache.hit_check import HitChecker
 from shardcache.cache.scrub import Scrubber
 from shardcache.fetch.origin_table import OriginTable
 
@@ -57,5 +58,6 @@ class ServerState:
     in_flight: InFlight = field(default_factory=InFlight)
     is_shutting_down: bool = False
     scrub: Scrubber | None = None  # POST /_/verify; None until the store is open
+    hit_checker: HitChecker | None = None  # hits checked per block (`verify_hits`); None: off
     # The one field the handlers write: origins whose tier loop was logged (once each).
     tier_loops_logged: set[str] = field(default_factory=set)

@@ -74,7 +74,8 @@ def test_the_scrub_drops_a_flipped_byte_and_the_next_read_refetches(
 def test_with_the_scrub_off_verify_checks_the_live_cache_through_the_daemon(
     start_daemon: Callable[..., Daemon], origin: OriginServer
 ) -> None:
-    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    # Hits unchecked too (--verify-hits off): only `verify` is left to find the rot.
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits", "off")
     data, path = _cached(daemon, origin, "rot-001.tar", 2 * MiB)
     _flip(path, 12345)
 
