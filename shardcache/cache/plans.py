@@ -306,6 +306,43 @@ class PlanBook:
                 soonest = when if soonest is None else min(soonest, when)
         return soonest
 
+    def read_ahead(
+        self, key: str, count: int, covers: Callable[[str], bool]
+    ) -> list[tuple[str, float]] | None:
+        """The next `count` keys `covers` accepts of each plan that reads `key` now (it has
+        just read it, or is about to), soonest first, each with the seconds until that plan
+        reads it; None when no plan lists keys `covers` accepts (read-ahead is then a guess).
+
+        Never waits (called on the event loop): while a worker thread holds the lock (a large
+        post), the answer is [] (plans are being posted: no key a plan does not name).
+        """
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
+            self._apply_pending()
+            self._drop_quiet()
+            covering = [p for p in self._plans.values() if p.keys and _lists(p, covers)]
+            if not covering:
+                return None
+            following: dict[str, float] = {}
+            for plan in covering:
+                index = plan.position_of(key, max(plan.cursor - 1, 0))
+                if index is None or index >= plan.cursor + SKIP_WINDOW:
+                    continue
+                taken = 0
+                for at in range(index + 1, len(plan.keys)):
+                    if taken == count:
+                        break
+                    upcoming = plan.keys[at]
+                    if upcoming == key or not covers(upcoming):
+                        continue
+                    taken += 1
+                    when = max(plan.seconds_until(at), 0.0)
+                    following[upcoming] = min(when, following.get(upcoming, when))
+            return sorted(following.items(), key=lambda pair: pair[1])
+        finally:
+            self._lock.release()
+
     def furthest(self, excluded: Callable[[str], bool]) -> tuple[str, float] | None:
         """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
         being settled), with that use's time; None when no plan reads a cached key again."""
@@ -368,6 +405,13 @@ class PlanBook:
             cached / remaining if remaining else None,
             plan.pace_s,
         )
+
+
+def _lists(plan: Plan, covers: Callable[[str], bool]) -> bool:
+    """Whether `plan` reads keys `covers` accepts, judged by its first, current and last keys
+    (a plan names one dataset; a scan of a million keys on each read would hold the loop)."""
+    current = plan.keys[min(plan.cursor, len(plan.keys) - 1)]
+    return covers(plan.keys[0]) or covers(current) or covers(plan.keys[-1])
 
 
 def choose_victim(

@@ -14,8 +14,12 @@
   within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
   HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
   later prefetches can never evict them before the loader reads them (no thrash).
-- Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
-  ends the run quietly (the end of the dataset, not a failure).
+- Read-ahead: `on_client_read()` follows the plans where one covers the origin: the next
+  `readahead` keys of the plans that read that key, as look-ahead, never a neighbour no plan
+  names (on a node of a data-parallel job, the next number is another node's). With no plan it
+  guesses the next keys of a numbered run and warms them: cached unpinned, no look-ahead
+  budget, so a guess nobody reads cannot hold up the loaders' prefetches. A missing one ends the
+  run quietly (the end of the dataset, not a failure) and is remembered (`missing`).
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
   like client misses would, nothing pinned and no look-ahead budget, so warming more than a
   quarter of the cache completes instead of waiting for a loader that is not there yet.
@@ -29,6 +33,7 @@ import collections
 import itertools
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -67,6 +72,16 @@ PUSH_BATCH = 4096  # items queued between yields to the event loop
 def _in_batch(item: Item, batch_id: int | None) -> bool:
     """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
     return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
+
+
+def _url_shape(url: str, key: str) -> tuple[str, str] | None:
+    """The (prefix, suffix) around `key` in its cache key `url` (an origin's URL, the key as
+    is or percent-encoded), or None when the key does not appear in it."""
+    for form in (key, urllib.parse.quote(key, safe="/~")):
+        at = url.rfind(form)
+        if at >= 0:
+            return url[:at], url[at + len(form) :]
+    return None
 
 
 class _Dropped(Exception):
@@ -182,19 +197,69 @@ class PrefetchQueue:
         return urls, cached, {url: s for url, s in needed.items() if s is not None}
 
     def on_client_read(self, origin: str, key: str) -> None:
-        """Queue the next keys of a numbered run a client has started reading."""
-        if self._pending_count >= MAX_PENDING or self.is_closed:
+        """Read ahead of a client that read `key`: where a plan covers the origin, the next keys
+        of the plans that read it (look-ahead, pinned until read); else the next keys of its
+        numbered run, a guess, warmed (cached unpinned, no look-ahead budget)."""
+        if self.readahead < 1 or self._pending_count >= MAX_PENDING or self.is_closed:
             return  # best effort: a full (or closed) queue takes no read-ahead
-        now = self._clock()
-        for place, successor in enumerate(next_keys(key, self.readahead)):
+        planned = self._planned_read_ahead(origin, key)
+        if planned is not None:
+            now = self._clock()
+            for successor, after_s in planned:
+                if not self._missing.has(origin, successor) and (
+                    (origin, successor) not in self._queued
+                ):
+                    entry = (now + after_s, next(self._order), origin, successor, NO_BATCH, True)
+                    self._push(self._lookahead, entry)
+            return
+        for successor in next_keys(key, self.readahead):
             if self._missing.has(origin, successor):
                 break  # not at the origin a moment ago: the run ends there (`missing`)
             if (origin, successor) not in self._queued:
-                deadline = now + (place + 1) * FALLBACK_SPACING_S
+                # Deadline 0: the warming lane goes in the order things were queued.
                 self._push(
-                    self._lookahead,
-                    (deadline, next(self._order), origin, successor, NO_BATCH, True),
+                    self._warming, (0.0, next(self._order), origin, successor, NO_BATCH, True)
                 )
+
+    def _planned_read_ahead(self, origin: str, key: str) -> list[tuple[str, float]] | None:
+        """The (key, seconds until read) pairs the plans read next after `key` of `origin`, or
+        None when no plan covers the origin (or its cache keys cannot be mapped back)."""
+        plans = self.cache.store.plans
+        if plans is None:
+            return None
+        try:
+            url = self.cache.cache_key(origin, key)[1]
+        except ShardcacheError:
+            return None
+        shape = _url_shape(url, key)
+        if shape is None:
+            return None
+        prefix, suffix = shape
+
+        def covers(planned_url: str) -> bool:
+            return planned_url.startswith(prefix) and planned_url.endswith(suffix)
+
+        following = plans.read_ahead(url, self.readahead, covers)
+        if following is None:
+            return None
+        pairs = []
+        for planned_url, after_s in following:
+            successor = self._key_of(origin, planned_url, shape)
+            if successor is not None:
+                pairs.append((successor, after_s))
+        return pairs
+
+    def _key_of(self, origin: str, url: str, shape: tuple[str, str]) -> str | None:
+        """The key of `origin` whose cache key is `url`, or None; checked by building it back."""
+        prefix, suffix = shape
+        middle = url[len(prefix) : len(url) - len(suffix)]
+        for key in dict.fromkeys((middle, urllib.parse.unquote(middle))):
+            try:
+                if self.cache.cache_key(origin, key)[1] == url:
+                    return key
+            except ShardcacheError:
+                continue
+        return None
 
     @property
     def _pending_count(self) -> int:
@@ -479,10 +544,10 @@ class PrefetchQueue:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         self._missing.add(item.origin, item.key)
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
-        lane = self._lookahead  # read-ahead is look-ahead
-        self._forget_entries(
-            lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
-        )
+        for lane in self._lanes:  # planned read-ahead is look-ahead; a guess is warmed
+            self._forget_entries(
+                lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
+            )
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
 
     def _record_failure(self, item: Item, exc: ShardcacheError) -> None:
