@@ -136,6 +136,17 @@ class PlanStatus:
     pace_s: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """The job whose plan reads a key soonest: when, at what pace, and how long it has been
+    quiet (seconds since it last posted or read)."""
+
+    job: str
+    seconds_until: float
+    pace_s: float | None
+    quiet_s: float
+
+
 class PlanBook:
     """Every active plan, indexed by key. Thread-safe: posts and reads arrive on the event loop,
     eviction asks from the store's worker threads."""
@@ -305,6 +316,29 @@ class PlanBook:
                 when = plan.seconds_until(index)
                 soonest = when if soonest is None else min(soonest, when)
         return soonest
+
+    def next_reader(self, key: str) -> Reader | None:
+        """The plan that reads `key` soonest, as a `Reader`, or None when no plan reads it
+        again. May wait for the lock: call it from a worker thread."""
+        with self._locked():
+            self._drop_quiet()
+            now = self._clock()
+            soonest: Reader | None = None
+            for plan in self._plans.values():
+                index = plan.position_of(key, plan.cursor)
+                if index is None:
+                    continue
+                when = plan.seconds_until(index)
+                if soonest is None or when < soonest.seconds_until:
+                    soonest = Reader(plan.job, when, plan.pace_s, now - plan.active_since())
+            return soonest
+
+    def covers(self, accepts: Callable[[str], bool]) -> bool:
+        """Whether some plan reads keys `accepts` takes (one origin's, say). May wait for the
+        lock: call it from a worker thread."""
+        with self._locked():
+            self._drop_quiet()
+            return any(p.keys and _lists(p, accepts) for p in self._plans.values())
 
     def read_ahead(
         self, key: str, count: int, covers: Callable[[str], bool]

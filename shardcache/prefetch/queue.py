@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -38,7 +39,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shardcache.cache.fill import Fill
+from shardcache.cache.plans import Reader
 from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.config.options import default
 from shardcache.errors import (
     CacheError,
     OriginNotFound,
@@ -60,13 +63,16 @@ from shardcache.prefetch.lanes import (
     entry_key,
 )
 from shardcache.prefetch.missing import MissingKeys
+from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
 from shardcache.prefetch.slots import Slots
+from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
 PUSH_BATCH = 4096  # items queued between yields to the event loop
+SWEEP_EVERY_S = 5.0  # pins are checked this often, and at once when the budget starts a wait
 
 
 def _in_batch(item: Item, batch_id: int | None) -> bool:
@@ -82,6 +88,12 @@ def _url_shape(url: str, key: str) -> tuple[str, str] | None:
         if at >= 0:
             return url[:at], url[at + len(form) :]
     return None
+
+
+def _covering(shape: tuple[str, str]) -> Callable[[str], bool]:
+    """Whether a cache key has this (prefix, suffix) shape: one origin's key."""
+    prefix, suffix = shape
+    return lambda url: url.startswith(prefix) and url.endswith(suffix)
 
 
 class _Dropped(Exception):
@@ -104,15 +116,24 @@ class PrefetchQueue:
         max_unread_bytes: int,
         readahead: int,
         clock: Callable[[], float] = time.monotonic,
+        max_pin_s: float | None = None,
     ) -> None:
-        """`concurrency`: prefetches at once, or None to let the tuner find it (module doc)."""
+        """`concurrency`: prefetches at once, or None to let the tuner find it (module doc).
+        `max_pin_s`: the longest a look-ahead pin lasts (`pins`; None: the option's default)."""
         self.cache = cache
         self.readahead = readahead
         self._clock = clock
         self._lookahead = Lane(is_warming=False)
         self._warming = Lane(is_warming=True)
         self._lanes = (self._lookahead, self._warming)
-        self.budget = LookaheadBudget(cache, max_unread_bytes, self._lookahead)
+        self.budget = LookaheadBudget(
+            cache, max_unread_bytes, self._lookahead, on_wait=self._sweep_wanted_now
+        )
+        if max_pin_s is None:
+            max_pin_s = float(default("prefetch_pin_max_seconds"))
+        self.pins = PinLedger(max_pin_s, clock)  # who holds each look-ahead pin, until when
+        self._sweep_wanted = asyncio.Event()
+        self.pins_ended: collections.Counter[str] = collections.Counter()  # by why
         self.slots = Slots(concurrency, self._is_saturated, clock)
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._missing = MissingKeys(clock)  # read-ahead keys the origin did not have
@@ -234,12 +255,7 @@ class PrefetchQueue:
         shape = _url_shape(url, key)
         if shape is None:
             return None
-        prefix, suffix = shape
-
-        def covers(planned_url: str) -> bool:
-            return planned_url.startswith(prefix) and planned_url.endswith(suffix)
-
-        following = plans.read_ahead(url, self.readahead, covers)
+        following = plans.read_ahead(url, self.readahead, _covering(shape))
         if following is None:
             return None
         pairs = []
@@ -295,8 +311,10 @@ class PrefetchQueue:
         released = 0
         if batch_id is None:
             released = self.cache.release_unread()
+            self.pins.forget()
         elif (batch := self._batches.get(batch_id)) is not None:
             released = self.cache.release_unread(batch.pinned)
+            self.pins.forget(list(batch.pinned))
         self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
         return dropped, released
 
@@ -341,8 +359,19 @@ class PrefetchQueue:
 
     @property
     def waiting_for(self) -> str | None:
-        """Why look-ahead is not moving, while it is not (the budget's wait)."""
-        return self.budget.waiting_for
+        """Why look-ahead is not moving, while it is not (the budget's wait), and which jobs
+        hold the budget."""
+        waiting = self.budget.waiting_for
+        if waiting is None:
+            return None
+        held = self.held_by()
+        if not held:
+            return waiting
+        shown = ", ".join(
+            f"{job} {format_size(size)}" for job, size in itertools.islice(held.items(), 4)
+        )
+        more = f" and {len(held) - 4} more" if len(held) > 4 else ""
+        return f"{waiting}; held by {shown}{more}"
 
     def _is_saturated(self) -> bool:
         """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
@@ -372,7 +401,14 @@ class PrefetchQueue:
             "concurrency_mode": "auto" if self.slots.tuner is not None else "fixed",
             "readahead": self.readahead,
             "recent_failures": list(self.recent_failures),
+            "held_by": self.held_by(),
+            "pins_ended": dict(self.pins_ended),
         }
+
+    def held_by(self) -> dict[str, int]:
+        """Unread look-ahead bytes by the job holding them (its plan's name; else "batch N",
+        or "read-ahead"), largest first."""
+        return self.pins.held(self.cache.unread_sizes())
 
     def batch(self, batch_id: int) -> Batch | None:
         return self._batches.get(batch_id)
@@ -395,6 +431,7 @@ class PrefetchQueue:
         ]
         if self.slots.tuner is not None:
             self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
+        self._dispatchers.append(asyncio.create_task(self._sweep(), name="prefetch pins"))
 
     async def aclose(self) -> None:
         """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
@@ -469,8 +506,11 @@ class PrefetchQueue:
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
             self.cache.release_unread([fill.cache_key])
-        elif item.batch is not None and not lane.is_warming:
-            item.batch.pinned.add(fill.cache_key)
+        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
+            holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
+            self.pins.add(fill.cache_key, holder, _url_shape(fill.cache_key, item.key))
+            if item.batch is not None:
+                item.batch.pinned.add(fill.cache_key)
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
             self.slots.release(lane)
@@ -519,6 +559,55 @@ class PrefetchQueue:
                 self.slots.unfollow(fill)
             if holds_slot:
                 self.slots.release(lane)
+
+    # -- pins ----------------------------------------------------------------------------
+
+    def _sweep_wanted_now(self) -> None:
+        self._sweep_wanted.set()
+
+    async def _sweep(self) -> None:
+        """End the pins no loader will read: every SWEEP_EVERY_S, and at once when the
+        look-ahead budget starts a wait."""
+        while True:
+            with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
+                await asyncio.wait_for(self._sweep_wanted.wait(), SWEEP_EVERY_S)
+            self._sweep_wanted.clear()
+            try:
+                await self.sweep_pins()
+            except ShardcacheError as exc:  # the plans' lock or the store: try next time
+                log.warning("could not check the look-ahead pins: %s", exc)
+
+    async def sweep_pins(self) -> int:
+        """End the look-ahead pins whose reader is gone, silent or late (`pins`); they stay
+        cached, unpinned, and their budget goes to the items waiting for it. Return the bytes
+        released."""
+        plans = self.cache.store.plans
+        shapes = self.pins.shapes()
+        readers: dict[str, Reader | None] = {}
+        covered: set[str] = set()
+
+        def ask() -> None:  # on a worker thread: the plans' lock may wait for a large post
+            assert plans is not None
+            for url, shape in shapes.items():
+                readers[url] = reader = plans.next_reader(url)
+                if reader is None and shape is not None and plans.covers(_covering(shape)):
+                    covered.add(url)
+
+        if plans is not None and shapes:
+            await asyncio.to_thread(ask)
+        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
+        if not ended:
+            return 0
+        released = self.cache.release_unread([url for url, _ in ended])
+        why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
+        self.pins_ended.update(why)
+        log.info(
+            "ended %d look-ahead pins no loader is about to read (%s), %s released",
+            len(ended),
+            ", ".join(f"{count} {reason}" for reason, count in sorted(why.items())),
+            format_size(released),
+        )
+        return released
 
     def _finish_item(
         self,

@@ -7,7 +7,7 @@ import os
 import time
 
 from shardcache.loader import client
-from tests.integration.helpers import curl
+from tests.integration.helpers import curl, run_cli, wait_for
 from tests.origin_server import OriginServer
 
 KiB = 1024
@@ -68,3 +68,35 @@ def test_stray_reads_on_a_fresh_daemon_pin_nothing(origin: OriginServer, start_d
     assert daemon.metric("shardcache_prefetch_unread_bytes") == 0
     for n in (1, 2, 5, 6):  # warmed: hits for whoever reads them
         assert curl(f"{daemon.url}/web/s_{n:03d}.tar").headers["x-shardcache"] == "hit"
+
+
+def test_a_budget_wait_says_who_holds_it_and_the_cancel_command_ends_it(
+    origin: OriginServer, start_daemon
+) -> None:
+    """A job posts look-ahead and never reads it: the queue waits for the budget. `stats`, the
+    status and `/metrics` say so and name the holder; `shardcache prefetch --cancel` drops the
+    rest and releases the budget (before, only a raw `curl -X DELETE /_/prefetch` did)."""
+    for n in range(6):
+        origin.put(f"s_{n:03d}.tar", os.urandom(SHARD_BYTES))
+    daemon = start_daemon(
+        {"web": origin.url}, "--readahead", "0", "--prefetch-max-bytes", f"{2 * SHARD_BYTES}"
+    )
+    queued = run_cli("prefetch", "--lookahead", "/web/s_{000..005}.tar", "--daemon", daemon.url)
+    assert queued.returncode == 0, queued.stderr
+    wait_for("the wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"] is not None)
+    status = daemon.get_json("/_/status")[1]["prefetch"]
+    assert status["held_by"] == {"batch 1": 2 * SHARD_BYTES}, status
+    assert "held by batch 1 320 KiB" in status["waiting_for"], status
+    assert daemon.metric("shardcache_prefetch_waiting_for_readers") == 1
+    assert daemon.metric("shardcache_prefetch_held_bytes", job="batch 1") == 2 * SHARD_BYTES
+    stats = run_cli("stats", "--daemon", daemon.url)
+    assert "waiting for  the look-ahead budget" in stats.stdout, stats.stdout
+
+    cancelled = run_cli("prefetch", "--cancel", "--daemon", daemon.url)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "dropped 4 shards queued; released 320 KiB" in cancelled.stderr, cancelled.stderr
+    after = _settle(daemon)
+    assert after["unread_bytes"] == 0 and after["waiting_for"] is None, after
+    assert daemon.metric("shardcache_prefetch_waiting_for_readers") == 0
+    missing = run_cli("prefetch", "--cancel", "99", "--daemon", daemon.url)
+    assert missing.returncode == 2 and "no prefetch batch" in missing.stderr, missing.stderr
