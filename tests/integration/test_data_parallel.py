@@ -1,10 +1,18 @@
 """Data-parallel training (issue 35): each node its own daemon in front of one origin, each node
-reading its share. Read-ahead follows the node's plan, and guesses pin nothing."""
+reading its share. Read-ahead follows the node's plan, guesses pin nothing, pins end, and the
+README's recipe splits the shards across nodes without overlap."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from shardcache.loader import client
 from tests.integration.helpers import curl, run_cli, wait_for
@@ -100,3 +108,52 @@ def test_a_budget_wait_says_who_holds_it_and_the_cancel_command_ends_it(
     assert daemon.metric("shardcache_prefetch_waiting_for_readers") == 0
     missing = run_cli("prefetch", "--cancel", "99", "--daemon", daemon.url)
     assert missing.returncode == 2 and "no prefetch batch" in missing.stderr, missing.stderr
+
+
+README = Path(__file__).parents[2] / "README.md"
+PREFETCH_DOC = Path(__file__).parents[2] / "docs" / "prefetch.md"
+RECIPE = "wds.detshuffle(1000, seed=0), wds.split_by_node, wds.split_by_worker"
+TODAYS = "wds.shuffle(1000), wds.split_by_node, wds.split_by_worker"
+# One node's view: the recipe's shard stages in WebDataset's own iteration, two epochs of one
+# pipeline, RANK and WORLD_SIZE read from the environment as WebDataset reads them.
+NODE = """
+import json, sys
+import webdataset as wds
+urls = [f"pipe:curl -s -f http://127.0.0.1:8470/lake/shards_{{n:03d}}.tar" for n in range(40)]
+pipeline = wds.DataPipeline(wds.SimpleShardList(urls), {stages})
+print(json.dumps([[shard["url"] for shard in pipeline] for epoch in range(2)]))
+"""
+
+
+def _epochs_across_nodes(stages: str, nodes: int) -> list[Counter[str]]:
+    """Each epoch's reads of each shard, over `nodes` processes (one a node) run side by side."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORKER", "NUM_WORKERS")}
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", NODE.format(stages=stages)],
+            env={**env, "RANK": str(rank), "WORLD_SIZE": str(nodes)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(nodes)
+    ]
+    per_node = [json.loads(run.communicate(timeout=120)[0]) for run in runs]
+    assert all(run.returncode == 0 for run in runs)
+    return [Counter(url for node in per_node for url in node[epoch]) for epoch in range(2)]
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_recipe_reads_every_shard_once_per_epoch_across_nodes(nodes: int) -> None:
+    for text in (README.read_text(), PREFETCH_DOC.read_text()):
+        assert TODAYS not in text
+    assert RECIPE in README.read_text()
+    epochs = _epochs_across_nodes(RECIPE, nodes)
+    for reads in epochs:
+        assert len(reads) == 40 and set(reads.values()) == {1}, reads
+
+
+def test_todays_recipe_reads_some_shards_twice_and_others_never() -> None:
+    """`wds.shuffle` seeds itself from the process id and the time: each node splits its own
+    permutation (the recipe the README had)."""
+    reads = _epochs_across_nodes(TODAYS, 2)
+    assert any(len(epoch) < 40 and max(epoch.values()) > 1 for epoch in reads), reads
