@@ -229,10 +229,10 @@ def _url(args: argparse.Namespace) -> int:
 def _prefetch(args: argparse.Namespace) -> int:
     if args.cancel is not None:
         return _cancel_prefetch(args, _daemon(args))
-    known, listen = _configured(args)
-    daemon = client.daemon_url(args.daemon, listen)
     if not args.urls:
         raise ConfigError("prefetch: give the shards to fetch, or --cancel [BATCH]")
+    known, listen = _configured(args)
+    daemon = client.daemon_url(args.daemon, listen)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon, warm=not args.lookahead)
     with client.reading_answer(daemon):

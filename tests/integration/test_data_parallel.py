@@ -110,6 +110,24 @@ def test_a_budget_wait_says_who_holds_it_and_the_cancel_command_ends_it(
     assert missing.returncode == 2 and "no prefetch batch" in missing.stderr, missing.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--cancel", "x1"], "prefetch --cancel: expected a batch number, got 'x1'"),
+        (
+            ["--cancel", "3", "/web/s.tar"],
+            "prefetch --cancel takes a batch number at most, no shards or flags",
+        ),
+        ([], "prefetch: give the shards to fetch, or --cancel [BATCH]"),
+    ],
+)
+def test_the_prefetch_command_refuses_bad_arguments_in_one_line(args: list[str], line: str) -> None:
+    """Refused before any daemon is asked (none runs here)."""
+    result = run_cli("prefetch", *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"shardcache: error: {line}"]
+
+
 README = Path(__file__).parents[2] / "README.md"
 PREFETCH_DOC = Path(__file__).parents[2] / "docs" / "prefetch.md"
 RECIPE = "wds.detshuffle(1000, seed=0), wds.split_by_node, wds.split_by_worker"

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -254,16 +252,3 @@ async def test_the_wait_names_the_jobs_holding_the_budget(
         assert queue.status()["held_by"] == {"node0-worker3": 2 * SHARD_BYTES}
     finally:
         await queue.aclose()
-
-
-def test_the_cancel_command_refuses_a_bad_batch_in_one_line() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shardcache", "prefetch", "--cancel", "x1"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "shardcache: error: prefetch --cancel: expected a batch number, got 'x1'"
-    ]
