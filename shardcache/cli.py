@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -115,11 +116,12 @@ def _parser() -> argparse.ArgumentParser:
         help="warm the running daemon's cache with shards, in the order given",
         description="Fill the cache with these shards before a run (nothing pinned, no "
         "look-ahead budget to wait for). With --lookahead they are queued as a loader's "
-        "look-ahead instead: pinned until read, within --prefetch-max-bytes.",
+        "look-ahead instead: pinned until read, within --prefetch-max-bytes. With --cancel, "
+        "drop what is queued instead.",
     )
     prefetch.add_argument(
         "urls",
-        nargs="+",
+        nargs="*",
         metavar="URL_OR_PATTERN",
         help="origin URLs, daemon URLs or /NAME/KEY paths; patterns allowed",
     )
@@ -132,6 +134,14 @@ def _parser() -> argparse.ArgumentParser:
         "--lookahead",
         action="store_true",
         help="queue as a loader's look-ahead (pinned until read) instead of warming",
+    )
+    prefetch.add_argument(
+        "--cancel",
+        nargs="?",
+        const="all",
+        metavar="BATCH",
+        help="drop what is queued (all, or of batch BATCH) and release the look-ahead budget "
+        "its prefetched shards hold (they stay cached, unpinned)",
     )
     _add_daemon_arguments(prefetch)
     cached.add_parsers(commands)
@@ -217,6 +227,10 @@ def _url(args: argparse.Namespace) -> int:
 
 
 def _prefetch(args: argparse.Namespace) -> int:
+    if args.cancel is not None:
+        return _cancel_prefetch(args, _daemon(args))
+    if not args.urls:
+        raise ConfigError("prefetch: give the shards to fetch, or --cancel [BATCH]")
     known, listen = _configured(args)
     daemon = client.daemon_url(args.daemon, listen)
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
@@ -239,6 +253,27 @@ def _prefetch(args: argparse.Namespace) -> int:
         dropped = printable(client.cancel_prefetch(batch, daemon).get("dropped", "?"))
         print(f"interrupted: dropped {dropped} queued shards of batch {batch}", file=sys.stderr)
         return 130
+
+
+def _cancel_prefetch(args: argparse.Namespace, daemon: str) -> int:
+    """`prefetch --cancel [BATCH]`: drop what is queued and release the look-ahead budget."""
+    if args.urls or args.wait or args.lookahead:
+        raise ConfigError("prefetch --cancel takes a batch number at most, no shards or flags")
+    batch: int | None = None
+    if args.cancel != "all":
+        if re.fullmatch(r"[0-9]{1,18}", args.cancel) is None:
+            raise ConfigError(f"prefetch --cancel: expected a batch number, got {args.cancel!r}")
+        batch = int(args.cancel)
+    answer = client.cancel_prefetch(batch, daemon)
+    with client.reading_answer(daemon):
+        dropped, released = int(answer["dropped"]), int(answer["released_bytes"])
+    which = "queued" if batch is None else f"queued of batch {batch}"
+    print(
+        f"dropped {dropped} shards {which}; released {format_size(released)} of look-ahead "
+        "budget (prefetched shards stay cached)",
+        file=sys.stderr,
+    )
+    return 0
 
 
 def _daemon(args: argparse.Namespace) -> str:

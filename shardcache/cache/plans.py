@@ -136,6 +136,17 @@ class PlanStatus:
     pace_s: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """The job whose plan reads a key soonest: when, at what pace, and how long it has been
+    quiet (seconds since it last posted or read)."""
+
+    job: str
+    seconds_until: float
+    pace_s: float | None
+    quiet_s: float
+
+
 class PlanBook:
     """Every active plan, indexed by key. Thread-safe: posts and reads arrive on the event loop,
     eviction asks from the store's worker threads."""
@@ -308,6 +319,66 @@ class PlanBook:
                 soonest = when if soonest is None else min(soonest, when)
         return soonest
 
+    def next_reader(self, key: str) -> Reader | None:
+        """The plan that reads `key` soonest, as a `Reader`, or None when no plan reads it
+        again. May wait for the lock: call it from a worker thread."""
+        with self._locked():
+            self._drop_quiet()
+            now = self._clock()
+            soonest: Reader | None = None
+            for plan in self._plans.values():
+                index = plan.position_of(key, plan.cursor)
+                if index is None:
+                    continue
+                when = plan.seconds_until(index)
+                if soonest is None or when < soonest.seconds_until:
+                    soonest = Reader(plan.job, when, plan.pace_s, now - plan.active_since())
+            return soonest
+
+    def covers(self, accepts: Callable[[str], bool]) -> bool:
+        """Whether some plan reads keys `accepts` takes (one origin's, say). May wait for the
+        lock: call it from a worker thread."""
+        with self._locked():
+            self._drop_quiet()
+            return any(p.keys and _lists(p, accepts) for p in self._plans.values())
+
+    def read_ahead(
+        self, key: str, count: int, covers: Callable[[str], bool]
+    ) -> list[tuple[str, float]] | None:
+        """The next `count` keys `covers` accepts of each plan that reads `key` now (it has
+        just read it, or is about to), soonest first, each with the seconds until that plan
+        reads it; None when no plan lists keys `covers` accepts (read-ahead is then a guess).
+
+        Never waits (called on the event loop): while a worker thread holds the lock (a large
+        post), the answer is [] (plans are being posted: no key a plan does not name).
+        """
+        if not self._lock.acquire(blocking=False):
+            return []
+        try:
+            self._apply_pending()
+            self._drop_quiet()
+            covering = [p for p in self._plans.values() if p.keys and _lists(p, covers)]
+            if not covering:
+                return None
+            following: dict[str, float] = {}
+            for plan in covering:
+                index = plan.position_of(key, max(plan.cursor - 1, 0))
+                if index is None or index >= plan.cursor + SKIP_WINDOW:
+                    continue
+                taken = 0
+                for at in range(index + 1, len(plan.keys)):
+                    if taken == count:
+                        break
+                    upcoming = plan.keys[at]
+                    if upcoming == key or not covers(upcoming):
+                        continue
+                    taken += 1
+                    when = max(plan.seconds_until(at), 0.0)
+                    following[upcoming] = min(when, following.get(upcoming, when))
+            return sorted(following.items(), key=lambda pair: pair[1])
+        finally:
+            self._lock.release()
+
     def furthest(self, excluded: Callable[[str], bool]) -> tuple[str, float] | None:
         """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
         being settled), with that use's time; None when no plan reads a cached key again."""
@@ -370,6 +441,13 @@ class PlanBook:
             cached / remaining if remaining else None,
             plan.pace_s,
         )
+
+
+def _lists(plan: Plan, covers: Callable[[str], bool]) -> bool:
+    """Whether `plan` reads keys `covers` accepts, judged by its first, current and last keys
+    (a plan names one dataset; a scan of a million keys on each read would hold the loop)."""
+    current = plan.keys[min(plan.cursor, len(plan.keys) - 1)]
+    return covers(plan.keys[0]) or covers(current) or covers(plan.keys[-1])
 
 
 def choose_victim(

@@ -365,6 +365,10 @@ class ShardCache:
     def unread_bytes(self) -> int:
         return sum(self._unread.values())
 
+    def unread_sizes(self) -> dict[str, int]:
+        """Prefetched entries no client has read yet, cache key → size (a copy)."""
+        return dict(self._unread)
+
     def release_unread(self, urls: Iterable[str] | None = None) -> int:
         """Unpin prefetched-but-unread entries, all or those of `urls` (they stay cached, as
         ordinary entries), freeing the look-ahead budget they held; return the bytes released."""

@@ -30,6 +30,8 @@ examples:
 examples:
   shardcache prefetch --wait s3://my-bucket/datasets/train-{000000..000099}.tar
   shardcache prefetch --lookahead /lake/train-000100.tar /lake/train-000101.tar
+  shardcache prefetch --cancel      # drop what is queued, release the look-ahead budget
+  shardcache prefetch --cancel 12   # only batch 12 (the number a post answered)
 """,
     "stats": """\
 examples:

@@ -32,6 +32,14 @@ def _scrub_line(scrub: dict[str, Any] | None) -> str:
     )
 
 
+def _waiting_lines(prefetch: dict[str, Any]) -> list[str]:
+    """While look-ahead waits: why, and which jobs hold the budget (older daemons: no line)."""
+    waiting = prefetch.get("waiting_for")
+    if not waiting:
+        return []
+    return [f"  waiting for  {waiting}"]
+
+
 def _receivers_line(receivers: dict[str, Any] | None) -> str:
     """The receiving processes: how many, busy with what, replaced how often."""
     if not receivers:
@@ -71,6 +79,7 @@ def format_status(document: dict[str, Any]) -> str:
         f"{prefetch['failed']} failed, "
         f"{format_size(prefetch['unread_bytes'])} unread, "
         f"{_concurrency(prefetch)}",
+        *_waiting_lines(prefetch),
         _scrub_line(document.get("scrub")),
         _receivers_line(document.get("receivers")),
         "",

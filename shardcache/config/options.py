@@ -275,10 +275,20 @@ OPTIONS: tuple[Option, ...] = (
         reloads=False,
     ),
     Option(
+        "prefetch_pin_max_seconds",
+        parse_seconds,
+        300.0,
+        "seconds a look-ahead pin lasts at most when no loader reads its shard (the job's pace "
+        "sets a shorter bound where a plan names it)",
+        "S",
+        reloads=False,
+    ),
+    Option(
         "readahead",
         _parse_count,
         2,
-        "next N numbered shards to queue on a read; 0 = off",
+        "next N shards to queue on a read: the reading plan's next where a plan covers the "
+        "origin, else numbered neighbours, warmed (not pinned); 0 = off",
         "N",
         reloads=False,
     ),

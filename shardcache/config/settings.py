@@ -42,6 +42,7 @@ class Settings:
     prefetch_concurrency: int | None  # None: auto, tuned to what the origin delivers
     prefetch_max_bytes: int | None  # None: a quarter of cache_size
     readahead: int
+    prefetch_pin_max_seconds: float
     eviction: str
     origin_connections: int
     segment_size: int

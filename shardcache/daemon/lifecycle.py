@@ -200,6 +200,7 @@ class Daemon:
             settings.prefetch_concurrency,
             settings.prefetch_budget_bytes,
             settings.readahead,
+            max_pin_s=settings.prefetch_pin_max_seconds,
         )
         scrub = Scrubber(
             store,

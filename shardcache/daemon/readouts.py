@@ -96,6 +96,8 @@ class Readouts:
             int(not state.is_serving),
             [(p.job, p.predicted_hit_ratio, p.measured_hit_ratio) for p in state.plans],
             prefetch_concurrency=self.prefetch.limit,
+            prefetch_waiting_for_readers=int(self.prefetch.waiting_for is not None),
+            prefetch_held=list(self.prefetch.held_by().items()),
         )
 
     def scrub_gauges(self) -> ScrubGauges:

@@ -407,8 +407,8 @@ def post_plan(
 
 
 def cancel_prefetch(batch: int | None = None, daemon: str | None = None) -> dict[str, Any]:
-    """Drop what is still queued of `batch` (or of everything, which also releases the
-    look-ahead budget). Returns `{"dropped", "released_bytes"}`."""
+    """Drop what is still queued of `batch` (or of everything) and release the look-ahead
+    budget its prefetched shards hold. Returns `{"dropped", "released_bytes"}`."""
     query = f"?batch={batch}" if batch is not None else ""
     result = _request_object("DELETE", daemon_url(daemon) + "/_/prefetch" + query)
     return result

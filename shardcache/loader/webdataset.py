@@ -5,7 +5,7 @@ this worker will really read:
 
     wds.DataPipeline(
         wds.SimpleShardList("pipe:curl -s -f http://127.0.0.1:8470/lake/shards_{000..999}.tar"),
-        wds.shuffle(1000), wds.split_by_node, wds.split_by_worker,
+        wds.detshuffle(1000, seed=0), wds.split_by_node, wds.split_by_worker,
         prefetch_ahead(8),
         wds.tarfile_to_samples(), …)
 

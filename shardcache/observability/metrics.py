@@ -95,6 +95,9 @@ class CacheGauges:
     # (job, predicted hit ratio for the rest of its plan, measured so far), active plans
     plans: list[tuple[str, float | None, float | None]] = field(default_factory=list)
     prefetch_concurrency: int = 0
+    prefetch_waiting_for_readers: int = 0  # 1 while look-ahead waits for the budget
+    # (job, unread bytes it holds), largest first (`PrefetchQueue.held_by`)
+    prefetch_held: list[tuple[str, int]] = field(default_factory=list)
 
 
 class _StateCollector(Collector):
@@ -134,6 +137,19 @@ class _StateCollector(Collector):
             "Prefetched bytes no client has read yet (pinned against eviction)",
             value=state.prefetch_unread_bytes,
         )
+        yield GaugeMetricFamily(
+            "shardcache_prefetch_waiting_for_readers",
+            "1 while look-ahead waits for loaders to read what was prefetched (the budget)",
+            value=state.prefetch_waiting_for_readers,
+        )
+        held = GaugeMetricFamily(
+            "shardcache_prefetch_held_bytes",
+            "Prefetched, unread bytes by the job holding them (the largest holders only)",
+            labels=["job"],
+        )
+        for job, held_bytes in state.prefetch_held[:PLAN_SERIES]:
+            held.add_metric([job], held_bytes)
+        yield held
         yield GaugeMetricFamily(
             "shardcache_client_connections",
             "Client connections open (--max-connections bounds them)",

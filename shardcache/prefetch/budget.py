@@ -11,6 +11,7 @@ knows nothing of dispatchers, slots or warming (warming pins nothing and never a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.prefetch.lanes import Lane, Start
@@ -20,9 +21,18 @@ log = logging.getLogger("shardcache.prefetch")
 
 
 class LookaheadBudget:
-    def __init__(self, cache: ShardCache, max_unread_bytes: int, lane: Lane) -> None:
-        """`lane`: the look-ahead lane, whose `starting` items are admitted in order."""
+    def __init__(
+        self,
+        cache: ShardCache,
+        max_unread_bytes: int,
+        lane: Lane,
+        on_wait: Callable[[], None] = lambda: None,
+    ) -> None:
+        """`lane`: the look-ahead lane, whose `starting` items are admitted in order.
+        `on_wait()`: called when an item starts waiting (the queue then ends the pins no
+        loader will read, `pins`)."""
         self.cache = cache
+        self._on_wait = on_wait
         self.max_unread_bytes = max_unread_bytes
         self._lane = lane
         self.admitted_bytes = 0  # held by items admitted and not pinned yet
@@ -57,10 +67,12 @@ class LookaheadBudget:
                 if not waiting:
                     waiting = True
                     self.waiters += 1
+                    self._on_wait()
                 self.waiting_for = (
                     f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
                     f"and not read yet, of {format_size(self.max_unread_bytes)} "
-                    "(--prefetch-max-bytes); loaders reading them free it"
+                    "(--prefetch-max-bytes); loaders reading them free it, and a pin no "
+                    "loader will read ends (`shardcache prefetch --cancel` ends them all)"
                 )
                 if not self._said_waiting:  # once per wait of the queue, not per item
                     self._said_waiting = True

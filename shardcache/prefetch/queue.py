@@ -14,8 +14,12 @@
   within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
   HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
   later prefetches can never evict them before the loader reads them (no thrash).
-- Read-ahead: `on_client_read()` queues the next `readahead` keys in a numbered run; a missing one
-  ends the run quietly (the end of the dataset, not a failure).
+- Read-ahead: `on_client_read()` follows the plans where one covers the origin: the next
+  `readahead` keys of the plans that read that key, as look-ahead, never a neighbour no plan
+  names (on a node of a data-parallel job, the next number is another node's). With no plan it
+  guesses the next keys of a numbered run and warms them: cached unpinned, no look-ahead
+  budget, so a guess nobody reads cannot hold up the loaders' prefetches. A missing one ends the
+  run quietly (the end of the dataset, not a failure) and is remembered (`missing`).
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
   like client misses would, nothing pinned and no look-ahead budget, so warming more than a
   quarter of the cache completes instead of waiting for a loader that is not there yet.
@@ -26,14 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shardcache.cache.fill import Fill
+from shardcache.cache.plans import Reader
 from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.config.options import default
 from shardcache.errors import (
     CacheError,
     OriginNotFound,
@@ -55,18 +63,37 @@ from shardcache.prefetch.lanes import (
     entry_key,
 )
 from shardcache.prefetch.missing import MissingKeys
+from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
 from shardcache.prefetch.slots import Slots
+from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
 RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
 PUSH_BATCH = 4096  # items queued between yields to the event loop
+SWEEP_EVERY_S = 5.0  # pins are checked this often, and at once when the budget starts a wait
 
 
 def _in_batch(item: Item, batch_id: int | None) -> bool:
     """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
     return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
+
+
+def _url_shape(url: str, key: str) -> tuple[str, str] | None:
+    """The (prefix, suffix) around `key` in its cache key `url` (an origin's URL, the key as
+    is or percent-encoded), or None when the key does not appear in it."""
+    for form in (key, urllib.parse.quote(key, safe="/~")):
+        at = url.rfind(form)
+        if at >= 0:
+            return url[:at], url[at + len(form) :]
+    return None
+
+
+def _covering(shape: tuple[str, str]) -> Callable[[str], bool]:
+    """Whether a cache key has this (prefix, suffix) shape: one origin's key."""
+    prefix, suffix = shape
+    return lambda url: url.startswith(prefix) and url.endswith(suffix)
 
 
 class _Dropped(Exception):
@@ -89,15 +116,24 @@ class PrefetchQueue:
         max_unread_bytes: int,
         readahead: int,
         clock: Callable[[], float] = time.monotonic,
+        max_pin_s: float | None = None,
     ) -> None:
-        """`concurrency`: prefetches at once, or None to let the tuner find it (module doc)."""
+        """`concurrency`: prefetches at once, or None to let the tuner find it (module doc).
+        `max_pin_s`: the longest a look-ahead pin lasts (`pins`; None: the option's default)."""
         self.cache = cache
         self.readahead = readahead
         self._clock = clock
         self._lookahead = Lane(is_warming=False)
         self._warming = Lane(is_warming=True)
         self._lanes = (self._lookahead, self._warming)
-        self.budget = LookaheadBudget(cache, max_unread_bytes, self._lookahead)
+        self.budget = LookaheadBudget(
+            cache, max_unread_bytes, self._lookahead, on_wait=self._sweep_wanted_now
+        )
+        if max_pin_s is None:
+            max_pin_s = float(default("prefetch_pin_max_seconds"))
+        self.pins = PinLedger(max_pin_s, clock)  # who holds each look-ahead pin, until when
+        self._sweep_wanted = asyncio.Event()
+        self.pins_ended: collections.Counter[str] = collections.Counter()  # by why
         self.slots = Slots(concurrency, self._is_saturated, clock)
         self._queued: set[tuple[str, str]] = set()  # pending or running
         self._missing = MissingKeys(clock)  # read-ahead keys the origin did not have
@@ -182,19 +218,64 @@ class PrefetchQueue:
         return urls, cached, {url: s for url, s in needed.items() if s is not None}
 
     def on_client_read(self, origin: str, key: str) -> None:
-        """Queue the next keys of a numbered run a client has started reading."""
-        if self._pending_count >= MAX_PENDING or self.is_closed:
+        """Read ahead of a client that read `key`: where a plan covers the origin, the next keys
+        of the plans that read it (look-ahead, pinned until read); else the next keys of its
+        numbered run, a guess, warmed (cached unpinned, no look-ahead budget)."""
+        if self.readahead < 1 or self._pending_count >= MAX_PENDING or self.is_closed:
             return  # best effort: a full (or closed) queue takes no read-ahead
-        now = self._clock()
-        for place, successor in enumerate(next_keys(key, self.readahead)):
+        planned = self._planned_read_ahead(origin, key)
+        if planned is not None:
+            now = self._clock()
+            for successor, after_s in planned:
+                if not self._missing.has(origin, successor) and (
+                    (origin, successor) not in self._queued
+                ):
+                    entry = (now + after_s, next(self._order), origin, successor, NO_BATCH, True)
+                    self._push(self._lookahead, entry)
+            return
+        for successor in next_keys(key, self.readahead):
             if self._missing.has(origin, successor):
                 break  # not at the origin a moment ago: the run ends there (`missing`)
             if (origin, successor) not in self._queued:
-                deadline = now + (place + 1) * FALLBACK_SPACING_S
+                # Deadline 0: the warming lane goes in the order things were queued.
                 self._push(
-                    self._lookahead,
-                    (deadline, next(self._order), origin, successor, NO_BATCH, True),
+                    self._warming, (0.0, next(self._order), origin, successor, NO_BATCH, True)
                 )
+
+    def _planned_read_ahead(self, origin: str, key: str) -> list[tuple[str, float]] | None:
+        """The (key, seconds until read) pairs the plans read next after `key` of `origin`, or
+        None when no plan covers the origin (or its cache keys cannot be mapped back)."""
+        plans = self.cache.store.plans
+        if plans is None:
+            return None
+        try:
+            url = self.cache.cache_key(origin, key)[1]
+        except ShardcacheError:
+            return None
+        shape = _url_shape(url, key)
+        if shape is None:
+            return None
+        following = plans.read_ahead(url, self.readahead, _covering(shape))
+        if following is None:
+            return None
+        pairs = []
+        for planned_url, after_s in following:
+            successor = self._key_of(origin, planned_url, shape)
+            if successor is not None:
+                pairs.append((successor, after_s))
+        return pairs
+
+    def _key_of(self, origin: str, url: str, shape: tuple[str, str]) -> str | None:
+        """The key of `origin` whose cache key is `url`, or None; checked by building it back."""
+        prefix, suffix = shape
+        middle = url[len(prefix) : len(url) - len(suffix)]
+        for key in dict.fromkeys((middle, urllib.parse.unquote(middle))):
+            try:
+                if self.cache.cache_key(origin, key)[1] == url:
+                    return key
+            except ShardcacheError:
+                continue
+        return None
 
     @property
     def _pending_count(self) -> int:
@@ -230,8 +311,10 @@ class PrefetchQueue:
         released = 0
         if batch_id is None:
             released = self.cache.release_unread()
+            self.pins.forget()
         elif (batch := self._batches.get(batch_id)) is not None:
             released = self.cache.release_unread(batch.pinned)
+            self.pins.forget(list(batch.pinned))
         self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
         return dropped, released
 
@@ -276,8 +359,19 @@ class PrefetchQueue:
 
     @property
     def waiting_for(self) -> str | None:
-        """Why look-ahead is not moving, while it is not (the budget's wait)."""
-        return self.budget.waiting_for
+        """Why look-ahead is not moving, while it is not (the budget's wait), and which jobs
+        hold the budget."""
+        waiting = self.budget.waiting_for
+        if waiting is None:
+            return None
+        held = self.held_by()
+        if not held:
+            return waiting
+        shown = ", ".join(
+            f"{job} {format_size(size)}" for job, size in itertools.islice(held.items(), 4)
+        )
+        more = f" and {len(held) - 4} more" if len(held) > 4 else ""
+        return f"{waiting}; held by {shown}{more}"
 
     def _is_saturated(self) -> bool:
         """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
@@ -307,7 +401,14 @@ class PrefetchQueue:
             "concurrency_mode": "auto" if self.slots.tuner is not None else "fixed",
             "readahead": self.readahead,
             "recent_failures": list(self.recent_failures),
+            "held_by": self.held_by(),
+            "pins_ended": dict(self.pins_ended),
         }
+
+    def held_by(self) -> dict[str, int]:
+        """Unread look-ahead bytes by the job holding them (its plan's name; else "batch N",
+        or "read-ahead"), largest first."""
+        return self.pins.held(self.cache.unread_sizes())
 
     def batch(self, batch_id: int) -> Batch | None:
         return self._batches.get(batch_id)
@@ -330,6 +431,7 @@ class PrefetchQueue:
         ]
         if self.slots.tuner is not None:
             self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
+        self._dispatchers.append(asyncio.create_task(self._sweep(), name="prefetch pins"))
 
     async def aclose(self) -> None:
         """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
@@ -404,8 +506,11 @@ class PrefetchQueue:
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
             self.cache.release_unread([fill.cache_key])
-        elif item.batch is not None and not lane.is_warming:
-            item.batch.pinned.add(fill.cache_key)
+        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
+            holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
+            self.pins.add(fill.cache_key, holder, _url_shape(fill.cache_key, item.key))
+            if item.batch is not None:
+                item.batch.pinned.add(fill.cache_key)
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
             self.slots.release(lane)
@@ -455,6 +560,55 @@ class PrefetchQueue:
             if holds_slot:
                 self.slots.release(lane)
 
+    # -- pins ----------------------------------------------------------------------------
+
+    def _sweep_wanted_now(self) -> None:
+        self._sweep_wanted.set()
+
+    async def _sweep(self) -> None:
+        """End the pins no loader will read: every SWEEP_EVERY_S, and at once when the
+        look-ahead budget starts a wait."""
+        while True:
+            with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
+                await asyncio.wait_for(self._sweep_wanted.wait(), SWEEP_EVERY_S)
+            self._sweep_wanted.clear()
+            try:
+                await self.sweep_pins()
+            except ShardcacheError as exc:  # the plans' lock or the store: try next time
+                log.warning("could not check the look-ahead pins: %s", exc)
+
+    async def sweep_pins(self) -> int:
+        """End the look-ahead pins whose reader is gone, silent or late (`pins`); they stay
+        cached, unpinned, and their budget goes to the items waiting for it. Return the bytes
+        released."""
+        plans = self.cache.store.plans
+        shapes = self.pins.shapes()
+        readers: dict[str, Reader | None] = {}
+        covered: set[str] = set()
+
+        def ask() -> None:  # on a worker thread: the plans' lock may wait for a large post
+            assert plans is not None
+            for url, shape in shapes.items():
+                readers[url] = reader = plans.next_reader(url)
+                if reader is None and shape is not None and plans.covers(_covering(shape)):
+                    covered.add(url)
+
+        if plans is not None and shapes:
+            await asyncio.to_thread(ask)
+        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
+        if not ended:
+            return 0
+        released = self.cache.release_unread([url for url, _ in ended])
+        why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
+        self.pins_ended.update(why)
+        log.info(
+            "ended %d look-ahead pins no loader is about to read (%s), %s released",
+            len(ended),
+            ", ".join(f"{count} {reason}" for reason, count in sorted(why.items())),
+            format_size(released),
+        )
+        return released
+
     def _finish_item(
         self,
         item: Item,
@@ -479,10 +633,10 @@ class PrefetchQueue:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         self._missing.add(item.origin, item.key)
         beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
-        lane = self._lookahead  # read-ahead is look-ahead
-        self._forget_entries(
-            lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
-        )
+        for lane in self._lanes:  # planned read-ahead is look-ahead; a guess is warmed
+            self._forget_entries(
+                lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
+            )
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
 
     def _record_failure(self, item: Item, exc: ShardcacheError) -> None:

@@ -238,7 +238,9 @@ SCRIPT = r"""
     pairs("prefetch", [["queued", p.pending], ["in flight", p.in_flight],
       ["concurrency", p.concurrency + " (" + p.concurrency_mode + ")"],
       ["look-ahead", bytes(p.unread_bytes) + " of " + bytes(p.max_unread_bytes) + " unread"],
-      ["waiting for", p.waiting_for], ["done / fetched / failed", p.done + " / " + p.fetched +
+      ["waiting for", p.waiting_for], ["held by", Object.entries(p.held_by || {}).map(([job,
+      size]) => job + " " + bytes(size)).join(", ") || "–"],
+      ["done / fetched / failed", p.done + " / " + p.fetched +
       " / " + p.failed], ["read-ahead", p.readahead]]);
     const r = doc.receivers;
     const s = doc.scrub;

@@ -68,6 +68,7 @@ ORDER: dict[str, list[str]] = {
         "prefetch.queue",
         "prefetch.slots",
         "prefetch.budget",
+        "prefetch.pins",
         "prefetch.tuning",
         "prefetch.lanes",
         "prefetch.missing",

@@ -242,3 +242,35 @@ def test_plans_of_one_dataset_share_their_key_strings() -> None:
     repeated = book.post("c", 0, ["x", "y", "x", "z", "x"])
     assert repeated.first == {"x": 0, "y": 1, "z": 3}
     assert repeated.repeats == {"x": [0, 2, 4]}
+
+
+def _of_lake(key: str) -> bool:
+    return key.startswith("lake/")
+
+
+def test_read_ahead_gives_the_reading_plans_next_keys_of_the_origin() -> None:
+    book = PlanBook(clock=Clock())
+    assert book.read_ahead("lake/s0", 2, _of_lake) is None  # no plan: read-ahead guesses
+    book.post("node0", 0, ["lake/s0", "lake/s2", "other/x", "lake/s4", "lake/s6"])
+    book.post("node0-other-origin", 0, ["other/y"])
+    book.on_request("lake/s0", hit=False)
+    assert [key for key, _ in book.read_ahead("lake/s0", 2, _of_lake) or []] == [
+        "lake/s2",
+        "lake/s4",
+    ]
+    assert book.read_ahead("lake/s1", 2, _of_lake) == []  # covered, but no plan reads s1
+    assert book.read_ahead("other/y", 2, lambda key: key.startswith("elsewhere/")) is None
+
+
+def test_next_reader_is_the_plan_that_reads_a_key_soonest() -> None:
+    clock = Clock()
+    book = PlanBook(clock=clock)
+    book.post("slow", 0, ["a", "b", "c"])
+    book.post("fast", 0, ["c", "a"])
+    reader = book.next_reader("c")
+    assert reader is not None and (reader.job, reader.seconds_until) == ("fast", 0.0)
+    clock.now += 7.0
+    reader = book.next_reader("b")
+    assert reader is not None and (reader.job, reader.quiet_s) == ("slow", 7.0)
+    assert book.next_reader("z") is None
+    assert book.covers(lambda key: key == "a") and not book.covers(lambda key: key == "z")

@@ -1,0 +1,145 @@
+"""Data-parallel nodes in front of one origin (issue 35): origin bytes per node, pins left behind,
+and a first epoch after stray reads. `python benchmarks/data_parallel.py` (from the repository
+root: it starts daemons as users do, with the test suite's origin); about a minute.
+
+Arms:
+- nodes: N nodes (`--nodes`, default 2), each its own daemon (200 MiB cache), each running the
+  README's pipeline (`wds.detshuffle(1000, seed=0)`, `split_by_node` with RANK/WORLD_SIZE,
+  `prefetch_ahead(2)`, `tarfile_to_samples`) over 32 shards of 1.15 MiB, one after the other:
+  what each node fetched from the origin against its share, and what it left pinned unread.
+- stray: two `curl`s of shards no loader reads, on a fresh daemon (32 MiB cache, so an 8 MiB
+  look-ahead budget, 2 MiB shards, 0.2 s to first byte), then one epoch of 16 other shards
+  through `prefetch_ahead(2)`: the epoch's misses and the daemon's loader stall.
+Each arm runs with the default `--readahead 2` and with `--readahead 0`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import webdataset as wds  # noqa: E402
+
+from shardcache.loader.sample import write_sample_shards  # noqa: E402
+from shardcache.loader.webdataset import prefetch_ahead  # noqa: E402
+from tests.daemon_process import Daemon  # noqa: E402
+from tests.origin_server import OriginServer  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _settle(daemon: Daemon) -> dict[str, Any]:
+    """The prefetch queue's status once nothing is pending or running (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while True:
+        status: dict[str, Any] = daemon.get_json("/_/prefetch")[1]
+        if (status["pending"] == 0 and status["in_flight"] == 0) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.05)
+
+
+def nodes_arm(work: Path, nodes: int, extra: list[str]) -> list[tuple[float, float, float]]:
+    """(MiB from the origin, MiB of its share, MiB left pinned unread) for each node."""
+    origin = OriginServer()
+    origin.start()
+    paths = write_sample_shards(work / "shards", shards=32, samples_per_shard=9,
+                                payload_bytes=128 * 1024)  # fmt: skip
+    for path in paths:
+        origin.put(path.name, path.read_bytes())
+    rows = []
+    try:
+        for rank in range(nodes):
+            daemon = Daemon(work / f"node{rank}", {"web": origin.url}, *extra,
+                            cache_size="200MiB")  # fmt: skip
+            os.environ.update(RANK=str(rank), WORLD_SIZE=str(nodes))
+            before = sum(origin.served.values())
+            urls = [f"pipe:curl -s -f {daemon.url}/web/{path.name}" for path in paths]
+            pipeline = wds.DataPipeline(
+                wds.SimpleShardList(urls),
+                wds.detshuffle(1000, seed=0), wds.split_by_node, wds.split_by_worker,
+                prefetch_ahead(2), wds.tarfile_to_samples(),
+            )  # fmt: skip
+            read = set()
+            for sample in pipeline:
+                read.add(sample["__url__"])
+                time.sleep(0.01)  # a training step
+            unread = _settle(daemon)["unread_bytes"]
+            share = sum(p.stat().st_size for p in paths if any(u.endswith(p.name) for u in read))
+            fetched = sum(origin.served.values()) - before
+            rows.append((fetched / MiB, share / MiB, unread / MiB))
+            daemon.stop()
+    finally:
+        origin.stop()
+    return rows
+
+
+def stray_arm(work: Path, extra: list[str]) -> tuple[float, int, float]:
+    """(MiB pinned after two stray reads, misses of the 16-shard epoch, loader stall s)."""
+    origin = OriginServer()
+    origin.start()
+    paths = write_sample_shards(work / "shards", shards=16, samples_per_shard=16,
+                                payload_bytes=128 * 1024)  # fmt: skip
+    for path in paths:
+        origin.put(f"e/{path.name}", path.read_bytes(), delay_s=0.2)
+    for number in (100, 101, 102, 200, 201, 202):  # the strays and their neighbours
+        origin.put(f"e/shards_{number:03d}.tar", paths[0].read_bytes(), delay_s=0.2)
+    daemon = Daemon(work / "cache", {"web": origin.url}, *extra, cache_size="32MiB")
+    try:
+        for number in (100, 200):
+            url = f"{daemon.url}/web/e/shards_{number:03d}.tar"
+            subprocess.run(["curl", "-s", "-o", "/dev/null", url], check=True)
+        pinned = _settle(daemon)["unread_bytes"]
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        urls = [f"pipe:curl -s -f {daemon.url}/web/e/{path.name}" for path in paths]
+        pipeline = wds.DataPipeline(
+            wds.SimpleShardList(urls), prefetch_ahead(2), wds.tarfile_to_samples()
+        )
+        for _ in pipeline:
+            time.sleep(0.02)
+        misses = daemon.metric("shardcache_requests_total", origin="web", result="miss") - 2
+        stall = float(daemon.get_json("/_/status")[1]["loader_stall_s"])
+    finally:
+        daemon.stop()
+        origin.stop()
+    return pinned / MiB, int(misses), stall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        work = Path(directory)
+        print(
+            "| arm | `--readahead` | node | from origin (MiB) | its share (MiB) "
+            "| left pinned (MiB) |"
+        )
+        print("|---|---|---|---|---|---|")
+        for readahead in ("2", "0"):
+            rows = nodes_arm(work / f"nodes{readahead}", args.nodes, ["--readahead", readahead])
+            for rank, (fetched, share, unread) in enumerate(rows):
+                print(f"| {args.nodes} nodes | {readahead} | {rank} | {fetched:.1f} | {share:.1f} "
+                      f"| {unread:.1f} |")  # fmt: skip
+        print()
+        print(
+            "| arm | `--readahead` | pinned after 2 stray reads (MiB) | epoch misses of 16 "
+            "| loader stall (s) |"
+        )
+        print("|---|---|---|---|---|")
+        for readahead in ("2", "0"):
+            pinned, misses, stall = stray_arm(
+                work / f"stray{readahead}", ["--readahead", readahead]
+            )
+            print(f"| stray curls | {readahead} | {pinned:.2f} | {misses} | {stall:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
