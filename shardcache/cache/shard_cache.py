@@ -317,6 +317,18 @@ class ShardCache:
             raise NotCached(f"{origin_name}/{key} is not cached")
         return purged
 
+    async def drop_damaged(self, origin_name: str, key: str, entry: Entry) -> bool:
+        """Drop the entry of `key` a hit found damaged (short, or failing its block check) if
+        it is still the version `entry` holds open, and return whether it was dropped. A fill
+        in flight (the refetch) and a version committed since are left alone; a cache dir that
+        cannot be written is a warning (the hit's client sees its failure either way)."""
+        _, url = self.cache_key(origin_name, key)
+        try:
+            return await asyncio.to_thread(self.store.drop_if_open, url, entry.fd)
+        except CacheError as exc:
+            self.store.warnings.warning(log, "drop", "cannot drop damaged %s: %s", url, exc)
+            return False
+
     async def purge_entries(self, origin: Origin, urls: list[str]) -> Purged:
         """Delete the entries of cache keys `urls` (one worker-thread hop), and let their fills
         in flight finish for the readers they have without keeping them (the next request

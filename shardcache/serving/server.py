@@ -33,6 +33,7 @@ from aiohttp import web
 from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
+    CacheError,
     FillAbandoned,
     IntegrityError,
     NotCached,
@@ -320,8 +321,12 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
                 # request refetches.
                 if isinstance(exc, IntegrityError):
                     _count_corrupt_hit(request, lease.origin, exc)
-                with contextlib.suppress(NotCached):
-                    await cache.purge(request.match_info["origin"], request.match_info["key"])
+                origin_name, key = request.match_info["origin"], request.match_info["key"]
+                if lease.entry is not None:  # only the version it read, never a refetch
+                    await cache.drop_damaged(origin_name, key, lease.entry)
+                else:
+                    with contextlib.suppress(NotCached, CacheError):
+                        await cache.purge(origin_name, key)
             _abort(request)
             return response
         finally:

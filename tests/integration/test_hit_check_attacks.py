@@ -1,0 +1,143 @@
+"""Attacks on hits checked per block (issue 34, item 1): a rotten shard read by a client that
+stalls while the entry is dropped and refetched; bytes flipped at block edges, in a range's
+partial blocks, in the last short block; the file truncated, extended or swapped. Never a
+clean 200/206 with a wrong byte, never a 500, and a refetched entry is never dropped for rot
+in the version before it."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.daemon_process import Daemon
+from tests.integration.disk_helpers import MiB, entry_files
+from tests.integration.helpers import curl, sha256, wait_for
+from tests.integration.test_hit_check import _cached, _corrupt_hits, _flip
+from tests.origin_server import OriginServer
+
+
+def _stalled_get(daemon: Daemon, key: str) -> tuple[socket.socket, bytes]:
+    """A GET whose client reads its headers and then nothing: the daemon's send blocks within
+    the first few MiB (a 32 KiB receive buffer). Returns the socket and the headers."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+    sock.settimeout(60)
+    sock.connect(("127.0.0.1", daemon.port))
+    host = f"127.0.0.1:{daemon.port}"
+    sock.sendall(f"GET /o/{key} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(1)
+        assert chunk, "the daemon closed before its headers"
+        received += chunk
+    return sock, received
+
+
+def _read_rest(sock: socket.socket) -> bytes:
+    body = bytearray()
+    with sock:
+        while chunk := sock.recv(1 << 20):
+            body += chunk
+    return bytes(body)
+
+
+def test_a_stalled_reader_of_a_rotten_shard_fails_and_spares_the_refetched_entry(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits-window", "600")
+    key = "stall-rot-000.tar"
+    size = 24 * MiB
+    data, path = _cached(daemon, origin, key, size)
+    _flip(path, 20 * MiB + 5)  # in the last 8 MiB piece: the stalled send never gets there
+
+    stalled, headers = _stalled_get(daemon, key)
+    assert b"x-shardcache: hit" in headers.lower()
+    rotten = curl(f"{daemon.url}/o/{key}")
+    assert rotten.headers["x-shardcache"] == "hit" and rotten.exit_code != 0
+    before = set(entry_files(daemon.cache_dir))
+    refetched = curl(f"{daemon.url}/o/{key}")
+    assert refetched.headers["x-shardcache"] == "miss" and refetched.sha256 == sha256(data)
+    wait_for("the refetch's commit", lambda: set(entry_files(daemon.cache_dir)) - before)
+    fresh = curl(f"{daemon.url}/o/{key}")  # checks the new file's blocks
+    assert fresh.headers["x-shardcache"] == "hit" and fresh.sha256 == sha256(data)
+
+    body = _read_rest(stalled)
+    assert len(body) < size, "the stalled reader got the rotten shard whole"
+    assert body == data[: len(body)] or body[: 20 * MiB] == data[: 20 * MiB]
+    after = curl(f"{daemon.url}/o/{key}")
+    assert after.exit_code == 0 and after.sha256 == sha256(data)
+    assert after.headers["x-shardcache"] == "hit", "the refetched entry was dropped"
+    assert daemon.metric("shardcache_requests_total", origin="o", result="miss") == 2
+    assert _corrupt_hits(daemon) == 2  # each failed read counted; one entry dropped
+
+
+SIZE = 3 * MiB + 100  # four blocks, the last short
+
+
+def _swap(path: Path, at: int) -> None:
+    """Replace the cached file with another of the same size (a new inode)."""
+    other = path.with_name(path.name + ".swap")
+    other.write_bytes(os.urandom(SIZE))
+    os.replace(other, path)
+
+
+def _truncate(path: Path, at: int) -> None:
+    os.truncate(path, at)
+
+
+# (damage, where, a read that must fail, a read that must stay clean or None)
+ATTACKS = {
+    "first-byte": (_flip, 0, (), ("-r", f"{MiB}-")),
+    "last-byte-of-block-0": (_flip, MiB - 1, ("-r", f"{MiB - 1}-{MiB}"), ("-r", f"{MiB}-")),
+    "first-byte-of-block-1": (_flip, MiB, ("-r", f"{MiB}-{MiB}"), ("-r", f"0-{MiB - 1}")),
+    "last-short-block": (_flip, SIZE - 1, ("-r", "-1"), ("-r", "0-99")),
+    "partial-block-before-range": (_flip, 2 * MiB + 10, ("-r", f"{2 * MiB + 100}-"), None),
+    "partial-block-after-range": (_flip, 2 * MiB + 900, ("-r", f"{2 * MiB}-{2 * MiB + 99}"), None),
+    "truncated": (_truncate, SIZE - 10, (), ("-r", "0-99")),
+    "truncated-at-block": (_truncate, 2 * MiB, ("-r", f"{2 * MiB}-"), ("-r", f"0-{MiB}")),
+    "swapped-same-size": (_swap, 0, ("-r", "5-6"), None),
+}
+
+
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_damage_at_block_edges_and_ranges_never_yields_a_clean_wrong_byte(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, attack: str
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    damage, at, failing, clean = ATTACKS[attack]
+    key = f"edge-{attack}.tar"
+    data, path = _cached(daemon, origin, key, SIZE)
+    damage(path, at)
+
+    if clean is not None:
+        read = curl(f"{daemon.url}/o/{key}", *clean)
+        assert read.exit_code == 0 and read.status == 206, read.status
+        first = int(clean[1].split("-")[0])
+        assert read.body == data[first : first + len(read.body)]
+    head = curl(f"{daemon.url}/o/{key}", "-I")
+    assert head.status == 200 and int(head.headers["content-length"]) == SIZE
+    bad = curl(f"{daemon.url}/o/{key}", *failing)
+    assert bad.headers["x-shardcache"] == "hit" and bad.status in (200, 206)
+    assert bad.exit_code != 0, f"a clean {bad.status} of a damaged entry"
+    assert _corrupt_hits(daemon) == (0 if damage is _truncate else 1)  # short: sendfile's EOF
+    again = curl(f"{daemon.url}/o/{key}")
+    assert again.exit_code == 0 and again.headers["x-shardcache"] == "miss"
+    assert again.sha256 == sha256(data)
+    assert "Traceback" not in daemon.log()
+
+
+def test_an_extended_file_still_serves_its_entrys_bytes(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    data, path = _cached(daemon, origin, "long.tar", SIZE)
+    with open(path, "ab") as file:
+        file.write(b"x" * 10)
+    read = curl(f"{daemon.url}/o/long.tar")
+    assert read.exit_code == 0 and read.body == data and read.headers["x-shardcache"] == "hit"
+    tail = curl(f"{daemon.url}/o/long.tar", "-r", "-1")
+    assert tail.exit_code == 0 and tail.body == data[-1:]
