@@ -6,6 +6,8 @@ in the version before it."""
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
 import os
 import socket
 from collections.abc import Callable
@@ -13,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.cache.entry import EntryMeta
+from shardcache.cache.store import Store
+from shardcache.checksums import crc32c
 from tests.daemon_process import Daemon
 from tests.integration.disk_helpers import MiB, entry_files
 from tests.integration.helpers import curl, sha256, wait_for
@@ -141,3 +146,63 @@ def test_an_extended_file_still_serves_its_entrys_bytes(
     assert read.exit_code == 0 and read.body == data and read.headers["x-shardcache"] == "hit"
     tail = curl(f"{daemon.url}/o/long.tar", "-r", "-1")
     assert tail.exit_code == 0 and tail.body == data[-1:]
+
+
+def test_many_readers_of_a_rotten_shard_fail_visibly_and_it_is_refetched_once(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
+    key = "rot-hot.tar"
+    data, path = _cached(daemon, origin, key, 10 * MiB + 3)
+    _flip(path, 9 * MiB)
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        reads = list(pool.map(lambda _: curl(f"{daemon.url}/o/{key}"), range(24)))
+    wrong = [r for r in reads if r.exit_code == 0 and r.sha256 != sha256(data)]
+    assert wrong == []
+    failed = [r for r in reads if r.exit_code != 0]
+    assert failed and all(r.headers.get("x-shardcache") == "hit" for r in failed)
+    assert _corrupt_hits(daemon) == len(failed)
+    assert daemon.metric("shardcache_requests_total", origin="o", result="miss") == 1
+    after = curl(f"{daemon.url}/o/{key}")
+    assert after.exit_code == 0 and after.sha256 == sha256(data)
+    assert "Traceback" not in daemon.log()
+
+
+def _committed_with(cache_dir: Path, url: str, data: bytes, blocks: str) -> Path:
+    store = Store(cache_dir, 64 * MiB)
+    try:
+        before = set(entry_files(cache_dir))
+        reservation = store.reserve(len(data))
+        os.pwrite(reservation.fd, data, 0)
+        meta = EntryMeta(len(data), digests={"crc32c": f"{crc32c(data):08x}"}, block_crc32c=blocks)
+        store.commit(reservation, url, meta)
+        os.close(reservation.fd)
+        (path,) = set(entry_files(cache_dir)) - before
+        return path
+    finally:
+        store.close()
+
+
+BAD_DIGESTS = {
+    "garbage": "!!not base64!!",
+    "too-few": base64.b64encode(b"\0\0\0\0").decode(),
+    "wrong": base64.b64encode(b"\1\2\3\4" * 3).decode(),
+}
+
+
+def test_block_digests_garbage_short_or_wrong_drop_the_entry_and_it_is_refetched(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    data = os.urandom(2 * MiB + 9)
+    cache_dir = tmp_path / "cache"
+    for name, blocks in BAD_DIGESTS.items():
+        origin.put(f"{name}.tar", data)
+        _committed_with(cache_dir, f"{origin.url}/{name}.tar", data, blocks)
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
+    for name in BAD_DIGESTS:
+        bad = curl(f"{daemon.url}/o/{name}.tar", "-r", "0-9")
+        assert bad.headers["x-shardcache"] == "hit" and bad.exit_code != 0, name
+        again = curl(f"{daemon.url}/o/{name}.tar")
+        assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data), name
+    assert _corrupt_hits(daemon) == len(BAD_DIGESTS)
+    assert "Traceback" not in daemon.log()
