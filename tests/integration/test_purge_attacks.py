@@ -1,0 +1,94 @@
+"""Attacks on a purge during a fill (issue 34, item 5): purge twice, purge then an immediate
+GET while the purged fill still runs (a new fetch, the new bytes, never the old fill's), many
+readers of the purged fill (each gets it whole), a purge racing the commit."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import http.client
+import os
+from collections.abc import Callable
+
+from tests.daemon_process import Daemon
+from tests.integration.helpers import curl, wait_for
+from tests.integration.test_purge_during_fill import (
+    SIZE,
+    TOKEN,
+    _cached_keys,
+    _delete,
+    _held_read,
+    _start,
+)
+from tests.origin_server import OriginServer
+
+AUTH = f"Authorization: Bearer {TOKEN}"
+
+
+def _body(response: http.client.HTTPResponse) -> bytes | None:
+    """The whole body, or None when the response ended early (a visible failure)."""
+    try:
+        return response.read()
+    except http.client.IncompleteRead:
+        return None
+
+
+def test_purge_twice_then_an_immediate_get_fetches_the_new_bytes_while_the_old_fill_runs(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = _start(start_daemon, origin)
+    old, new = os.urandom(SIZE), os.urandom(SIZE)
+    with _held_read(daemon, origin, "v.tar", old) as read:
+        joined = []
+        for _ in range(3):  # more readers of the fill, before the purge
+            connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
+            connection.request("GET", "/web/v.tar", headers={"Authorization": f"Bearer {TOKEN}"})
+            response = connection.getresponse()
+            assert response.getheader("X-Shardcache") == "coalesced"
+            joined.append((connection, response))
+        first = _delete(daemon, "/_/cache/web/v.tar")
+        assert first[0] == 200 and first[1]["fill_not_kept"] is True, first
+        second = _delete(daemon, "/_/cache/web/v.tar")
+        assert second[0] in (200, 404), second  # nothing left to purge, never a 500
+        origin.put("v.tar", new)  # the object changed: the next read must see it
+        fresh = curl(f"{daemon.url}/web/v.tar", "-H", AUTH)
+        assert fresh.exit_code == 0 and fresh.body == new, "a read after the purge got old bytes"
+        assert fresh.headers["x-shardcache"] == "miss"
+        read.release.set()
+        bodies = [_body(response) for response in [read.response, *(r for _, r in joined)]]
+        for connection in [read.connection, *(c for c, _ in joined)]:
+            connection.close()
+    # The purged fill's readers get the old version whole, or fail visibly (its checksum HEAD
+    # meets the new version: "changed during the fill"), never a byte of the new one.
+    assert all(body == old or body is None for body in bodies), "a spliced or new body"
+    wait_for("the new version cached", lambda: _cached_keys(daemon) == ["v.tar"])
+    hit = curl(f"{daemon.url}/web/v.tar", "-H", AUTH)
+    assert hit.headers["x-shardcache"] == "hit" and hit.body == new
+    assert "Traceback" not in daemon.log()
+
+
+def test_purges_racing_commits_never_leave_a_stale_hit(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = _start(start_daemon, origin)
+    wrong = 0
+    for round_ in range(12):
+        key = f"race-{round_}.tar"
+        old, new = os.urandom(SIZE // 4), os.urandom(SIZE // 4)
+        origin.put(key, old)
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            read = pool.submit(curl, f"{daemon.url}/web/{key}", "-H", AUTH)
+            purge = pool.submit(_delete, daemon, f"/_/cache/web/{key}")
+            got, (status, _) = read.result(), purge.result()
+        assert got.exit_code == 0 and got.body == old and status in (200, 404)
+        origin.put(key, new)
+        if status == 200:  # the purge reached the fill or its entry: nothing old stays
+            after = curl(f"{daemon.url}/web/{key}", "-H", AUTH)
+            wrong += after.body != new
+        purged = _delete(daemon, f"/_/cache/web/{key}")
+        assert purged[0] in (200, 404)
+        final = curl(f"{daemon.url}/web/{key}", "-H", AUTH)
+        wrong += final.body != new
+        assert hashlib.sha256(final.body).digest() == hashlib.sha256(new).digest()
+    assert wrong == 0
+    assert "Traceback" not in daemon.log()
