@@ -530,7 +530,8 @@ class ShardCache:
                 await fill.run()
         finally:
             self.flights.finish(fill)
-            if fill.blamed and not fill.is_second_fetch and not self._is_closing:
+            # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
+            if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
             self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
             if len(self._finished) > RECENT_FILLS:

@@ -8,7 +8,9 @@ import concurrent.futures
 import hashlib
 import http.client
 import os
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.daemon_process import Daemon
 from tests.integration.helpers import curl, wait_for
@@ -92,3 +94,50 @@ def test_purges_racing_commits_never_leave_a_stale_hit(
         assert hashlib.sha256(final.body).digest() == hashlib.sha256(new).digest()
     assert wrong == 0
     assert "Traceback" not in daemon.log()
+
+
+def test_a_fill_purged_before_its_lying_mirror_is_caught_starts_no_kept_second_fetch(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    home = origin
+    liar = OriginServer()
+    liar.start()
+    try:
+        data = os.urandom(SIZE)
+        home.put("m.tar", data)
+        release = threading.Event()
+        liar.put("m.tar", os.urandom(SIZE), claims_etag=home.etags["m.tar"], no_md5=True)
+        liar.put(
+            "m.tar",
+            liar.objects["m.tar"],
+            hold=release,
+            claims_etag=home.etags["m.tar"],
+            no_md5=True,
+        )
+        config = tmp_path / "origins.toml"
+        config.write_text(f'[origins.web]\nurls = ["{liar.url}", "{home.url}"]\n')
+        daemon = start_daemon(
+            {},
+            "--config",
+            str(config),
+            "--readahead",
+            "0",
+            env={"SHARDCACHE_ADMIN_TOKEN": TOKEN},
+            token=TOKEN,
+        )
+        connection = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=30)
+        connection.request("GET", "/web/m.tar", headers={"Authorization": f"Bearer {TOKEN}"})
+        response = connection.getresponse()
+        assert response.getheader("X-Shardcache") == "miss"
+        status, answer = _delete(daemon, "/_/cache/web/m.tar")
+        assert status == 200 and answer["fill_not_kept"] is True, answer
+        release.set()
+        assert _body(response) is None  # the liar's bytes: a visible failure
+        connection.close()
+        read = curl(f"{daemon.url}/web/m.tar", "-H", AUTH)  # a reader's own fetch
+        assert read.exit_code == 0 and read.body == data
+        assert "fetching it again" not in daemon.log(), "a purged object was fetched again"
+        assert read.headers["x-shardcache"] == "miss" and home.gets["m.tar"] == 1
+        assert "Traceback" not in daemon.log()
+    finally:
+        liar.stop()
