@@ -19,7 +19,7 @@ from shardcache.cache.entry import EntryMeta
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from tests.daemon_process import Daemon
-from tests.integration.disk_helpers import MiB, entry_files
+from tests.integration.disk_helpers import MiB, entry_files, read_only, readyz
 from tests.integration.helpers import curl, sha256, wait_for
 from tests.integration.test_hit_check import _cached, _corrupt_hits, _flip
 from tests.origin_server import OriginServer
@@ -206,3 +206,22 @@ def test_block_digests_garbage_short_or_wrong_drop_the_entry_and_it_is_refetched
         assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data), name
     assert _corrupt_hits(daemon) == len(BAD_DIGESTS)
     assert "Traceback" not in daemon.log()
+
+
+def test_a_rotten_hit_on_a_read_only_cache_dir_fails_visibly_and_is_dropped_once_writable(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    cache_dir = tmp_path / "cache"
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
+    data, path = _cached(daemon, origin, "ro.tar", SIZE)
+    _flip(path, 2 * MiB)
+    with read_only(cache_dir):
+        reads = [curl(f"{daemon.url}/o/ro.tar") for _ in range(2)]
+        assert all(r.headers["x-shardcache"] == "hit" and r.exit_code != 0 for r in reads)
+    wait_for("/readyz once writable again", lambda: readyz(daemon.url)[0] == 200)
+    dropped = curl(f"{daemon.url}/o/ro.tar")
+    assert dropped.headers["x-shardcache"] == "hit" and dropped.exit_code != 0
+    again = curl(f"{daemon.url}/o/ro.tar")
+    assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
+    assert _corrupt_hits(daemon) == 3
+    assert "Traceback" not in daemon.log(), daemon.log()[-3000:]
