@@ -321,8 +321,12 @@ class ShardCache:
         """Drop the entry of `key` a hit found damaged (short, or failing its block check) if
         it is still the version `entry` holds open, and return whether it was dropped. A fill
         in flight (the refetch) and a version committed since are left alone; a cache dir that
-        cannot be written is a warning (the hit's client sees its failure either way)."""
-        _, url = self.cache_key(origin_name, key)
+        cannot be written is a warning (the hit's client sees its failure either way). Never
+        raises: an error after a response's headers would be written as its last bytes."""
+        try:
+            _, url = self.cache_key(origin_name, key)
+        except UnknownOrigin:  # reloaded away meanwhile: its entries are not served any more
+            return False
         try:
             return await asyncio.to_thread(self.store.drop_if_open, url, entry.fd)
         except CacheError as exc:

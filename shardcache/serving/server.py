@@ -33,10 +33,8 @@ from aiohttp import web
 from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
-    CacheError,
     FillAbandoned,
     IntegrityError,
-    NotCached,
     OriginError,
     OriginNotFound,
     ShardcacheError,
@@ -325,7 +323,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
                 if lease.entry is not None:  # only the version it read, never a refetch
                     await cache.drop_damaged(origin_name, key, lease.entry)
                 else:
-                    with contextlib.suppress(NotCached, CacheError):
+                    with contextlib.suppress(ShardcacheError):  # nothing may escape: see _abort
                         await cache.purge(origin_name, key)
             _abort(request)
             return response
