@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl, wait_for
+from tests.integration.helpers import curl, run_cli, wait_for
 from tests.integration.test_purge_during_fill import (
     SIZE,
     TOKEN,
@@ -141,3 +141,27 @@ def test_a_fill_purged_before_its_lying_mirror_is_caught_starts_no_kept_second_f
         assert "Traceback" not in daemon.log()
     finally:
         liar.stop()
+
+
+def test_a_purge_of_a_prefetchs_fill_in_flight_keeps_and_pins_nothing(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = _start(start_daemon, origin)
+    release = threading.Event()
+    data = os.urandom(SIZE)
+    origin.put("p.tar", data, hold=release)
+    env = {"SHARDCACHE_ADMIN_TOKEN": TOKEN}
+    queued = run_cli("prefetch", "--lookahead", "/web/p.tar", "--daemon", daemon.url, env=env)
+    assert queued.returncode == 0, queued.stderr
+    wait_for("the prefetch's GET held", lambda: origin.gets["p.tar"] == 1)
+    purged = run_cli("purge", "web", "p*", "--daemon", daemon.url, env=env)
+    assert purged.returncode == 0, purged
+    assert "1 fill in flight" in purged.stdout, purged.stdout
+    release.set()
+    wait_for("the prefetch settled", lambda: daemon.get_json("/_/prefetch")[1]["in_flight"] == 0)
+    status = daemon.get_json("/_/prefetch")[1]
+    assert status["unread_bytes"] == 0, status
+    assert _cached_keys(daemon) == []
+    read = curl(f"{daemon.url}/web/p.tar", "-H", AUTH)
+    assert read.exit_code == 0 and read.body == data and read.headers["x-shardcache"] == "miss"
+    assert "Traceback" not in daemon.log()
