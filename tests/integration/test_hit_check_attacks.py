@@ -250,3 +250,16 @@ def test_kill_9_during_a_hit_check_then_a_restart_serves_clean_and_still_catches
     _flip(path, 23 * MiB)
     rotten = curl(f"{again.url}/o/k9.tar", "-r", f"{23 * MiB}-")
     assert rotten.exit_code != 0 and _corrupt_hits(again) == 1
+
+
+def test_a_file_swapped_after_a_checked_hit_is_checked_again_within_the_window(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits-window", "600")
+    data, path = _cached(daemon, origin, "swap.tar", SIZE)
+    first = curl(f"{daemon.url}/o/swap.tar")  # every block checked: sound for 600 s
+    assert first.exit_code == 0 and first.sha256 == sha256(data)
+    _swap(path, 0)  # another file under the entry's name, same size
+    swapped = curl(f"{daemon.url}/o/swap.tar")
+    assert swapped.exit_code != 0, "a swapped file was served clean on its predecessor's checks"
+    assert _corrupt_hits(daemon) == 1
