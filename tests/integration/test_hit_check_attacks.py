@@ -263,3 +263,28 @@ def test_a_file_swapped_after_a_checked_hit_is_checked_again_within_the_window(
     swapped = curl(f"{daemon.url}/o/swap.tar")
     assert swapped.exit_code != 0, "a swapped file was served clean on its predecessor's checks"
     assert _corrupt_hits(daemon) == 1
+
+
+def test_many_ranged_readers_of_a_rotten_entry_cached_before_block_digests_all_fail(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    data = os.urandom(5 * MiB + 3)
+    origin.put("old-rot.tar", data)
+    cache_dir = tmp_path / "cache"
+    path = _committed_with(cache_dir, f"{origin.url}/old-rot.tar", data, "")  # whole digest only
+    _flip(path, 4 * MiB + 1)
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
+    ranges = ["0-0", "-1", f"{MiB}-", "100-200", f"{4 * MiB}-{4 * MiB + 9}", "0-"] * 3
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        reads = list(pool.map(lambda r: curl(f"{daemon.url}/o/old-rot.tar", "-r", r), ranges))
+    failed = [r for r in reads if r.exit_code != 0]
+    assert failed and all(r.headers.get("x-shardcache") == "hit" for r in failed)
+    for wanted, read in zip(ranges, reads, strict=True):
+        if read.exit_code == 0:  # after the drop: the refetch's bytes (a miss, then hits), exact
+            first, _, last = wanted.partition("-")
+            stop = int(last) + 1 if first and last else None
+            piece = data[-int(last) :] if not first else data[int(first) : stop]
+            assert read.body == piece, wanted
+    assert daemon.metric("shardcache_requests_total", origin="o", result="miss") <= 1
+    assert _corrupt_hits(daemon) == len(failed)
+    assert "Traceback" not in daemon.log()
