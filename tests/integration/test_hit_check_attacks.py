@@ -288,3 +288,21 @@ def test_many_ranged_readers_of_a_rotten_entry_cached_before_block_digests_all_f
     assert daemon.metric("shardcache_requests_total", origin="o", result="miss") <= 1
     assert _corrupt_hits(daemon) == len(failed)
     assert "Traceback" not in daemon.log()
+
+
+def test_with_verify_hits_off_a_truncated_entry_fails_visibly_and_odd_ranges_are_no_500(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits", "off")
+    data, path = _cached(daemon, origin, "off.tar", SIZE)
+    for odd in ("0-0,-1", "5-1", f"{SIZE}-", "-0", "x-y", f"0-{SIZE * 2}"):
+        read = curl(f"{daemon.url}/o/off.tar", "-H", f"Range: bytes={odd}")
+        assert read.status != 500 and read.status != 0, (odd, read.status)
+        if read.exit_code == 0 and read.status in (200, 206):
+            assert read.body in (data, data[:1] + data[-1:]) or data.find(read.body) >= 0, odd
+    os.truncate(path, SIZE - 1)
+    short = curl(f"{daemon.url}/o/off.tar")
+    assert short.headers["x-shardcache"] == "hit" and short.exit_code != 0
+    again = curl(f"{daemon.url}/o/off.tar")
+    assert again.headers["x-shardcache"] == "miss" and again.sha256 == sha256(data)
+    assert "Traceback" not in daemon.log()
