@@ -456,6 +456,8 @@ class Store:
             same = os.path.samestat(os.stat(self._index_dir / filename), os.fstat(fd))
         except FileNotFoundError:
             return False
+        except OSError as exc:
+            raise CacheError(f"cannot drop {key}: {exc}") from exc
         return same and self.drop_if_unchanged(key, filename)
 
     # -- listing (`GET /_/cache`, `shardcache ls`) -----------------------------------------
