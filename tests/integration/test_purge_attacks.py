@@ -165,3 +165,40 @@ def test_a_purge_of_a_prefetchs_fill_in_flight_keeps_and_pins_nothing(
     read = curl(f"{daemon.url}/web/p.tar", "-H", AUTH)
     assert read.exit_code == 0 and read.body == data and read.headers["x-shardcache"] == "miss"
     assert "Traceback" not in daemon.log()
+
+
+def test_a_purge_of_the_second_fetch_after_a_lying_mirror_is_not_kept(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, tmp_path: Path
+) -> None:
+    home, liar = origin, OriginServer()
+    liar.start()
+    try:
+        data = os.urandom(SIZE)
+        release = threading.Event()
+        home.put("q.tar", data, hold=release)
+        liar.put("q.tar", os.urandom(SIZE), claims_etag=home.etags["q.tar"], no_md5=True)
+        config = tmp_path / "origins.toml"
+        config.write_text(f'[origins.web]\nurls = ["{liar.url}", "{home.url}"]\n')
+        daemon = start_daemon(
+            {},
+            "--config",
+            str(config),
+            "--readahead",
+            "0",
+            env={"SHARDCACHE_ADMIN_TOKEN": TOKEN},
+            token=TOKEN,
+        )
+        lied = curl(f"{daemon.url}/web/q.tar", "-H", AUTH)
+        assert lied.exit_code != 0  # the liar's bytes: a visible failure
+        wait_for("the second fetch held at the home", lambda: home.gets["q.tar"] == 1)
+        status, answer = _delete(daemon, "/_/cache/web/q.tar")
+        assert status == 200 and answer["fill_not_kept"] is True, answer
+        release.set()
+        read = curl(f"{daemon.url}/web/q.tar", "-H", AUTH)
+        assert read.exit_code == 0 and read.body == data
+        assert read.headers["x-shardcache"] == "miss"  # its own fetch, not the purged one
+        wait_for("the read's fill cached", lambda: _cached_keys(daemon) == ["q.tar"])
+        assert home.gets["q.tar"] == 2
+        assert "Traceback" not in daemon.log()
+    finally:
+        liar.stop()
