@@ -3,7 +3,11 @@
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
 - `queue`: `PrefetchQueue`, the facade: the order (earliest deadline first, across every
-  loader), the dispatchers, read-ahead, warming, the batches and the counts `/_/prefetch` shows.
+  loader), the dispatchers, warming, the batches and the counts `/_/prefetch` shows.
+- `sweep`: `PinSweep`, ending the look-ahead pins no loader will read, on a period and when the
+  budget starts a wait (the ledger in `pins` says which, pure).
+- `read_ahead`: `ReadAhead`, which keys follow a client's read: the plans' next keys, or a
+  guess along a numbered run cut at the first key the origin lacked (`missing`).
 - `budget`: `LookaheadBudget`, the prefetched-but-unread bytes allowed ahead of the loaders:
   admission in the queue's order, the bytes held until a fill pins its shard, the wait's reason.
 - `slots`: `Slots`, how many prefetches run at once in each lane, fixed or tuned every window

@@ -14,12 +14,12 @@
   within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
   HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
   later prefetches can never evict them before the loader reads them (no thrash).
-- Read-ahead: `on_client_read()` follows the plans where one covers the origin: the next
-  `readahead` keys of the plans that read that key, as look-ahead, never a neighbour no plan
-  names (on a node of a data-parallel job, the next number is another node's). With no plan it
-  guesses the next keys of a numbered run and warms them: cached unpinned, no look-ahead
-  budget, so a guess nobody reads cannot hold up the loaders' prefetches. A missing one ends the
-  run quietly (the end of the dataset, not a failure) and is remembered (`missing`).
+- Read-ahead: `on_client_read()` queues what `read_ahead.ReadAhead` says follows the read: where
+  a plan covers the origin, the plans' next keys, as look-ahead; with no plan, a guess at the
+  next keys of a numbered run, warmed: cached unpinned, no look-ahead budget, so a guess nobody
+  reads cannot hold up the loaders' prefetches. A missing one ends the run quietly (the end of
+  the dataset, not a failure).
+- Pins no loader will read are ended by `sweep.PinSweep`, on a period and when the budget waits.
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
   like client misses would, nothing pinned and no look-ahead budget, so warming more than a
   quarter of the cache completes instead of waiting for a loader that is not there yet.
@@ -30,16 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from shardcache.cache.fill import Fill
-from shardcache.cache.plans import Reader
 from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
 from shardcache.config.options import default
 from shardcache.errors import (
@@ -50,7 +47,7 @@ from shardcache.errors import (
     ShuttingDown,
 )
 from shardcache.observability.logs import FailureLog
-from shardcache.patterns import MAX_EXPANSION, next_keys
+from shardcache.patterns import MAX_EXPANSION
 from shardcache.prefetch.budget import LookaheadBudget
 from shardcache.prefetch.lanes import (
     NO_BATCH,
@@ -62,9 +59,10 @@ from shardcache.prefetch.lanes import (
     entry_batch,
     entry_key,
 )
-from shardcache.prefetch.missing import MissingKeys
-from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
+from shardcache.prefetch.pins import READ_AHEAD, PinLedger
+from shardcache.prefetch.read_ahead import ReadAhead, url_shape
 from shardcache.prefetch.slots import Slots
+from shardcache.prefetch.sweep import PinSweep
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
@@ -72,28 +70,11 @@ RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
 PUSH_BATCH = 4096  # items queued between yields to the event loop
-SWEEP_EVERY_S = 5.0  # pins are checked this often, and at once when the budget starts a wait
 
 
 def _in_batch(item: Item, batch_id: int | None) -> bool:
     """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
     return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
-
-
-def _url_shape(url: str, key: str) -> tuple[str, str] | None:
-    """The (prefix, suffix) around `key` in its cache key `url` (an origin's URL, the key as
-    is or percent-encoded), or None when the key does not appear in it."""
-    for form in (key, urllib.parse.quote(key, safe="/~")):
-        at = url.rfind(form)
-        if at >= 0:
-            return url[:at], url[at + len(form) :]
-    return None
-
-
-def _covering(shape: tuple[str, str]) -> Callable[[str], bool]:
-    """Whether a cache key has this (prefix, suffix) shape: one origin's key."""
-    prefix, suffix = shape
-    return lambda url: url.startswith(prefix) and url.endswith(suffix)
 
 
 class _Dropped(Exception):
@@ -121,22 +102,20 @@ class PrefetchQueue:
         """`concurrency`: prefetches at once, or None to let the tuner find it (module doc).
         `max_pin_s`: the longest a look-ahead pin lasts (`pins`; None: the option's default)."""
         self.cache = cache
-        self.readahead = readahead
+        self.read_ahead = ReadAhead(cache, readahead, clock)  # what follows a client's read
         self._clock = clock
         self._lookahead = Lane(is_warming=False)
         self._warming = Lane(is_warming=True)
         self._lanes = (self._lookahead, self._warming)
-        self.budget = LookaheadBudget(
-            cache, max_unread_bytes, self._lookahead, on_wait=self._sweep_wanted_now
-        )
         if max_pin_s is None:
             max_pin_s = float(default("prefetch_pin_max_seconds"))
         self.pins = PinLedger(max_pin_s, clock)  # who holds each look-ahead pin, until when
-        self._sweep_wanted = asyncio.Event()
-        self.pins_ended: collections.Counter[str] = collections.Counter()  # by why
+        self.sweeper = PinSweep(cache, self.pins)  # ends the pins no loader will read
+        self.budget = LookaheadBudget(
+            cache, max_unread_bytes, self._lookahead, on_wait=self.sweeper.wanted_now
+        )
         self.slots = Slots(concurrency, self._is_saturated, clock)
         self._queued: set[tuple[str, str]] = set()  # pending or running
-        self._missing = MissingKeys(clock)  # read-ahead keys the origin did not have
         self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
@@ -223,59 +202,20 @@ class PrefetchQueue:
         numbered run, a guess, warmed (cached unpinned, no look-ahead budget)."""
         if self.readahead < 1 or self._pending_count >= MAX_PENDING or self.is_closed:
             return  # best effort: a full (or closed) queue takes no read-ahead
-        planned = self._planned_read_ahead(origin, key)
+        planned = self.read_ahead.planned(origin, key)
         if planned is not None:
             now = self._clock()
             for successor, after_s in planned:
-                if not self._missing.has(origin, successor) and (
-                    (origin, successor) not in self._queued
-                ):
+                if (origin, successor) not in self._queued:
                     entry = (now + after_s, next(self._order), origin, successor, NO_BATCH, True)
                     self._push(self._lookahead, entry)
             return
-        for successor in next_keys(key, self.readahead):
-            if self._missing.has(origin, successor):
-                break  # not at the origin a moment ago: the run ends there (`missing`)
+        for successor in self.read_ahead.guessed(origin, key):
             if (origin, successor) not in self._queued:
                 # Deadline 0: the warming lane goes in the order things were queued.
                 self._push(
                     self._warming, (0.0, next(self._order), origin, successor, NO_BATCH, True)
                 )
-
-    def _planned_read_ahead(self, origin: str, key: str) -> list[tuple[str, float]] | None:
-        """The (key, seconds until read) pairs the plans read next after `key` of `origin`, or
-        None when no plan covers the origin (or its cache keys cannot be mapped back)."""
-        plans = self.cache.store.plans
-        if plans is None:
-            return None
-        try:
-            url = self.cache.cache_key(origin, key)[1]
-        except ShardcacheError:
-            return None
-        shape = _url_shape(url, key)
-        if shape is None:
-            return None
-        following = plans.read_ahead(url, self.readahead, _covering(shape))
-        if following is None:
-            return None
-        pairs = []
-        for planned_url, after_s in following:
-            successor = self._key_of(origin, planned_url, shape)
-            if successor is not None:
-                pairs.append((successor, after_s))
-        return pairs
-
-    def _key_of(self, origin: str, url: str, shape: tuple[str, str]) -> str | None:
-        """The key of `origin` whose cache key is `url`, or None; checked by building it back."""
-        prefix, suffix = shape
-        middle = url[len(prefix) : len(url) - len(suffix)]
-        for key in dict.fromkeys((middle, urllib.parse.unquote(middle))):
-            try:
-                if self.cache.cache_key(origin, key)[1] == url:
-                    return key
-            except ShardcacheError:
-                continue
-        return None
 
     @property
     def _pending_count(self) -> int:
@@ -378,6 +318,11 @@ class PrefetchQueue:
         return self._pending_count > 0 and self.waiting_for is None
 
     @property
+    def readahead(self) -> int:
+        """The keys read ahead of each client read (`--readahead`)."""
+        return self.read_ahead.count
+
+    @property
     def in_flight(self) -> int:
         return self._running
 
@@ -431,7 +376,7 @@ class PrefetchQueue:
         ]
         if self.slots.tuner is not None:
             self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
-        self._dispatchers.append(asyncio.create_task(self._sweep(), name="prefetch pins"))
+        self._dispatchers.append(asyncio.create_task(self.sweeper.run(), name="prefetch pins"))
 
     async def aclose(self) -> None:
         """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
@@ -508,7 +453,7 @@ class PrefetchQueue:
             self.cache.release_unread([fill.cache_key])
         elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
             holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
-            self.pins.add(fill.cache_key, holder, _url_shape(fill.cache_key, item.key))
+            self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))
             if item.batch is not None:
                 item.batch.pinned.add(fill.cache_key)
         holds_slot = outcome is not PrefetchOutcome.JOINED
@@ -562,52 +507,15 @@ class PrefetchQueue:
 
     # -- pins ----------------------------------------------------------------------------
 
-    def _sweep_wanted_now(self) -> None:
-        self._sweep_wanted.set()
-
-    async def _sweep(self) -> None:
-        """End the pins no loader will read: every SWEEP_EVERY_S, and at once when the
-        look-ahead budget starts a wait."""
-        while True:
-            with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
-                await asyncio.wait_for(self._sweep_wanted.wait(), SWEEP_EVERY_S)
-            self._sweep_wanted.clear()
-            try:
-                await self.sweep_pins()
-            except ShardcacheError as exc:  # the plans' lock or the store: try next time
-                log.warning("could not check the look-ahead pins: %s", exc)
-
     async def sweep_pins(self) -> int:
-        """End the look-ahead pins whose reader is gone, silent or late (`pins`); they stay
-        cached, unpinned, and their budget goes to the items waiting for it. Return the bytes
-        released."""
-        plans = self.cache.store.plans
-        shapes = self.pins.shapes()
-        readers: dict[str, Reader | None] = {}
-        covered: set[str] = set()
+        """End the look-ahead pins no loader will read now (`sweep.PinSweep.sweep`); return
+        the bytes released."""
+        return await self.sweeper.sweep()
 
-        def ask() -> None:  # on a worker thread: the plans' lock may wait for a large post
-            assert plans is not None
-            for url, shape in shapes.items():
-                readers[url] = reader = plans.next_reader(url)
-                if reader is None and shape is not None and plans.covers(_covering(shape)):
-                    covered.add(url)
-
-        if plans is not None and shapes:
-            await asyncio.to_thread(ask)
-        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
-        if not ended:
-            return 0
-        released = self.cache.release_unread([url for url, _ in ended])
-        why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
-        self.pins_ended.update(why)
-        log.info(
-            "ended %d look-ahead pins no loader is about to read (%s), %s released",
-            len(ended),
-            ", ".join(f"{count} {reason}" for reason, count in sorted(why.items())),
-            format_size(released),
-        )
-        return released
+    @property
+    def pins_ended(self) -> collections.Counter[str]:
+        """The look-ahead pins the sweep ended, by why."""
+        return self.sweeper.ended
 
     def _finish_item(
         self,
@@ -631,8 +539,7 @@ class PrefetchQueue:
 
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
-        self._missing.add(item.origin, item.key)
-        beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
+        beyond = self.read_ahead.end_run(item.origin, item.key)
         for lane in self._lanes:  # planned read-ahead is look-ahead; a guess is warmed
             self._forget_entries(
                 lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))

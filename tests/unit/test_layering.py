@@ -66,6 +66,8 @@ ORDER: dict[str, list[str]] = {
     ],
     "prefetch": [
         "prefetch.queue",
+        "prefetch.sweep",
+        "prefetch.read_ahead",
         "prefetch.slots",
         "prefetch.budget",
         "prefetch.pins",
