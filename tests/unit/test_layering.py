@@ -78,6 +78,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "observability": [
         "observability.metrics",
+        "observability.cache_metrics",
         "observability.receiver_metrics",
         "observability.scrub_metrics",
         "observability.upstream_metrics",
