@@ -30,7 +30,8 @@ from collections.abc import Awaitable
 
 from aiohttp import web
 
-from shardcache.cache.shard_cache import Lease, Result, ShardCache
+from shardcache.cache.lease import Lease, Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
     FillAbandoned,

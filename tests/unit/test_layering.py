@@ -91,6 +91,8 @@ ORDER: dict[str, list[str]] = {
     # fill, the store over the evictor over the policies, the diskcache adapter at the bottom.
     "cache": [
         "cache.shard_cache",
+        "cache.lease",
+        "cache.purge",
         "cache.flights",
         "cache.fill",
         "cache.fill_state",
@@ -100,6 +102,7 @@ ORDER: dict[str, list[str]] = {
         "cache.scrub_check",
         "cache.verify",
         "cache.catalog",
+        "cache.unread",
         "cache.store",
         "cache.evictor",
         "cache.eviction",
