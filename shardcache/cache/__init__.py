@@ -17,7 +17,8 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `unread`: `Unread`, the look-ahead prefetches no client has read yet, pinned in the store,
   and their sizes (what the look-ahead budget counts).
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
-  the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
+  and the directory's health (`problem()`). `walks`: `Walks` (`store.walks`), the index read
+  whole: the scrub's, listing's and `verify`'s walks.
 - `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
   area, batched access times); `eviction`: the policies behind one interface (LRU,
   scan-resistant, plan-aware); `transient`: the books of look-ahead prefetches.

@@ -104,6 +104,7 @@ ORDER: dict[str, list[str]] = {
         "cache.catalog",
         "cache.unread",
         "cache.store",
+        "cache.walks",
         "cache.evictor",
         "cache.eviction",
         "cache.directory",
