@@ -51,6 +51,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "serving": [
         "serving.server",
+        "serving.objects",
         "serving.admin",
         "serving.status_page",
         "serving.middleware",
