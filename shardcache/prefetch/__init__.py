@@ -12,6 +12,8 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
   admission in the queue's order, the bytes held until a fill pins its shard, the wait's reason.
 - `slots`: `Slots`, how many prefetches run at once in each lane, fixed or tuned every window
   on the bytes the followed fills received; `tuning`: `ConcurrencyTuner`, the rule (pure).
+- `backlog`: `Backlog`, what the queue holds now: both lanes, the keys queued or running, and
+  the batches by id (an unfinished one is never forgotten).
 - `lanes`: what the queue holds: batches, items, and the lanes they wait in (GC-light entries).
 
 What this folder must not know: HTTP (the routes and their request bodies are the serving

@@ -48,15 +48,14 @@ from shardcache.errors import (
 )
 from shardcache.observability.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION
+from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
 from shardcache.prefetch.lanes import (
     NO_BATCH,
     Batch,
-    Entry,
     Item,
     Lane,
     Start,
-    entry_batch,
     entry_key,
 )
 from shardcache.prefetch.pins import READ_AHEAD, PinLedger
@@ -104,26 +103,20 @@ class PrefetchQueue:
         self.cache = cache
         self.read_ahead = ReadAhead(cache, readahead, clock)  # what follows a client's read
         self._clock = clock
-        self._lookahead = Lane(is_warming=False)
-        self._warming = Lane(is_warming=True)
-        self._lanes = (self._lookahead, self._warming)
+        self.backlog = Backlog()  # the lanes, the keys queued, the batches
         if max_pin_s is None:
             max_pin_s = float(default("prefetch_pin_max_seconds"))
         self.pins = PinLedger(max_pin_s, clock)  # who holds each look-ahead pin, until when
         self.sweeper = PinSweep(cache, self.pins)  # ends the pins no loader will read
         self.budget = LookaheadBudget(
-            cache, max_unread_bytes, self._lookahead, on_wait=self.sweeper.wanted_now
+            cache, max_unread_bytes, self.backlog.lookahead, on_wait=self.sweeper.wanted_now
         )
         self.slots = Slots(concurrency, self._is_saturated, clock)
-        self._queued: set[tuple[str, str]] = set()  # pending or running
-        self._order = itertools.count()  # ties between deadlines go to the earlier post
         self._running = 0  # admitted and fetching
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
-        self._batch_ids = itertools.count(1)
         self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
-        self._batches: dict[int, Batch] = {}
         self.is_closed = False  # the daemon is stopping: nothing new is queued or started
         self.completed = 0  # every item that ended without an error …
         self.fetched = 0  # … of which the prefetch itself fetched from the origin
@@ -143,7 +136,7 @@ class PrefetchQueue:
         The caller validates keys and origins first, so that a bad body queues nothing.
         Raises QueueFull when the queue would hold more than MAX_PENDING items.
         """
-        held = self._pending_count + self._reserved_pending
+        held = self.backlog.pending_count + self._reserved_pending
         if held + len(targets) > MAX_PENDING:
             raise QueueFull(
                 f"the prefetch queue holds {held} items; {len(targets)} more "
@@ -162,10 +155,8 @@ class PrefetchQueue:
         # Counted and known before its first entry is pushed: a dispatcher may take that entry
         # at the first yield below, and finds its batch by id.
         total = len(urls) - sum(map(cached.__contains__, urls))
-        batch = Batch(next(self._batch_ids), total=total, is_warming=warm)
-        self._batches[batch.id] = batch
-        self._forget_old_batches()
-        lane = self._warming if warm else self._lookahead
+        batch = self.backlog.new_batch(total, warm)
+        lane = self.backlog.warming if warm else self.backlog.lookahead
         queued = in_flight = 0
         now = self._clock()
         for place, ((origin, key), url) in enumerate(zip(targets, urls, strict=True)):
@@ -173,14 +164,14 @@ class PrefetchQueue:
                 await asyncio.sleep(0)  # 100,000 names must not hold the event loop
             if url in cached:
                 continue
-            if self.cache.flights.get(url) is not None or (origin, key) in self._queued:
+            if self.cache.flights.get(url) is not None or (origin, key) in self.backlog.queued:
                 in_flight += 1
             else:
                 queued += 1
             planned = needed_in_s.get(url)
             after_s = planned if planned is not None else (place + 1) * FALLBACK_SPACING_S
             deadline = 0.0 if warm else now + after_s
-            self._push(lane, (deadline, next(self._order), origin, key, batch.id, False))
+            self.backlog.push(lane, deadline, origin, key, batch.id, False)
         return Submitted(queued, len(cached), in_flight, batch.id)
 
     def _look_up(
@@ -200,98 +191,62 @@ class PrefetchQueue:
         """Read ahead of a client that read `key`: where a plan covers the origin, the next keys
         of the plans that read it (look-ahead, pinned until read); else the next keys of its
         numbered run, a guess, warmed (cached unpinned, no look-ahead budget)."""
-        if self.readahead < 1 or self._pending_count >= MAX_PENDING or self.is_closed:
+        if self.readahead < 1 or self.backlog.pending_count >= MAX_PENDING or self.is_closed:
             return  # best effort: a full (or closed) queue takes no read-ahead
         planned = self.read_ahead.planned(origin, key)
         if planned is not None:
             now = self._clock()
             for successor, after_s in planned:
-                if (origin, successor) not in self._queued:
-                    entry = (now + after_s, next(self._order), origin, successor, NO_BATCH, True)
-                    self._push(self._lookahead, entry)
+                if (origin, successor) not in self.backlog.queued:
+                    deadline = now + after_s
+                    self.backlog.push(
+                        self.backlog.lookahead, deadline, origin, successor, NO_BATCH, True
+                    )
             return
         for successor in self.read_ahead.guessed(origin, key):
-            if (origin, successor) not in self._queued:
+            if (origin, successor) not in self.backlog.queued:
                 # Deadline 0: the warming lane goes in the order things were queued.
-                self._push(
-                    self._warming, (0.0, next(self._order), origin, successor, NO_BATCH, True)
-                )
-
-    @property
-    def _pending_count(self) -> int:
-        return sum(len(lane.pending) for lane in self._lanes)
-
-    def _push(self, lane: Lane, entry: Entry) -> None:
-        lane.push(entry)
-        self._queued.add((entry[2], entry[3]))
-
-    def _item(self, entry: Entry) -> Item:
-        """The item a pending entry stands for: its batch is in the table while it is pending
-        (an unfinished batch is never forgotten)."""
-        _, _, origin, key, batch_id, is_readahead = entry
-        batch = self._batches.get(batch_id) if batch_id != NO_BATCH else None
-        return Item(origin, key, batch, is_readahead)
+                self.backlog.push(self.backlog.warming, 0.0, origin, successor, NO_BATCH, True)
 
     def clear(self, batch_id: int | None = None) -> tuple[int, int]:
         """Drop every queued item, or those of one batch, including one a dispatcher is sizing
         or holding for budget; release the look-ahead budget their fetched shards hold (they
         stay cached, unpinned). Return (items dropped, bytes released)."""
         dropped = 0
-        for lane in self._lanes:
+        for lane in self.backlog.lanes:
             entries = lane.keep_only(
                 None if batch_id is None else lambda entry: entry[4] != batch_id
             )
             dropped += len(entries)
-            self._forget_entries(entries)
+            self.backlog.forget_entries(entries)
             for start in lane.starting:
                 if not start.is_dropped and _in_batch(start.item, batch_id):
                     start.is_dropped = True  # its task lets it go when it can
-                    self._forget(start.item)
+                    self.backlog.forget(start.item)
                     dropped += 1
         released = 0
         if batch_id is None:
             released = self.cache.release_unread()
             self.pins.forget()
-        elif (batch := self._batches.get(batch_id)) is not None:
+        elif (batch := self.backlog.batches.get(batch_id)) is not None:
             released = self.cache.release_unread(batch.pinned)
             self.pins.forget(list(batch.pinned))
         self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
         return dropped, released
 
-    def _forget(self, item: Item) -> None:
-        self._queued.discard((item.origin, item.key))
-        if item.batch is not None:
-            item.batch.total -= 1
-
-    def _forget_entries(self, entries: list[Entry]) -> None:
-        """`_forget` for dropped pending entries, in bulk: a clear of 200,000 of them took
-        250 ms of the event loop one call at a time."""
-        self._queued.difference_update(map(entry_key, entries))
-        for batch_id, gone in collections.Counter(map(entry_batch, entries)).items():
-            batch = self._batches.get(batch_id)
-            if batch is not None:
-                batch.total -= gone
-
-    def _forget_old_batches(self, keep: int = 256) -> None:
-        """Keep the newest `keep` batches and every unfinished one (a `--wait` still follows
-        it, and Ctrl-C must be able to drop it); unfinished ones are bounded by the queue."""
-        for batch_id in list(self._batches)[:-keep]:  # ids ascend in insertion order
-            if self._batches[batch_id].is_finished:
-                del self._batches[batch_id]
-
     # -- status --------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        return self._pending_count + sum(
-            not start.is_dropped for lane in self._lanes for start in lane.starting
+        return self.backlog.pending_count + sum(
+            not start.is_dropped for lane in self.backlog.lanes for start in lane.starting
         )
 
     @property
     def room(self) -> int:
         """Items the queue can take now (negative past its bound): an admin post asks before
         parsing a body."""
-        return MAX_PENDING - self._pending_count - self._reserved_pending
+        return MAX_PENDING - self.backlog.pending_count - self._reserved_pending
 
     @property
     def max_unread_bytes(self) -> int:
@@ -315,7 +270,7 @@ class PrefetchQueue:
 
     def _is_saturated(self) -> bool:
         """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
-        return self._pending_count > 0 and self.waiting_for is None
+        return self.backlog.pending_count > 0 and self.waiting_for is None
 
     @property
     def readahead(self) -> int:
@@ -356,11 +311,11 @@ class PrefetchQueue:
         return self.pins.held(self.cache.unread_sizes())
 
     def batch(self, batch_id: int) -> Batch | None:
-        return self._batches.get(batch_id)
+        return self.backlog.batches.get(batch_id)
 
     def batch_status(self, batch_id: int) -> dict[str, object] | None:
         """A batch's progress, with why the queue waits when it does (a look-ahead batch)."""
-        batch = self._batches.get(batch_id)
+        batch = self.backlog.batches.get(batch_id)
         if batch is None:
             return None
         document = batch.as_dict()
@@ -372,7 +327,7 @@ class PrefetchQueue:
     def start(self) -> None:
         self._dispatchers = [
             asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
-            for lane, name in zip(self._lanes, ("look-ahead", "warming"), strict=True)
+            for lane, name in zip(self.backlog.lanes, ("look-ahead", "warming"), strict=True)
         ]
         if self.slots.tuner is not None:
             self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
@@ -400,7 +355,7 @@ class PrefetchQueue:
                 await lane.has_work.wait()
             await self.slots.acquire(lane)
             if lane.pending:  # still: a clear() may have emptied the lane meanwhile
-                return self._item(lane.pop())
+                return self.backlog.item(lane.pop())
             self.slots.release(lane)
 
     async def _dispatch(self, lane: Lane) -> None:
@@ -524,7 +479,7 @@ class PrefetchQueue:
         size_bytes: int = 0,
         is_fetched: bool = False,
     ) -> None:
-        self._queued.discard((item.origin, item.key))
+        self.backlog.queued.discard((item.origin, item.key))
         if isinstance(error, OriginNotFound) and item.is_readahead:
             self._end_of_run(item)
         elif error is not None:
@@ -540,8 +495,8 @@ class PrefetchQueue:
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
         beyond = self.read_ahead.end_run(item.origin, item.key)
-        for lane in self._lanes:  # planned read-ahead is look-ahead; a guess is warmed
-            self._forget_entries(
+        for lane in self.backlog.lanes:  # planned read-ahead is look-ahead; a guess is warmed
+            self.backlog.forget_entries(
                 lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
             )
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)

@@ -69,6 +69,7 @@ ORDER: dict[str, list[str]] = {
         "prefetch.queue",
         "prefetch.sweep",
         "prefetch.read_ahead",
+        "prefetch.backlog",
         "prefetch.slots",
         "prefetch.budget",
         "prefetch.pins",
