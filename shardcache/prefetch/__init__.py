@@ -14,6 +14,8 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
   on the bytes the followed fills received; `tuning`: `ConcurrencyTuner`, the rule (pure).
 - `backlog`: `Backlog`, what the queue holds now: both lanes, the keys queued or running, and
   the batches by id (an unfinished one is never forgotten).
+- `tally`: `Tally`, how the items ended (done, fetched, failed, the recent failures), for the
+  queue and for each batch.
 - `lanes`: what the queue holds: batches, items, and the lanes they wait in (GC-light entries).
 
 What this folder must not know: HTTP (the routes and their request bodies are the serving

@@ -46,7 +46,6 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.observability.logs import FailureLog
 from shardcache.patterns import MAX_EXPANSION
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
@@ -62,10 +61,10 @@ from shardcache.prefetch.pins import READ_AHEAD, PinLedger
 from shardcache.prefetch.read_ahead import ReadAhead, url_shape
 from shardcache.prefetch.slots import Slots
 from shardcache.prefetch.sweep import PinSweep
+from shardcache.prefetch.tally import Tally
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
-RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
 PUSH_BATCH = 4096  # items queued between yields to the event loop
@@ -116,15 +115,8 @@ class PrefetchQueue:
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._dispatchers: list[asyncio.Task[None]] = []
         self._fetches: set[asyncio.Task[None]] = set()
-        self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
         self.is_closed = False  # the daemon is stopping: nothing new is queued or started
-        self.completed = 0  # every item that ended without an error …
-        self.fetched = 0  # … of which the prefetch itself fetched from the origin
-        self.failed = 0
-        self.bytes_done = 0
-        self.recent_failures: collections.deque[dict[str, str]] = collections.deque(
-            maxlen=RECENT_FAILURES
-        )
+        self.tally = Tally()  # how the items ended
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -278,6 +270,16 @@ class PrefetchQueue:
         return self.read_ahead.count
 
     @property
+    def completed(self) -> int:
+        """Items that ended without an error (`tally`)."""
+        return self.tally.completed
+
+    @property
+    def failed(self) -> int:
+        """Items that failed (`tally`)."""
+        return self.tally.failed
+
+    @property
     def in_flight(self) -> int:
         return self._running
 
@@ -290,17 +292,17 @@ class PrefetchQueue:
         return {
             "pending": self.depth,
             "in_flight": self.in_flight,
-            "done": self.completed,
-            "fetched": self.fetched,  # the rest of "done" was cached or fetched by a client
+            "done": self.tally.completed,
+            "fetched": self.tally.fetched,  # the rest of "done" was cached or fetched by a client
             "waiting_for": self.waiting_for,
-            "failed": self.failed,
-            "bytes_done": self.bytes_done,
+            "failed": self.tally.failed,
+            "bytes_done": self.tally.bytes_done,
             "unread_bytes": self.cache.unread_bytes,
             "max_unread_bytes": self.max_unread_bytes,
             "concurrency": self.limit,
             "concurrency_mode": "auto" if self.slots.tuner is not None else "fixed",
             "readahead": self.readahead,
-            "recent_failures": list(self.recent_failures),
+            "recent_failures": list(self.tally.recent_failures),
             "held_by": self.held_by(),
             "pins_ended": dict(self.pins_ended),
         }
@@ -339,7 +341,7 @@ class PrefetchQueue:
         are left to the cache to stop. Safe to call twice."""
         self.is_closed = True
         self.clear()
-        self._failures.close()
+        self.tally.close()
         tasks = [*self._dispatchers, *self._fetches]
         for task in tasks:
             task.cancel()
@@ -483,14 +485,9 @@ class PrefetchQueue:
         if isinstance(error, OriginNotFound) and item.is_readahead:
             self._end_of_run(item)
         elif error is not None:
-            self._record_failure(item, error)
+            self.tally.failure(item, error)
         else:
-            self.completed += 1
-            self.fetched += is_fetched
-            self.bytes_done += size_bytes
-            if item.batch is not None:
-                item.batch.done += 1
-                item.batch.bytes_done += size_bytes
+            self.tally.done(item, size_bytes, is_fetched)
 
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
@@ -500,16 +497,3 @@ class PrefetchQueue:
                 lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
             )
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
-
-    def _record_failure(self, item: Item, exc: ShardcacheError) -> None:
-        self.failed += 1
-        failure = {"url": f"/{item.origin}/{item.key}", "error": str(exc), "kind": exc.kind}
-        self.recent_failures.append(failure)
-        if item.batch is not None:
-            item.batch.failed += 1
-            item.batch.failures.append(failure)
-        # Rate-limited per origin and kind: a reload that removes an origin, or an origin
-        # that is down, fails every queued key of it at once.
-        self._failures.failed(
-            item.origin, exc.kind, "prefetch of /%s/%s failed: %s", item.origin, item.key, exc
-        )

@@ -70,6 +70,7 @@ ORDER: dict[str, list[str]] = {
         "prefetch.sweep",
         "prefetch.read_ahead",
         "prefetch.backlog",
+        "prefetch.tally",
         "prefetch.slots",
         "prefetch.budget",
         "prefetch.pins",
