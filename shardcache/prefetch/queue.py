@@ -33,14 +33,12 @@ import collections
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcache.cache.fill import Fill
-from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.config.options import default
 from shardcache.errors import (
-    CacheError,
     OriginNotFound,
     QueueFull,
     ShardcacheError,
@@ -49,16 +47,15 @@ from shardcache.errors import (
 from shardcache.patterns import MAX_EXPANSION
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
+from shardcache.prefetch.dispatch import Dispatcher
 from shardcache.prefetch.lanes import (
     NO_BATCH,
     Batch,
     Item,
-    Lane,
-    Start,
     entry_key,
 )
-from shardcache.prefetch.pins import READ_AHEAD, PinLedger
-from shardcache.prefetch.read_ahead import ReadAhead, url_shape
+from shardcache.prefetch.pins import PinLedger
+from shardcache.prefetch.read_ahead import ReadAhead
 from shardcache.prefetch.slots import Slots
 from shardcache.prefetch.sweep import PinSweep
 from shardcache.prefetch.tally import Tally
@@ -73,10 +70,6 @@ PUSH_BATCH = 4096  # items queued between yields to the event loop
 def _in_batch(item: Item, batch_id: int | None) -> bool:
     """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
     return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
-
-
-class _Dropped(Exception):
-    """The item was dropped while it was being sized or waited for budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +104,14 @@ class PrefetchQueue:
             cache, max_unread_bytes, self.backlog.lookahead, on_wait=self.sweeper.wanted_now
         )
         self.slots = Slots(concurrency, self._is_saturated, clock)
-        self._running = 0  # admitted and fetching
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._dispatchers: list[asyncio.Task[None]] = []
-        self._fetches: set[asyncio.Task[None]] = set()
         self.is_closed = False  # the daemon is stopping: nothing new is queued or started
         self.tally = Tally()  # how the items ended
+        # Each item from its lane to its fill's end: sized, admitted, started, followed.
+        self.dispatcher = Dispatcher(
+            cache, self.backlog, self.slots, self.budget, self.pins, self._finish_item
+        )
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -281,7 +276,7 @@ class PrefetchQueue:
 
     @property
     def in_flight(self) -> int:
-        return self._running
+        return self.dispatcher.running
 
     @property
     def limit(self) -> int:
@@ -328,7 +323,7 @@ class PrefetchQueue:
 
     def start(self) -> None:
         self._dispatchers = [
-            asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
+            asyncio.create_task(self.dispatcher.run(lane), name=f"prefetch dispatcher {name}")
             for lane, name in zip(self.backlog.lanes, ("look-ahead", "warming"), strict=True)
         ]
         if self.slots.tuner is not None:
@@ -342,125 +337,10 @@ class PrefetchQueue:
         self.is_closed = True
         self.clear()
         self.tally.close()
-        tasks = [*self._dispatchers, *self._fetches]
+        tasks = [*self._dispatchers, *self.dispatcher.fetches]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _next(self, lane: Lane) -> Item:
-        """The lane's earliest item, once there is one and a slot for it: a lane with nothing
-        to do holds no slot, and the item is chosen when the slot is free, so that one posted
-        meanwhile with an earlier deadline goes first."""
-        while True:
-            while not lane.pending:
-                lane.has_work.clear()
-                await lane.has_work.wait()
-            await self.slots.acquire(lane)
-            if lane.pending:  # still: a clear() may have emptied the lane meanwhile
-                return self.backlog.item(lane.pop())
-            self.slots.release(lane)
-
-    async def _dispatch(self, lane: Lane) -> None:
-        """Take one lane's items in its order, each once there is a free slot (the lane's own),
-        and start each in a task of its own: size the object (HEAD), wait for
-        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
-        one at a time, it would bound the queue to a few dozen shards a second."""
-        while True:
-            item = await self._next(lane)
-            start = Start(item)
-            lane.starting[start] = None
-            task = asyncio.create_task(self._start(lane, start))
-            self._fetches.add(task)
-            task.add_done_callback(self._fetches.discard)
-
-    async def _start(self, lane: Lane, start: Start) -> None:
-        """Size, admit and start one item, then follow its fill; it holds a slot throughout
-        (except a fill someone else started, which it follows without one). An item dropped
-        meanwhile is let go, uncounted."""
-        item = start.item
-        try:
-            outcome, fill = await self.cache.start_prefetch(
-                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
-            )
-        except _Dropped:
-            self.slots.release(lane)
-            return
-        except ShardcacheError as exc:
-            if not start.is_dropped:
-                self._finish_item(item, exc)
-            self.slots.release(lane)
-            return
-        except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
-            log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
-            if not start.is_dropped:
-                self._finish_item(item, CacheError(f"internal error while prefetching: {exc}"))
-            self.slots.release(lane)
-            return
-        finally:
-            lane.starting.pop(start, None)
-            self.budget.release(start)  # pinned now, or never will be
-        if fill is None:
-            if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
-                item.batch.not_cached += 1
-            if not start.is_dropped:
-                self._finish_item(item, None)
-            self.slots.release(lane)
-            return
-        if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
-            self.cache.release_unread([fill.cache_key])
-        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
-            holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
-            self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))
-            if item.batch is not None:
-                item.batch.pinned.add(fill.cache_key)
-        holds_slot = outcome is not PrefetchOutcome.JOINED
-        if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
-            self.slots.release(lane)
-        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
-
-    def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
-        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
-        then a last look whether it was dropped while it was sized or waited."""
-
-        async def admit(size_bytes: int) -> None:
-            if not lane.is_warming:
-                await self.budget.admit(start, size_bytes)
-            if start.is_dropped:
-                raise _Dropped
-
-        return admit
-
-    async def _follow(
-        self,
-        lane: Lane,
-        item: Item,
-        fill: Fill,
-        outcome: PrefetchOutcome,
-        holds_slot: bool,
-        is_dropped: bool,
-    ) -> None:
-        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
-        self._running += 1
-        counted = self.slots.follow(fill)
-        try:
-            outcome = await self.cache.finish_prefetch(fill, outcome)
-        except ShardcacheError as exc:
-            if not is_dropped:
-                self._finish_item(item, exc)
-        else:
-            if is_dropped:
-                return
-            is_fetched = outcome is PrefetchOutcome.FETCHED
-            size = fill.info.size_bytes if fill.info and is_fetched else 0
-            if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
-                item.batch.not_cached += 1
-            self._finish_item(item, None, size, is_fetched)
-        finally:
-            self._running -= 1
-            if counted:
-                self.slots.unfollow(fill)
-            if holds_slot:
-                self.slots.release(lane)
 
     # -- pins ----------------------------------------------------------------------------
 
@@ -475,12 +355,10 @@ class PrefetchQueue:
         return self.sweeper.ended
 
     def _finish_item(
-        self,
-        item: Item,
-        error: ShardcacheError | None,
-        size_bytes: int = 0,
-        is_fetched: bool = False,
+        self, item: Item, error: ShardcacheError | None, size_bytes: int, is_fetched: bool
     ) -> None:
+        """An item ended: counted (`tally`), or, a read-ahead key the origin lacks, the end of
+        its run."""
         self.backlog.queued.discard((item.origin, item.key))
         if isinstance(error, OriginNotFound) and item.is_readahead:
             self._end_of_run(item)

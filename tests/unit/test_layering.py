@@ -67,6 +67,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "prefetch": [
         "prefetch.queue",
+        "prefetch.dispatch",
         "prefetch.sweep",
         "prefetch.read_ahead",
         "prefetch.backlog",
