@@ -99,7 +99,7 @@ def _ls(args: argparse.Namespace, daemon: str) -> int:
             table.add(origin, entry)
             shown, total = shown + 1, total + int(entry["size_bytes"])
     table.flush()
-    print(f"{shown} entries, {format_size(total)}", file=sys.stderr)
+    print(f"{_entries_count(shown)}, {format_size(total)}", file=sys.stderr)
     return 0
 
 
