@@ -55,7 +55,9 @@ def add_parsers(commands: Any) -> None:
     purge.add_argument("origin_name", metavar="ORIGIN")
     purge.add_argument("pattern", metavar="PATTERN", help="a glob over keys; '*' for all")
     purge.add_argument(
-        "--dry-run", action="store_true", help="list what would be purged; purge nothing"
+        "--dry-run",
+        action="store_true",
+        help="list the entries it would purge (not the fills in flight it reaches); purge nothing",
     )
     _add_daemon_arguments(purge)
 
