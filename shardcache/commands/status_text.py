@@ -59,7 +59,8 @@ def format_status(document: dict[str, Any]) -> str:
         f"{percent(ratio['bytes'])} of bytes",
         _origin_read_line(document),
         f"cache          {format_size(cache.get('entry_bytes', cache['size_bytes']))} in "
-        f"{cache['entries']} entries of {format_size(cache['capacity_bytes'])} "
+        f"{cache['entries']} {'entry' if cache['entries'] == 1 else 'entries'} of "
+        f"{format_size(cache['capacity_bytes'])} "
         f"(+{format_size(cache['size_bytes'] - cache.get('entry_bytes', 0))} index: "
         f"{percent(cache['use_ratio'])} used), {cache['evictions']} evictions",
         _eviction_line(cache.get("eviction")),

@@ -107,7 +107,8 @@ def _figures(doc: dict[str, Any]) -> dict[str, tuple[str, float | None]]:
         "client-wait": (f"clients waited {_secs(doc['client_wait_s'])} in all", None),
         "cache-fill": (_pct(cache["use_ratio"]), cache["use_ratio"]),
         "cache-size": (
-            f"{_bytes(entry_bytes)} in {cache['entries']} entries of "
+            f"{_bytes(entry_bytes)} in {cache['entries']} "
+            f"{'entry' if cache['entries'] == 1 else 'entries'} of "
             f"{_bytes(cache['capacity_bytes'])} (+{_bytes(cache['size_bytes'] - entry_bytes)} "
             "index)",
             None,

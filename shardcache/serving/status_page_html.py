@@ -223,7 +223,8 @@ SCRIPT = r"""
     show("cache-fill", pct(c.use_ratio), c.use_ratio);
     $("cache-bar").style.width = Math.min(100, 100 * (c.use_ratio || 0)) + "%";
     const entryBytes = c.entry_bytes === undefined ? c.size_bytes : c.entry_bytes;
-    show("cache-size", bytes(entryBytes) + " in " + c.entries + " entries of " +
+    show("cache-size", bytes(entryBytes) + " in " + c.entries +
+      (c.entries === 1 ? " entry of " : " entries of ") +
       bytes(c.capacity_bytes) + " (+" + bytes(c.size_bytes - entryBytes) + " index)");
     const e = c.eviction || {};
     pairs("eviction", [["policy", e.policy + (e.setting !== e.policy ? " (" + e.setting + ")"
