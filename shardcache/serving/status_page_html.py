@@ -407,7 +407,7 @@ HTML = """<!doctype html>
 <table><thead><tr><th>when</th><th>where</th><th>origin</th><th>kind</th><th>what</th></tr>
 </thead><tbody id="failures"></tbody></table><p id="no-failures" class="muted">none</p>
 </section>
-<p class="muted">Polls /_/status every <span id="every"></span> s and keeps the last 180 polls
+<p class="muted">Polls /_/status every <span id="every">2</span> s and keeps the last 180 polls
 in this page; the totals count from the daemon's start.</p>
 <noscript><p class="muted">Scripts are off: these are the figures at the page's load; reload
 for new ones.</p></noscript>
