@@ -91,7 +91,9 @@ def format_status(document: dict[str, Any]) -> str:
         for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
             state = upstream["state"]
             if state != "up":
-                state += f", {upstream['failures']} failures: {upstream['last_error']}"
+                failures = upstream["failures"]
+                state += f", {failures} failure{'' if failures == 1 else 's'}: "
+                state += str(upstream["last_error"])
             lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
         for unusable in origin.get("unusable_checksums", []):
             lines.append(f"  checksum set aside: {_fields(unusable)}")
