@@ -166,7 +166,7 @@ class Daemon:
         self._store_watch = asyncio.create_task(self._watch_store(store), name="store watch")
         usage = store.usage()
         log.info(
-            "shardcache %s serving on http://%s (%s); cache %s: %s in %d entries of %s "
+            "shardcache %s serving on http://%s (%s); cache %s: %s in %d %s of %s "
             "(index %s), --eviction %s; origins: %s",
             __version__,
             settings.listen,
@@ -174,6 +174,7 @@ class Daemon:
             settings.cache_dir,
             format_size(usage.entry_bytes),
             usage.entries,
+            "entry" if usage.entries == 1 else "entries",
             format_size(usage.capacity_bytes),
             format_size(usage.size_bytes - usage.entry_bytes),
             settings.eviction,
