@@ -374,7 +374,10 @@ class Daemon:
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""
         problem = self._running().store.problem()
-        return f"{problem}; serving uncached until it is usable" if problem else None
+        if problem:
+            return f"{problem}; serving uncached until it is usable"
+        starting = self.receivers.starting()
+        return f"{starting} receiving processes still starting" if starting else None
 
     async def _watch_store(self, store: Store) -> None:
         """Check the cache directory every few seconds, so a replaced or repaired directory
