@@ -74,6 +74,7 @@ from shardcache.serving.conditionals import (
     Outcome,
     Validators,
     evaluate,
+    fields_of,
     http_date,
     is_conditional,
     range_applies,
@@ -161,7 +162,7 @@ def _precondition_response(
 
     A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
     body; a 412 is a JSON error like any other."""
-    outcome = evaluate(request.headers, validators)
+    outcome = evaluate(fields_of(request.headers), validators)
     if outcome is Outcome.PROCEED:
         return None
     headers = {"X-Shardcache": result.value}
@@ -180,7 +181,7 @@ def _wanted_range(
 ) -> ByteRange | None:
     """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
     does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
-    if not range_applies(request.headers, validators):
+    if not range_applies(fields_of(request.headers), validators):
         return None
     return parse_range(request.headers.get("Range"), size_bytes)
 
