@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -165,3 +166,30 @@ def test_a_stale_mirror_is_marked_down_and_the_home_serves_its_keys(
     pairs = zip(reads, expected, strict=True)
     assert all(r.exit_code != 0 or r.sha256 == expected[k] for r, k in pairs)
     assert reads[0].exit_code == 0 and reads[0].headers["x-shardcache"] in ("hit", "coalesced")
+
+
+def test_a_fill_from_a_stale_mirror_never_answers_a_conditional(
+    servers: tuple[OriginServer, OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+) -> None:
+    """While a fill from a stale mirror waits for the home's HEAD (slow here), a client that
+    holds the mirror's version asks If-None-Match with its ETag: the mirror's validators are
+    not the object's until the home agrees, so no 304; the home's version is sent."""
+    stale, home = servers
+    data = os.urandom(1 << 20)
+    home.put("s.tar", data, delay_s=2.0)  # its HEAD (and GET) answer after 2 s
+    stale.put("s.tar", os.urandom(len(data)), no_md5=True)
+    config = tmp_path / "origins.toml"
+    config.write_text(f'[origins.o]\nurls = ["{stale.url}", "{home.url}"]\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+    url = f"{daemon.url}/o/s.tar"
+
+    first = threading.Thread(target=curl, args=(url,))
+    first.start()  # its fill gets the mirror's bytes, then waits for the home's HEAD
+    wait_for("the mirror's GET", lambda: stale.gets["s.tar"] >= 1 and home.heads["s.tar"] >= 1)
+    revalidated = curl(url, "-H", f"If-None-Match: {stale.etags['s.tar']}")
+    first.join()
+    assert revalidated.status != 304, revalidated.headers
+    expected = hashlib.sha256(data).hexdigest()
+    assert revalidated.exit_code != 0 or revalidated.sha256 == expected, revalidated.status
