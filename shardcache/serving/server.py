@@ -29,6 +29,7 @@ import struct
 
 from aiohttp import web
 
+from shardcache.cache.fill import FillState
 from shardcache.cache.shard_cache import Lease, Result, ShardCache
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
@@ -261,6 +262,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         validators = Validators(lease.etag, lease.last_modified)
         answer = _precondition_response(request, lease.result, validators)
         if answer is not None:  # the object changed since the check before the GET
+            await _confirmed(lease)
             metrics.requests.labels(lease.origin, lease.result.value).inc()
             return answer
         byte_range = _wanted_range(request, validators, lease.size_bytes)
@@ -329,6 +331,19 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         await lease.aclose()
+
+
+async def _confirmed(lease: Lease) -> None:
+    """Return once the validators of `lease` may answer a 304 or 412: at once, unless a tier
+    member or mirror sent its fill's first answer; then when the home's HEAD agreed. Raises
+    the fill's error when it disagreed (the fill failed): a stale mirror's ETag is no
+    validator of the object."""
+    fill = lease.fill
+    if fill is None or fill.info is None or fill.info.sent_by is None:
+        return
+    await fill.wait_checksums()
+    if fill.state is FillState.FAILED and fill.error is not None:
+        raise fill.error
 
 
 def _failed_after_headers(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl, wait_for
+from tests.integration.helpers import CurlResult, curl, wait_for
 from tests.origin_server import OriginServer
 
 # 1 MiB objects come in the fill's first request; 5 MiB ones in segments (several GETs).
@@ -193,3 +193,36 @@ def test_a_fill_from_a_stale_mirror_never_answers_a_conditional(
     assert revalidated.status != 304, revalidated.headers
     expected = hashlib.sha256(data).hexdigest()
     assert revalidated.exit_code != 0 or revalidated.sha256 == expected, revalidated.status
+
+
+def test_a_conditional_joining_a_fill_from_a_stale_mirror_is_not_answered_from_it(
+    servers: tuple[OriginServer, OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+) -> None:
+    """The conditional's own check asks the home (2 s slow) and finds no answer to trust;
+    meanwhile another reader started a fill from the stale mirror, which the conditional
+    then joins: its validators still wait for the home before any 304."""
+    stale, home = servers
+    data = os.urandom(1 << 20)
+    home.put("s.tar", data, delay_s=2.0)
+    stale.put("s.tar", os.urandom(len(data)), no_md5=True)
+    config = tmp_path / "origins.toml"
+    config.write_text(f'[origins.o]\nurls = ["{stale.url}", "{home.url}"]\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+    url = f"{daemon.url}/o/s.tar"
+    answers: list[CurlResult] = []
+
+    def revalidate() -> None:
+        answers.append(curl(url, "-H", f"If-None-Match: {stale.etags['s.tar']}"))
+
+    conditional = threading.Thread(target=revalidate)
+    conditional.start()
+    wait_for("the conditional's HEAD at the home", lambda: home.heads["s.tar"] >= 1)
+    plain = threading.Thread(target=curl, args=(url,))
+    plain.start()  # its fill gets the mirror's bytes, then waits for the home's HEAD
+    conditional.join()
+    plain.join()
+    assert answers[0].status != 304, answers[0].headers
+    expected = hashlib.sha256(data).hexdigest()
+    assert answers[0].exit_code != 0 or answers[0].sha256 == expected, answers[0].status
