@@ -27,6 +27,7 @@ _ENTITY_TAG = re.compile(r'[\s,]*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[\s,]*')
 # whether a Range applies, never whether the body is sent).
 PRECONDITION_HEADERS = ("If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since")
 CONDITIONAL_FIELDS = (*PRECONDITION_HEADERS, "If-Range")
+FIELD_LIMIT_BYTES = 16 * 1024  # one field, all its lines together (aiohttp: 8190 a line)
 
 
 class Outcome(enum.Enum):
@@ -117,8 +118,10 @@ def fields_of(headers: Mapping[str, str]) -> Mapping[str, str]:
     `If-None-Match` on two lines is one list. The lines of a field that takes one value
     (If-Range, the dates) are joined the same way, into no valid value: the dates are then
     ignored and If-Range does not hold (the whole object, never a guess at which version the
-    client holds). `headers` without several lines per name (a plain mapping) is returned as
-    it is."""
+    client holds). A field longer than FIELD_LIMIT_BYTES in all has no valid value either
+    (If-None-Match matches nothing, If-Match fails): aiohttp takes ~100 lines of 8 KiB, which
+    would be parsed for half a second on the event loop. `headers` without several lines per
+    name (a plain mapping) is returned as it is."""
     getall = getattr(headers, "getall", None)
     if getall is None:
         return headers
@@ -126,7 +129,8 @@ def fields_of(headers: Mapping[str, str]) -> Mapping[str, str]:
     for name in CONDITIONAL_FIELDS:
         lines = getall(name, ())
         if lines:
-            fields[name] = ", ".join(lines)
+            value = ", ".join(lines)
+            fields[name] = value if len(value) <= FIELD_LIMIT_BYTES else ""
     return fields
 
 
