@@ -418,12 +418,21 @@ class Fill:
         Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
         not said it publishes no checksum, so the fill must not go on unverified (one that
         answers 405/501 has said so: length only). Raises OriginChanged when the HEAD
-        describes another version than the first response."""
+        describes another version than the first response; when a tier member or mirror
+        sent that response (a stale copy: the home's HEAD names another version), the failure
+        counts against it as bytes that failed verification (`blamed`), and the object is
+        fetched again from the next upstream."""
         found = info.checksums
         if not found and self.known_info and info.differs_from(self.known_info) is None:
             found = self.known_info.checksums  # the prefetch's HEAD, same version
         elif not found:
-            head = await self._requests.head_of(info)
+            try:
+                head = await self._requests.head_of(info)
+            except OriginChanged as exc:
+                if info.sent_by is not None:
+                    info.sent_by.bytes_failed(str(exc))
+                    self.blamed = (info.sent_by.name,)
+                raise
             found = head.checksums if head is not None else ()
         self._published = self._trust.usable(self.origin.name, found)
         return self._published

@@ -211,19 +211,23 @@ class ShardCache:
         """Return what a GET would answer, without fetching the body or touching LRU order.
 
         Without `wants_checksums` (validators are all the caller needs: a conditional GET),
-        a fill in flight answers at once, without waiting to learn the object's checksums."""
+        a fill in flight answers at once, without waiting to learn the object's checksums,
+        unless a tier member or mirror sent its first answer: those validators are the
+        object's only once the home's HEAD agreed (a stale mirror's are not), so it waits.
+        A fill that failed meanwhile answers nothing: the entry or the origin does."""
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
             info = fill.info  # a tier below HEADs us for checksums: wait until they are known
-            if not wants_checksums:
+            if not wants_checksums and info.sent_by is None:
                 return Result.COALESCED, info
             fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
             try:
                 checksums = await fill.wait_checksums()
             finally:
                 fill.let_go()
-            return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
+            if fill.state is not FillState.FAILED:
+                return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
         meta = await self._peek(url)
         if meta is not None:
             return Result.HIT, info_of(meta)

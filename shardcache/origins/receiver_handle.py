@@ -73,6 +73,7 @@ class Receiver:
         self.is_dead = False
         self.is_retired = False  # takes no new request; closed once `open` is empty
         self.last_heard = time.monotonic()  # when it last said anything (the heartbeat)
+        self.has_spoken = threading.Event()  # it answered once: imported and reading requests
         self._on_death = on_death
         self._reader = threading.Thread(
             target=self._read, name=f"shardcache-receiver-{self.pid}", daemon=True
@@ -168,6 +169,8 @@ class Receiver:
             if received is None:
                 break
             self.last_heard = time.monotonic()
+            if not self.has_spoken.is_set():
+                self.has_spoken.set()
             message, payload, fd = received
             if fd is not None:
                 os.close(fd)  # a receiver sends none

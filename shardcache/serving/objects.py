@@ -22,6 +22,7 @@ from collections.abc import Awaitable
 
 from aiohttp import web
 
+from shardcache.cache.fill import FillState
 from shardcache.cache.lease import Lease, Result
 from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
@@ -50,6 +51,7 @@ from shardcache.serving.conditionals import (
     Outcome,
     Validators,
     evaluate,
+    fields_of,
     http_date,
     is_conditional,
     range_applies,
@@ -130,7 +132,7 @@ def _precondition_response(
 
     A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
     body; a 412 is a JSON error like any other."""
-    outcome = evaluate(request.headers, validators)
+    outcome = evaluate(fields_of(request.headers), validators)
     if outcome is Outcome.PROCEED:
         return None
     headers = {"X-Shardcache": result.value}
@@ -149,7 +151,7 @@ def _wanted_range(
 ) -> ByteRange | None:
     """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
     does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
-    if not range_applies(request.headers, validators):
+    if not range_applies(fields_of(request.headers), validators):
         return None
     return parse_range(request.headers.get("Range"), size_bytes)
 
@@ -229,6 +231,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         validators = Validators(lease.etag, lease.last_modified)
         answer = _precondition_response(request, lease.result, validators)
         if answer is not None:  # the object changed since the check before the GET
+            await _confirmed(lease)
             metrics.requests.labels(lease.origin, lease.result.value).inc()
             return answer
         byte_range = _wanted_range(request, validators, lease.size_bytes)
@@ -301,6 +304,19 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         await lease.aclose()
+
+
+async def _confirmed(lease: Lease) -> None:
+    """Return once the validators of `lease` may answer a 304 or 412: at once, unless a tier
+    member or mirror sent its fill's first answer; then when the home's HEAD agreed. Raises
+    the fill's error when it disagreed (the fill failed): a stale mirror's ETag is no
+    validator of the object."""
+    fill = lease.fill
+    if fill is None or fill.info is None or fill.info.sent_by is None:
+        return
+    await fill.wait_checksums()
+    if fill.state is FillState.FAILED and fill.error is not None:
+        raise fill.error
 
 
 def _failed_after_headers(
