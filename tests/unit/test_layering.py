@@ -51,6 +51,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "serving": [
         "serving.server",
+        "serving.objects",
         "serving.admin",
         "serving.status_page",
         "serving.middleware",
@@ -66,6 +67,11 @@ ORDER: dict[str, list[str]] = {
     ],
     "prefetch": [
         "prefetch.queue",
+        "prefetch.dispatch",
+        "prefetch.sweep",
+        "prefetch.read_ahead",
+        "prefetch.backlog",
+        "prefetch.tally",
         "prefetch.slots",
         "prefetch.budget",
         "prefetch.pins",
@@ -76,6 +82,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "observability": [
         "observability.metrics",
+        "observability.cache_metrics",
         "observability.receiver_metrics",
         "observability.scrub_metrics",
         "observability.upstream_metrics",
@@ -88,6 +95,8 @@ ORDER: dict[str, list[str]] = {
     # fill, the store over the evictor over the policies, the diskcache adapter at the bottom.
     "cache": [
         "cache.shard_cache",
+        "cache.lease",
+        "cache.purge",
         "cache.flights",
         "cache.fill",
         "cache.fill_state",
@@ -97,7 +106,9 @@ ORDER: dict[str, list[str]] = {
         "cache.scrub_check",
         "cache.verify",
         "cache.catalog",
+        "cache.unread",
         "cache.store",
+        "cache.walks",
         "cache.evictor",
         "cache.eviction",
         "cache.directory",

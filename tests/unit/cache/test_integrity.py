@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import (
     CacheError,
@@ -401,12 +402,12 @@ def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -
         db.execute("UPDATE Cache SET tag = ? WHERE key = ?", ('{"size_bytes": "x"}', "bad-tag"))
     with pytest.raises(CacheError):
         store.lookup("bad-tag")
-    (path,) = [p for k, p, _ in store.entries() if k == "short-file"]
+    (path,) = [p for k, p, _ in store.walks.entries() if k == "short-file"]
     os.truncate(path, 3)
     store.close()
 
     reopened = Store(directory, 8 * MiB)  # drops both instead of "fixing" the size column
-    assert sorted(k for k, _, _ in reopened.entries()) == ["good"]
+    assert sorted(k for k, _, _ in reopened.walks.entries()) == ["good"]
     assert reopened.check() == []
     reopened.close()
 
