@@ -90,6 +90,7 @@ ORDER: dict[str, list[str]] = {
         "cache.shard_cache",
         "cache.flights",
         "cache.fill",
+        "cache.body_check",
         "cache.fill_state",
         "cache.passthrough",
         "cache.hit_check",
@@ -150,6 +151,7 @@ ORDER: dict[str, list[str]] = {
     "foundation": [
         "keys",
         "patterns",
+        "crc_spans",
         "checksums",
         "errors",
         "observer",
