@@ -11,10 +11,16 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache import body_check
-from shardcache.cache.blocks import block_count
+from shardcache.cache.blocks import block_count, decode
 from shardcache.cache.body_check import block_digests, combine_spans, whole_crc
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from shardcache.crc_spans import BLOCK_BYTES, Span, SpanHasher
+from shardcache.fetch.segments import RetryPolicy
+from shardcache.observer import NullObserver
+from tests.unit.cache.test_shard_cache import read_all, settle
+from tests.unit.fakes import FakeOrigin
 
 SIZE = 4 * BLOCK_BYTES + 12345  # a short final block
 DATA = os.urandom(SIZE)
@@ -111,3 +117,36 @@ def test_combine_spans_says_which_blocks_it_cannot_tell() -> None:
     assert digests[4:] == _digests_of(DATA)[4:]
     assert combine_spans([], 0) == (bytearray(), [])
     assert block_count(SIZE) == 5
+
+
+@pytest.mark.parametrize("with_md5", [False, True])
+@pytest.mark.parametrize("fails_at", [None, 2 * BLOCK_BYTES + 300_000])
+async def test_a_fill_keeps_the_landings_block_digests_reading_nothing_back(
+    tmp_path: Path, reads: list[list[int]], with_md5: bool, fails_at: int | None
+) -> None:
+    """Segments of 700,001 bytes over 4 connections (most blocks straddle two, landed out of
+    order): the entry's block digests are the body's, and no block was read back for them;
+    but the one a connection failed in, once (resumed from its last report)."""
+    origin = FakeOrigin(accepts_ranges=True)
+    origin.put("a.tar", DATA, with_md5=with_md5)
+    if fails_at is not None:
+        origin.fail_at["a.tar"], origin.failures_left["a.tar"] = fails_at, 1
+    store = Store(tmp_path / "cache", 16 * BLOCK_BYTES)
+    policy = RetryPolicy(
+        retries=2,
+        base_s=0.001,
+        connections=4,
+        segment_bytes=700_001,
+        first_segment_bytes=700_001,
+    )
+    cache = ShardCache(store, {"fake": origin}, policy, NullObserver())
+    try:
+        assert await read_all(await cache.open("fake", "a.tar")) == DATA
+        await settle(cache)
+        meta = await asyncio.to_thread(store.peek, "fake://fake/a.tar")
+        assert meta is not None
+        assert decode(meta.block_crc32c, SIZE) == _digests_of(DATA)
+        assert reads == ([] if fails_at is None else [[fails_at // BLOCK_BYTES]])
+    finally:
+        await cache.aclose()
+        store.close()
