@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from shardcache import __version__
 from shardcache.config import OriginSpec
+from shardcache.crc_spans import Span
 from shardcache.errors import (
     LocalBusy,
     OriginChanged,
@@ -80,8 +81,9 @@ class HttpStream:
         read_timeout_s: float,
         min_bytes_per_s: float = 0.0,
     ) -> None:
-        def progress(count: int, crc: int) -> None:  # on the receiver's reader thread
+        def progress(count: int, crc: int, spans: list[Span]) -> None:  # on a reader thread
             spot.crc32c = crc
+            spot.spans += spans
             spot.done_bytes += count
             landed(count)
 

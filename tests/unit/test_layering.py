@@ -99,6 +99,7 @@ ORDER: dict[str, list[str]] = {
         "cache.purge",
         "cache.flights",
         "cache.fill",
+        "cache.body_check",
         "cache.fill_state",
         "cache.passthrough",
         "cache.hit_check",
@@ -161,6 +162,7 @@ ORDER: dict[str, list[str]] = {
     "foundation": [
         "keys",
         "patterns",
+        "crc_spans",
         "checksums",
         "errors",
         "observer",
