@@ -388,7 +388,7 @@ async def _send_body(
         def check(first: int, last: int) -> Awaitable[int]:
             return checker.check(name, entry.fd, entry.meta, first, last)
 
-        metrics.hit_checked_bytes_total.inc(await send_checked(sender, entry.fd, start, end, check))
+        await send_checked(sender, entry.fd, start, end, check, metrics.hit_checked_bytes_total.inc)
     elif lease.entry is not None:
         await sender.send(lease.entry.fd, start, end - start)
     elif lease.fill is not None:
