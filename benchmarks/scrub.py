@@ -50,7 +50,7 @@ def _fill(store: Store, total_bytes: int, prefix: str) -> list[Path]:
         meta = EntryMeta(ENTRY_BYTES, digests={"crc32c": f"{crc:08x}"}, verified_by=["length"])
         store.commit(reservation, f"{prefix}/{n:05d}.tar", meta)
         os.close(reservation.fd)
-    return [entry.path for entry in store.entries_after(0, 1 << 20)]
+    return [entry.path for entry in store.walks.entries_after(0, 1 << 20)]
 
 
 def _drop_page_cache(paths: list[Path]) -> None:

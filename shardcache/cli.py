@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         default=os.path.join(tempfile.gettempdir(), "shardcache-sample"),
         help="where to write the sample shards (default %(default)s)",
     )
-    demo.add_argument("--shards", type=int, default=10, help="how many (default 10)")
+    demo.add_argument(
+        "--shards", type=_sample_shards, default=10, help="how many, 1 to 1000 (default 10)"
+    )
     config.add_arguments(demo)
 
     url = commands.add_parser(
@@ -424,6 +426,16 @@ def _serve(
 
     lifecycle.run(settings, reload, on_ready, stop_requested=lambda: bool(stops))
     return 0
+
+
+MAX_SAMPLE_SHARDS = 1000  # shards_000 to shards_999: the names and the printed pattern
+
+
+def _sample_shards(text: str) -> int:
+    """`--shards`: 0 wrote nothing and printed a loop over shards_{000..-01}.tar."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_SAMPLE_SHARDS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_SAMPLE_SHARDS}, not {text[:40]!r}")
+    return int(text)
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -3,17 +3,24 @@
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
 - `shard_cache`: `ShardCache`, the facade: hit, join a fill in flight, or start one; prefetch
-  fills and what they leave unread.
+  fills and what they leave unread. `lease`: `Lease`, the answer to a read (an entry, a fill to
+  tail, or a stream through) its reader holds until it closes it.
+  `purge`: deleting entries and keeping none of their fills in flight (the race with commit).
 - `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial
   file that readers tail, verified, then committed; `fill_state` its lifecycle (the transition
-  table); `passthrough`: the streams of a fill that is not cached (not admitted, no room).
+  table); `body_check`: what its body is verified against and the digests kept with it (the
+  CRC-32C per block from the landings' spans); `passthrough`: the streams of a fill that is
+  not cached (not admitted, no room).
 - `scrub`, `scrub_check`, `verify`: every entry's bytes checked against the digest kept for
   it, by the daemon's paced scrub or offline (`shardcache verify`); `catalog`: what the cache
   holds by origin and glob, for `ls` and `purge`. All over the store. `hit_check`: a hit's
   blocks checked against the CRC-32C per block (`blocks`) kept at commit, once a window
   however many readers send them.
+- `unread`: `Unread`, the look-ahead prefetches no client has read yet, pinned in the store,
+  and their sizes (what the look-ahead budget counts).
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
-  the scrub's, listing's and `verify`'s walks, and the directory's health (`problem()`).
+  and the directory's health (`problem()`). `walks`: `Walks` (`store.walks`), the index read
+  whole: the scrub's, listing's and `verify`'s walks.
 - `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
   area, batched access times); `eviction`: the policies behind one interface (LRU,
   scan-resistant, plan-aware); `transient`: the books of look-ahead prefetches.

@@ -1,6 +1,7 @@
-"""Per-block digests of an entry: a CRC-32C for each BLOCK_BYTES of its file, taken at commit
-from the bytes the fill hashed in order, so a hit (whole or a range) checks only the blocks it
-sends. Pure but for `check_blocks`, which reads a file (blocking: call it on a worker thread).
+"""Per-block digests of an entry: a CRC-32C for each BLOCK_BYTES of its file, kept at commit
+from the spans of blocks the landings hashed as they wrote (`cache.body_check`), so a hit
+(whole or a range) checks only the blocks it sends. Pure but for `check_blocks`, which reads
+a file (blocking: call it on a worker thread).
 
 Block size: 1 MiB (Mountpoint's cache block). A range checks at most two blocks more than it
 sends (2 MiB of CRC-32C, ~0.25 ms at 8 GB/s from the page cache), and the digests cost 4 bytes
@@ -15,8 +16,10 @@ import os
 from collections.abc import Sequence
 
 from shardcache.checksums import crc32c
+from shardcache.crc_spans import (
+    BLOCK_BYTES as BLOCK_BYTES,
+)  # landings cut their spans at the same blocks
 
-BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 4  # one big-endian CRC-32C per block
 READ_BYTES = 256 << 10  # a hit's check reads blocks in pieces this large (`check_blocks`)
 

@@ -124,7 +124,7 @@ def list_page(
     low, _ = _frame(origin, _literal_prefix(pattern))
     if not low.startswith(base):  # a backend that does not encode keys character by character
         low = base
-    rows = store.key_range(
+    rows = store.walks.key_range(
         low, base + check_cursor(after) if after else "", low + _ABOVE_ALL, SCAN_ROWS
     )
     entries: list[Listed] = []
@@ -137,7 +137,7 @@ def list_page(
             verified_by = tuple(meta.verified_by)
         except CacheError:
             verified_by = ()  # unreadable metadata: listed (and purgeable) all the same
-        pins = tuple(store.pinned_by(row.key)) if with_pins else ()
+        pins = tuple(store.walks.pinned_by(row.key)) if with_pins else ()
         entries.append(
             Listed(key, row.key, row.size_bytes, row.stored_at, row.read_at, verified_by, pins)
         )

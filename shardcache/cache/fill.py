@@ -19,12 +19,8 @@ response*, which waits for VERIFIED: full length, every later response proven th
 version (the same strong ETag or checksum: `ObjectInfo.proves_same_version`), and every
 published checksum matched. A fill that fails therefore never completes anyone's response,
 whole object or range: a reader that gets an error aborts its connection (a failed transfer).
-Checksums come from the first response when it was the whole object, else from a HEAD (with
-the fill's retries); when the HEAD fails for good, so does the fill: "no checksums" is only
-believed from an origin that answered and published none (then the length is all that is
-checked). A body failing the cheapest checksum gets a second opinion (`second_opinion`).
-Bytes: `segments.SegmentedDownload` (parallel ranged connections, each segment resuming on
-its own); a second task hashes the prefix in order (verification, `shardcache verify`'s digest).
+What the body is checked against, and the digests kept with it: `body_check`. Bytes:
+`segments.SegmentedDownload` (parallel ranged connections, each segment resuming on its own).
 """
 
 from __future__ import annotations
@@ -36,7 +32,8 @@ import os
 import time
 from collections.abc import Callable
 
-from shardcache.cache.blocks import READ_BYTES, BlockHasher, encode
+from shardcache.cache.blocks import encode
+from shardcache.cache.body_check import BodyCheck
 from shardcache.cache.entry import EntryMeta, Reservation
 from shardcache.cache.fill_state import (
     BODY_COMPLETE,
@@ -47,14 +44,7 @@ from shardcache.cache.fill_state import (
 )
 from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
-from shardcache.checksums import (
-    LOCAL_DIGEST,
-    Checksum,
-    Verifier,
-    cheapest,
-    has_storable_digest,
-    to_headers,
-)
+from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
     CacheError,
     CacheFull,
@@ -68,7 +58,6 @@ from shardcache.errors import (
 )
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.limiter import RequestLimiter
-from shardcache.fetch.second_opinion import SecondOpinion
 from shardcache.fetch.segments import OriginRequests, RetryPolicy, SegmentedDownload
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
@@ -76,7 +65,6 @@ from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 __all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
 
 log = logging.getLogger("shardcache.fill")
-HASH_BATCH_BYTES = 8 << 20  # hash the verified prefix in steps this large (fewer thread hops)
 
 
 class Fill:
@@ -128,8 +116,10 @@ class Fill:
         self.known_info: ObjectInfo | None = None
         self._finished = asyncio.Event()
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
-        self._published: tuple[Checksum, ...] = ()  # every usable one: second opinions
-        self._trust = trust if trust is not None else ChecksumTrust(observer)
+        trust = trust if trust is not None else ChecksumTrust(observer)
+        self._check = BodyCheck(
+            self._requests, trust, lambda: self.written_bytes, lambda: self._progress.wait()
+        )
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
         self.block_digests = b""  # CRC-32C per block (`blocks`), kept per entry for hits
         self._keeps_block_digests = keeps_block_digests
@@ -340,7 +330,7 @@ class Fill:
                 first = await self._whole_object(first, is_ranged=first_end is not None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                checksums = cheapest(await self._learn_checksums(info))
+                checksums = await self._check.learn(info, self.known_info)
                 self._know_checksums(checksums)
                 self._passthrough = ContinuedStream(first, self._requests, checksums)
                 first = None  # the passthrough stream owns it now
@@ -354,7 +344,10 @@ class Fill:
             handed, first = first, None  # the download owns and closes it
             await self._download_and_verify(handed, info)
             self._download.vouch()
-            self._keep_digest()
+            fd, size, with_blocks = self._reservation.fd, info.size_bytes, self._keeps_block_digests
+            await self._check.keep(self._download, fd, size, with_blocks)
+            self.checksums, self.digests = self._check.checksums, self._check.digests
+            self.block_digests = self._check.block_digests
             self._move(FillState.VERIFIED)
             self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
             await self._commit(info)
@@ -387,90 +380,26 @@ class Fill:
         return first
 
     async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
-        """Run the segmented download while a second task learns the object's checksums and
-        hashes the contiguous prefix, in order, as it grows (hashing releases the GIL).
-
-        Either task failing cancels the other at once; both results are always collected, so
-        no task's exception goes unretrieved.
-        """
-        assert self._download is not None
-        downloading = asyncio.create_task(self._download.run(first))
-        hashing = asyncio.create_task(self._verify_in_order(info))
-        pending = {downloading, hashing}
+        """Download the body while `body_check` learns its checksums and verifies it; a body
+        failing verification counts against the upstreams that sent its bytes."""
+        assert self._download is not None and self._reservation is not None
+        fd = self._reservation.fd
         try:
-            while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    task.result()  # raises the first failure
-        except IntegrityError as exc:  # counts against the upstreams that sent the bytes
+            await self._check.run(
+                self._download, first, info, fd, self._know_checksums, self.known_info
+            )
+        except IntegrityError as exc:
             self.blamed = self._download.blame(str(exc))
             raise
-        finally:
-            for task in (downloading, hashing):
-                task.cancel()
-            await asyncio.gather(downloading, hashing, return_exceptions=True)
-            await first.aclose()  # closed already, unless the download was cancelled unstarted
-
-    async def _learn_checksums(self, info: ObjectInfo) -> tuple[Checksum, ...]:
-        """The object's usable published checksums (`checksum_trust`), all kept for a second
-        opinion: from the first response when it was the whole object, else from a HEAD.
-
-        Raises the HEAD's OriginError once retries ran out: an origin that did not answer has
-        not said it publishes no checksum, so the fill must not go on unverified (one that
-        answers 405/501 has said so: length only). Raises OriginChanged when the HEAD
-        describes another version than the first response."""
-        found = info.checksums
-        if not found and self.known_info and info.differs_from(self.known_info) is None:
-            found = self.known_info.checksums  # the prefetch's HEAD, same version
-        elif not found:
-            head = await self._requests.head_of(info)
-            found = head.checksums if head is not None else ()
-        self._published = self._trust.usable(self.origin.name, found)
-        return self._published
+        except OriginChanged:  # a stale mirror's or tier member's copy, caught by the HEAD
+            self.blamed = self._check.stale_sender
+            raise
 
     def _know_checksums(self, checksums: tuple[Checksum, ...]) -> None:
         self.checksums = checksums
         self._checksums_known.set()
         if not checksums:
             log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
-
-    async def _verify_in_order(self, info: ObjectInfo) -> None:
-        """Learn the checksums; hash the contiguous prefix in order as it grows, in batches
-        (one thread hop per HASH_BATCH_BYTES, not per chunk): with the published checksum
-        when there is one, and (unless `verify_hits` is off) into the CRC-32C per block a hit
-        is checked against."""
-        assert self._reservation is not None and self._download is not None
-        fd = self._reservation.fd
-        checksums = cheapest(await self._learn_checksums(info))
-        self._know_checksums(checksums)
-        if not checksums and not self._keeps_block_digests:
-            return
-        verifier = Verifier(checksums)
-        blocks = BlockHasher() if self._keeps_block_digests else None
-        hashed = 0
-        while hashed < info.size_bytes:
-            batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
-            while self.written_bytes - hashed < batch:
-                await self._progress.wait()
-            available = self.written_bytes
-            await asyncio.to_thread(_hash_from, fd, hashed, available - hashed, verifier, blocks)
-            hashed = available
-        if blocks is not None:
-            self.block_digests = blocks.digests()
-        if not checksums:
-            return
-        if mismatches := verifier.mismatches():  # a checksum the origin gets wrong, or corruption
-            opinion = SecondOpinion(self._published, mismatches, fd, info.size_bytes)
-            verifier = await opinion.judge(self._trust, self.origin.name, self.origin_key)
-        self.checksums, self.digests = verifier.checksums, verifier.digests()
-
-    def _keep_digest(self) -> None:
-        """The digest kept with the entry for `shardcache verify`: the verified checksum, and
-        the CRC-32C the writers took as the bytes landed when no checksum can be rechecked on
-        its own (none published, or only a multipart ETag)."""
-        assert self._download is not None
-        if not has_storable_digest(self.checksums):
-            self.digests = {**self.digests, LOCAL_DIGEST: f"{self._download.crc32c():08x}"}
 
     async def _reserve(self, size_bytes: int) -> bool:
         if size_bytes > self._store.capacity_bytes:
@@ -543,21 +472,3 @@ class Fill:
         if reservation is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._store.abort, reservation)
         self._close_if_idle()
-
-
-def _hash_from(
-    fd: int, offset: int, count: int, verifier: Verifier, blocks: BlockHasher | None
-) -> None:
-    """Feed bytes [offset, offset+count) of `fd` to `verifier` and `blocks`, read into one
-    reused READ_BYTES buffer (it stays in the CPU's cache between the copy and the hashing).
-    Blocking: call it on a worker thread. Raises CacheError when the file is shorter."""
-    buffer = memoryview(bytearray(min(count, READ_BYTES)))
-    while count:
-        got = os.preadv(fd, [buffer[: min(count, READ_BYTES)]], offset)
-        if not got:
-            raise CacheError("the partial file is shorter than what was written")
-        verifier.update(buffer[:got])
-        if blocks is not None:
-            blocks.update(buffer[:got])
-        offset += got
-        count -= got

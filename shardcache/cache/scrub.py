@@ -8,7 +8,7 @@ dedicated, low-priority thread does every read, so at most one entry's read is i
 the event loop and the shared workers never wait on it; entries are walked in index (rowid)
 order, resuming after the last one, and those committed since the pass began are skipped
 (they were verified as they streamed in); an entry is dropped only if it is still the version
-that was read (`Store.drop_if_unchanged`). Hits are untouched: they stay zero-copy. This
+that was read (`Walks.drop_if_unchanged`). Hits are untouched: they stay zero-copy. This
 module knows nothing of HTTP or metrics; the daemon reads `stats`.
 """
 
@@ -241,7 +241,7 @@ class Scrubber:
                     functools.partial(self._position.write, tally.started_at, cursor)
                 )
             batch = await self._on_thread(
-                functools.partial(self.store.entries_after, cursor, BATCH_ENTRIES)
+                functools.partial(self.store.walks.entries_after, cursor, BATCH_ENTRIES)
             )
             if not batch:
                 if is_background:
@@ -315,7 +315,7 @@ class Scrubber:
         """Drop a damaged entry if it is still the version read: True when dropped, False
         when evicted or re-filled meanwhile, None when the index refused."""
         try:
-            dropped = self.store.drop_if_unchanged(entry.key, entry.filename)
+            dropped = self.store.walks.drop_if_unchanged(entry.key, entry.filename)
         except CacheError as exc:
             log.warning(
                 "scrub: %s is damaged (%s) and cannot be dropped: %s", entry.key, check.detail, exc

@@ -15,37 +15,26 @@ import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill, FillState
 from shardcache.cache.flights import Flights
+from shardcache.cache.lease import Lease, Result, info_of
+from shardcache.cache.purge import Purged, purge_entries
 from shardcache.cache.store import Store
-from shardcache.checksums import Checksum, from_headers
+from shardcache.cache.unread import Unread
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.fetch.segments import OriginRequests, RetryPolicy
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import ObjectInfo, Origin
 
 log = logging.getLogger("shardcache.cache")
 T = TypeVar("T")
 RECENT_FILLS = 65536
-
-
-def _info_of(meta: EntryMeta) -> ObjectInfo:
-    """An entry's metadata as ObjectInfo, with the checksums its fill verified."""
-    published = {name.lower(): value for name, value in meta.checksum_headers.items()}
-    return ObjectInfo(
-        meta.size_bytes,
-        meta.etag,
-        tuple(from_headers(published)),
-        meta.content_type,
-        last_modified=meta.last_modified,
-    )
 
 
 class PrefetchOutcome(enum.Enum):
@@ -54,71 +43,6 @@ class PrefetchOutcome(enum.Enum):
     JOINED = "joined"
     TOO_LARGE = "too_large"
     NOT_ADMITTED = "not_admitted"  # the eviction policy would not cache it now: not fetched
-
-
-@dataclass(frozen=True, slots=True)
-class Purged:
-    """What a purge reached: entries deleted, and fills in flight that finish for their
-    readers but will not be kept (by cache key)."""
-
-    deleted: list[str]
-    not_kept: list[str]
-
-
-class Result(enum.Enum):
-    HIT = "hit"
-    MISS = "miss"
-    COALESCED = "coalesced"
-
-
-@dataclass(slots=True)
-class Lease:
-    """The answer to a read: exactly one of `entry` (hit), `fill` (tail a fill in flight) or
-    `stream` (an uncacheable object streamed through). The caller must `await aclose()`."""
-
-    result: Result
-    origin: str
-    size_bytes: int
-    etag: str | None
-    content_type: str | None
-    entry: Entry | None = None
-    fill: Fill | None = None
-    fill_fd: int = -1
-    stream: OriginStream | None = None
-    checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
-    verified_by: tuple[str, ...] = ()  # what a cached entry was verified against, for hits
-    last_modified: float | None = None  # the origin's, seconds since the epoch
-
-    @classmethod
-    def of(cls, result: Result, origin: Origin, info: ObjectInfo, **body: Any) -> Lease:
-        """A lease for `info`'s object; `body` is entry=, fill= and fill_fd=, or stream=."""
-        return cls(
-            result,
-            origin.name,
-            info.size_bytes,
-            info.etag,
-            info.content_type,
-            checksums=info.checksums,
-            last_modified=info.last_modified,
-            **body,
-        )
-
-    @property
-    def is_cached(self) -> bool:
-        """False for an object streamed through uncached (larger than the cache)."""
-        return self.stream is None
-
-    async def aclose(self) -> None:
-        if self.entry is not None:
-            self.entry.close()
-            self.entry = None
-        if self.fill is not None:
-            fill, self.fill = self.fill, None
-            fill.release_reader()
-            fill.let_go()  # held since `ShardCache.open` joined or started it
-        if self.stream is not None:
-            await self.stream.aclose()
-            self.stream = None
 
 
 # A fill whose last reader leaves with at most this much still to come from the origin (and
@@ -164,8 +88,8 @@ class ShardCache:
         self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Prefetched entries no client has read yet: cache key → size. They are pinned in
         # the store (not evictable) and count against the prefetch look-ahead budget.
-        self._unread: dict[str, int] = {}
-        self.unread_changed = asyncio.Event()
+        self._unread = Unread(store)
+        self.unread_changed = self._unread.changed
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -211,7 +135,7 @@ class ShardCache:
                 # evict it while the lookup runs (then the prefetch would be wasted, refetched).
                 self._read_prefetched(origin, url, None)
                 verified_by = tuple(entry.meta.verified_by)
-                info = _info_of(entry.meta)
+                info = info_of(entry.meta)
                 return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
             # Race: (1) no fill in flight, (2) the store lookup runs on a thread, (3) meanwhile
             # a fill (a prefetch, say) starts, commits and finishes. Starting a fill now would
@@ -287,22 +211,26 @@ class ShardCache:
         """Return what a GET would answer, without fetching the body or touching LRU order.
 
         Without `wants_checksums` (validators are all the caller needs: a conditional GET),
-        a fill in flight answers at once, without waiting to learn the object's checksums."""
+        a fill in flight answers at once, without waiting to learn the object's checksums,
+        unless a tier member or mirror sent its first answer: those validators are the
+        object's only once the home's HEAD agreed (a stale mirror's are not), so it waits.
+        A fill that failed meanwhile answers nothing: the entry or the origin does."""
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None and fill.info is not None:
             info = fill.info  # a tier below HEADs us for checksums: wait until they are known
-            if not wants_checksums:
+            if not wants_checksums and info.sent_by is None:
                 return Result.COALESCED, info
             fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
             try:
                 checksums = await fill.wait_checksums()
             finally:
                 fill.let_go()
-            return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
+            if fill.state is not FillState.FAILED:
+                return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
         meta = await self._peek(url)
         if meta is not None:
-            return Result.HIT, _info_of(meta)
+            return Result.HIT, info_of(meta)
         with self._using(origin):
             info = await origin.head(key)
         usable = self.checksum_trust.usable(origin.name, info.checksums)  # none set aside
@@ -328,47 +256,17 @@ class ShardCache:
         except UnknownOrigin:  # reloaded away meanwhile: its entries are not served any more
             return False
         try:
-            return await asyncio.to_thread(self.store.drop_if_open, url, entry.fd)
+            return await asyncio.to_thread(self.store.walks.drop_if_open, url, entry.fd)
         except CacheError as exc:
             self.store.warnings.warning(log, "drop", "cannot drop damaged %s: %s", url, exc)
             return False
 
     async def purge_entries(self, origin: Origin, urls: list[str]) -> Purged:
-        """Delete the entries of cache keys `urls` (one worker-thread hop), and let their fills
-        in flight finish for the readers they have without keeping them (the next request
-        starts a fetch of its own). A reader holding an entry open reads on (its descriptor
-        outlives the file's name). Raises CacheError when the cache dir is not writable (the
-        entries deleted until then stay deleted).
-
-        The race with a fill's commit, in steps: (1) a fill still fetching is told not to keep
-        its body, on the event loop, and cannot commit after; (2) one whose body is complete
-        is committing on a worker thread (VERIFIED) and cannot be stopped: the purge waits for
-        it and deletes its entry as any other."""
-        unread = [url for url in urls if url in self._unread]
-        for url in unread:
-            self._mark_read(url)
-            self._observer.prefetch_wasted(origin.name)
-        if unread:
-            log.warning(
-                "purged %d of origin %s's entries prefetched but never read",
-                len(unread),
-                origin.name,
-            )
-        not_kept: list[str] = []
-        committing: list[Fill] = []
-        for url in urls:
-            fill = self.flights.get(url)
-            if fill is None:
-                continue
-            if fill.do_not_keep():
-                self.flights.detach(fill)
-                not_kept.append(url)
-            elif fill.state is FillState.VERIFIED:
-                committing.append(fill)
-        for fill in committing:
-            await fill.wait_finished()
-        deleted = await asyncio.to_thread(lambda: [url for url in urls if self.store.delete(url)])
-        return Purged(deleted, not_kept)
+        """Delete the entries of cache keys `urls` and keep none of their fills in flight
+        (`purge.purge_entries`: what it reaches, and its race with a fill's commit)."""
+        return await purge_entries(
+            origin, urls, self.flights, self.store, self._unread, self._observer
+        )
 
     # -- prefetch --------------------------------------------------------------------------
 
@@ -379,34 +277,24 @@ class ShardCache:
 
     @property
     def unread_bytes(self) -> int:
-        return sum(self._unread.values())
+        return self._unread.total_bytes
 
     def unread_sizes(self) -> dict[str, int]:
         """Prefetched entries no client has read yet, cache key → size (a copy)."""
-        return dict(self._unread)
+        return self._unread.sizes()
 
     def release_unread(self, urls: Iterable[str] | None = None) -> int:
         """Unpin prefetched-but-unread entries, all or those of `urls` (they stay cached, as
         ordinary entries), freeing the look-ahead budget they held; return the bytes released."""
-        chosen = list(self._unread) if urls is None else [u for u in urls if u in self._unread]
-        released = sum(self._unread[url] for url in chosen)
-        for url in chosen:
-            self._mark_read(url)
-        return released
+        return self._unread.release(urls)
 
     def _read_prefetched(self, origin: Origin, url: str, fill: Fill | None) -> None:
         """A client is reading `url`: if it was prefetched, it is no longer unread; if its
         prefetch is still running, the client came early (a late prefetch)."""
         if url in self._unread:
-            self._mark_read(url)
+            self._unread.mark_read(url)
             if fill is not None and fill.is_prefetch and not fill.is_finished:
                 self._observer.prefetch_late(origin.name)
-
-    def _mark_read(self, url: str) -> None:
-        """A prefetched entry was read (or dropped): unpin it, free its look-ahead budget."""
-        self._unread.pop(url, None)
-        self.store.unpin(url)  # a set operation under an uncontended lock
-        self.unread_changed.set()
 
     async def start_prefetch(
         self,
@@ -454,8 +342,7 @@ class ShardCache:
         fill.is_prefetch = True
         fill.known_info = info
         if pin:
-            self._unread[url] = info.size_bytes
-            self.store.pin(url)
+            self._unread.add(url, info.size_bytes)
         else:  # warming stands for the reads to come: admission protects it like one
             self.store.note_warm(url)
         self._spawn(fill)
@@ -476,7 +363,7 @@ class ShardCache:
         if state is FillState.PASSTHROUGH and outcome is PrefetchOutcome.FETCHED:
             await fill.take_passthrough().aclose()  # nobody to stream it to
         if state is not FillState.COMMITTED and fill.cache_key in self._unread:
-            self._mark_read(fill.cache_key)
+            self._unread.mark_read(fill.cache_key)
         if state is FillState.FAILED:
             assert fill.error is not None
             raise fill.error

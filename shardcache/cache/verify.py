@@ -71,23 +71,23 @@ def verify_cache(
     try:
         report = Report(str(directory))
         damaged: dict[str, Path] = {}
-        for key, path, meta in store.entries():
+        for key, path, meta in store.walks.entries():
             report.entries += 1
             problem = _check_entry(key, path, meta, report, on_bytes)
             if problem is not None:
                 report.problems.append(problem)
                 damaged[key] = path
         named = {str(path) for path in damaged.values()}
-        for message in store.index_problems(fix=False):
+        for message in store.walks.index_problems(fix=False):
             if not any(path in message for path in named):  # reported above already
                 report.problems.append(Problem("index", message))
-        partials = store.partial_files()
+        partials = store.walks.partial_files()
         report.partial_files = [str(p) for p in partials]
         if repair and (report.problems or partials):
             for key in damaged:
                 store.delete(key)
             for _ in range(3):  # a removed file can leave an empty directory for the next pass
-                if not store.index_problems(fix=True):
+                if not store.walks.index_problems(fix=True):
                     break
             for leftover in partials:
                 leftover.unlink(missing_ok=True)

@@ -55,7 +55,9 @@ def add_parsers(commands: Any) -> None:
     purge.add_argument("origin_name", metavar="ORIGIN")
     purge.add_argument("pattern", metavar="PATTERN", help="a glob over keys; '*' for all")
     purge.add_argument(
-        "--dry-run", action="store_true", help="list what would be purged; purge nothing"
+        "--dry-run",
+        action="store_true",
+        help="list the entries it would purge (not the fills in flight it reaches); purge nothing",
     )
     _add_daemon_arguments(purge)
 
@@ -99,7 +101,7 @@ def _ls(args: argparse.Namespace, daemon: str) -> int:
             table.add(origin, entry)
             shown, total = shown + 1, total + int(entry["size_bytes"])
     table.flush()
-    print(f"{shown} entries, {format_size(total)}", file=sys.stderr)
+    print(f"{_entries_count(shown)}, {format_size(total)}", file=sys.stderr)
     return 0
 
 

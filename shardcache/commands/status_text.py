@@ -67,7 +67,8 @@ def format_status(document: dict[str, Any]) -> str:
         f"{percent(ratio['bytes'])} of bytes",
         _origin_read_line(document),
         f"cache          {format_size(cache.get('entry_bytes', cache['size_bytes']))} in "
-        f"{cache['entries']} entries of {format_size(cache['capacity_bytes'])} "
+        f"{cache['entries']} {'entry' if cache['entries'] == 1 else 'entries'} of "
+        f"{format_size(cache['capacity_bytes'])} "
         f"(+{format_size(cache['size_bytes'] - cache.get('entry_bytes', 0))} index: "
         f"{percent(cache['use_ratio'])} used), {cache['evictions']} evictions",
         _eviction_line(cache.get("eviction")),
@@ -99,7 +100,9 @@ def format_status(document: dict[str, Any]) -> str:
         for upstream in origin.get("upstreams", []):  # tier members, mirrors, home
             state = upstream["state"]
             if state != "up":
-                state += f", {upstream['failures']} failures: {upstream['last_error']}"
+                failures = upstream["failures"]
+                state += f", {failures} failure{'' if failures == 1 else 's'}: "
+                state += str(upstream["last_error"])
             lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
         for unusable in origin.get("unusable_checksums", []):
             lines.append(f"  checksum set aside: {_fields(unusable)}")

@@ -166,7 +166,7 @@ class Daemon:
         self._store_watch = asyncio.create_task(self._watch_store(store), name="store watch")
         usage = store.usage()
         log.info(
-            "shardcache %s serving on http://%s (%s); cache %s: %s in %d entries of %s "
+            "shardcache %s serving on http://%s (%s); cache %s: %s in %d %s of %s "
             "(index %s), --eviction %s; origins: %s",
             __version__,
             settings.listen,
@@ -174,6 +174,7 @@ class Daemon:
             settings.cache_dir,
             format_size(usage.entry_bytes),
             usage.entries,
+            "entry" if usage.entries == 1 else "entries",
             format_size(usage.capacity_bytes),
             format_size(usage.size_bytes - usage.entry_bytes),
             settings.eviction,
@@ -373,7 +374,10 @@ class Daemon:
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""
         problem = self._running().store.problem()
-        return f"{problem}; serving uncached until it is usable" if problem else None
+        if problem:
+            return f"{problem}; serving uncached until it is usable"
+        starting = self.receivers.starting()
+        return f"{starting} receiving processes still starting" if starting else None
 
     async def _watch_store(self, store: Store) -> None:
         """Check the cache directory every few seconds, so a replaced or repaired directory

@@ -23,7 +23,8 @@ from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.fetch.origin_table import OriginTable
-from shardcache.observability.metrics import CacheGauges, Metrics
+from shardcache.observability.cache_metrics import CacheGauges
+from shardcache.observability.metrics import Metrics
 from shardcache.observability.scrub_metrics import ScrubGauges
 from shardcache.observability.status import build_status
 from shardcache.origins.base import Origin

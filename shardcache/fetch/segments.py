@@ -21,11 +21,12 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shardcache.checksums import crc32c_combine
 from shardcache.config.options import default as option_default
+from shardcache.crc_spans import Span
 from shardcache.errors import (
     OriginChanged,
     OriginError,
@@ -50,6 +51,7 @@ class Segment:
     end: int  # exclusive
     done_bytes: int = 0
     crc32c: int = 0  # of the bytes done so far, computed by the thread that writes them
+    spans: list[Span] = field(default_factory=list)  # their CRC-32C per span of a block
 
     @property
     def position(self) -> int:
@@ -359,6 +361,11 @@ class SegmentedDownload:
     def received_bytes(self) -> int:
         """Bytes on disk, over every segment (with holes between them)."""
         return sum(segment.done_bytes for segment in self.segments)
+
+    def spans(self) -> list[Span]:
+        """The CRC-32C of each span of a block the landings took as they wrote (`crc_spans`):
+        the block digests, without reading the body back (`cache.block_digests`)."""
+        return [span for segment in self.segments for span in segment.spans]
 
     def crc32c(self) -> int:
         """The CRC-32C of the whole object, once every segment is complete."""

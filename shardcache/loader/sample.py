@@ -7,6 +7,7 @@ Each shard is a tar of samples `NNNNNN.txt` (a caption), `NNNNNN.cls` (a label) 
 from __future__ import annotations
 
 import io
+import os
 import random
 import tarfile
 from pathlib import Path
@@ -15,7 +16,20 @@ SHARD_PATTERN = "shards_{index:03d}.tar"
 
 
 def write_shard(path: Path, first_sample: int, samples: int, payload_bytes: int, seed: int) -> None:
+    """Write the shard beside `path` and rename it over `path`: a daemon reading the old file
+    (another `shardcache demo` serving this directory) reads it whole, never a half-written one."""
     rng = random.Random(seed)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        _write_tar(partial, first_sample, samples, payload_bytes, rng)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _write_tar(
+    path: Path, first_sample: int, samples: int, payload_bytes: int, rng: random.Random
+) -> None:
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for number in range(first_sample, first_sample + samples):
             key = f"{number:06d}"

@@ -4,9 +4,9 @@ the loader-stall clock and the logs.
 Parts:
 
 - `metrics`: `Metrics`, every family declared once against an injected registry; it
-  implements `observer.Observer`, which the core reports through. `receiver_metrics`,
-  `scrub_metrics`, `upstream_metrics`: families read at scrape time from the parts that own
-  the figures.
+  implements `observer.Observer`, which the core reports through. `cache_metrics`,
+  `receiver_metrics`, `scrub_metrics`, `upstream_metrics`: families read at scrape time from
+  the parts that own the figures (`cache_metrics`: the store's use and the prefetch queue's).
 - `status`: the `/_/status` document built from one snapshot of the metrics (so the page,
   `shardcache stats` and Prometheus agree); `stall`: the wall-clock time some loader waited.
 - `logs`: text and JSON formatters, the access line, `FailureLog` (failures clients see, at

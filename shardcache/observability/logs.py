@@ -151,6 +151,7 @@ CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", what log readers 
 # Request key: the body bytes an object response sent (sendfile's included). aiohttp's
 # `body_length` counts the status line and headers too, so a 1,177,600-byte shard read 1,177,952.
 BODY_BYTES = "shardcache.body_bytes"
+_BODILESS_STATUSES = frozenset({204, 304})  # never a body (RFC 9110 §15.3.5, §15.4.5)
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -188,7 +189,7 @@ def _body_bytes(request: BaseRequest, response: StreamResponse) -> int:
     sent = request.get(BODY_BYTES)
     if sent is not None:  # an object's body, counted as it was sent
         return int(sent)
-    if request.method == "HEAD":
+    if request.method == "HEAD" or response.status in _BODILESS_STATUSES:
         return 0
     body = getattr(response, "body", None)  # a whole-body Response (JSON, metrics, a page)
     if isinstance(body, bytes | bytearray):

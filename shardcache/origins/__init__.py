@@ -8,7 +8,8 @@ Parts:
   rules); `pool`: keep-alive connections and TLS; `threads`: blocking I/O on bounded threads.
 - The receive path: `receivers` (the daemon's pool of receiving processes) and
   `receiver_handle` (one process), `wire` (their messages), `receiver` (the receiving process
-  itself) and `landing` (one body written into the fill's file, held to its length).
+  itself) and `landing` (one body written into the fill's file, held to its length, its
+  CRC-32C taken as it lands, per span of a block: `shardcache.crc_spans`).
 - `s3_checksums`: which of S3's published checksums are of the whole object.
 
 What this folder must not know: the cache, fills and their verdicts, other origins (mirrors,

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from shardcache.checksums import Checksum, crc32c
+from shardcache.checksums import Checksum
+from shardcache.crc_spans import Span, SpanHasher
 from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 
 # Bytes per read from an origin. Each open origin connection buffers about three of these, so
@@ -159,12 +160,14 @@ class SpeedFloor:
 
 class Spot(Protocol):
     """Where a body lands in a fill's file: bytes [position, end) are still wanted. `land`
-    advances `done_bytes` (and so `position`) only after the bytes are written, and keeps
-    `crc32c` the running CRC-32C of every byte landed so far."""
+    advances `done_bytes` (and so `position`) only after the bytes are written, keeps
+    `crc32c` the running CRC-32C of every byte landed so far, and adds to `spans` the CRC-32C
+    of each span of a block it completed (`crc_spans`), never past `position`."""
 
     end: int
     done_bytes: int
     crc32c: int
+    spans: list[Span]
 
     @property
     def position(self) -> int: ...
@@ -262,9 +265,12 @@ async def land_chunks(
     (and hashed) on a worker thread."""
     if spot.position >= spot.end:  # an empty object: nothing to write
         return
+    hasher = SpanHasher(spot.position, spot.crc32c)
     async for chunk in with_read_timeout(stream, read_timeout_s, min_bytes_per_s):
         piece = chunk[: spot.end - spot.position]  # a stream may run past its segment
-        spot.crc32c = await asyncio.to_thread(write_at, fd, piece, spot.position, spot.crc32c)
+        await asyncio.to_thread(write_at, fd, piece, spot.position, hasher, spot.end)
+        spot.crc32c = hasher.crc
+        spot.spans += hasher.take()
         spot.done_bytes += len(piece)
         landed(len(piece))
         if spot.position >= spot.end:
@@ -272,13 +278,15 @@ async def land_chunks(
     raise OriginUnavailable(f"body ended at byte {spot.position}, expected {spot.end}")
 
 
-def write_at(fd: int, chunk: bytes | memoryview, offset: int, crc: int) -> int:
-    """Write `chunk` at `offset`; return the running CRC-32C taken on the way, while the bytes
-    are hot in this thread's cache, so keeping an entry's digest costs no second read of the
-    object."""
+def write_at(fd: int, chunk: bytes | memoryview, offset: int, hasher: SpanHasher, end: int) -> None:
+    """Write `chunk` at `offset` and feed it to `hasher` (closing its span at `end`, the
+    landing's), while the bytes are hot in this thread's cache, so keeping an entry's digests
+    costs no second read of the object."""
     view = memoryview(chunk)
     while view:
         written = os.pwrite(fd, view, offset)
         offset += written
         view = view[written:]
-    return crc32c(chunk, crc)
+    hasher.update(chunk)
+    if offset == end:
+        hasher.close()

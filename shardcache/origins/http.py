@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from shardcache import __version__
 from shardcache.config import OriginSpec
+from shardcache.crc_spans import Span
 from shardcache.errors import (
     LocalBusy,
     OriginChanged,
@@ -80,8 +81,9 @@ class HttpStream:
         read_timeout_s: float,
         min_bytes_per_s: float = 0.0,
     ) -> None:
-        def progress(count: int, crc: int) -> None:  # on the receiver's reader thread
+        def progress(count: int, crc: int, spans: list[Span]) -> None:  # on a reader thread
             spot.crc32c = crc
+            spot.spans += spans
             spot.done_bytes += count
             landed(count)
 
@@ -160,6 +162,7 @@ class HttpTransport:
             "read_s": self._read_s,
             "ca_file": self._ca_file,
         }
+        is_taken = False
         try:
             async with asyncio.timeout(self._read_s) as deadline:  # first, for local waits
 
@@ -172,13 +175,18 @@ class HttpTransport:
                         sent = True
 
                 await self.share.take()
+                is_taken = True
                 return await self._receivers.ask(request, sending, self.share.give_back)
         except TimeoutError:
             if not sent:
+                waited_for = (
+                    "a receiving process to start the request"
+                    if is_taken
+                    else f"an origin thread ({self.share.in_use} of {self.share.size} in use "
+                    "for this origin)"
+                )
                 raise LocalBusy(
-                    f"{label}: no origin thread free for {self._read_s:g}s "
-                    f"({self.share.in_use} of {self.share.size} in use for this origin)",
-                    1.0,
+                    f"{label}: waited {self._read_s:g}s for {waited_for}", 1.0
                 ) from None
             raise OriginTimeout(f"{label}: timed out, no answer in {self._read_s:g}s") from None
 

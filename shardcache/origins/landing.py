@@ -19,7 +19,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator
 
-from shardcache.checksums import crc32c
+from shardcache.crc_spans import Span, SpanHasher
 from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 from shardcache.origins.base import CHUNK_BYTES, SpeedFloor
 from shardcache.origins.pool import Exchange
@@ -33,9 +33,10 @@ REPORT_BYTES = 1 << 20  # bytes written between two progress reports, while they
 GATHER_S = 0.002  # how long more bytes are waited for before those that came are written
 # (a gather goes on for GATHER_MOST_S at most, and landed bytes wait no longer for their report)
 
-# `progress(count, crc)`: `count` more bytes are written, and `crc` is the running CRC-32C of
-# every byte this landing wrote.
-Progress = Callable[[int, int], None]
+# `progress(count, crc, spans)`: `count` more bytes are written, `crc` is the running CRC-32C
+# of every byte of the segment written so far, and `spans` the CRC-32C of each span of a block
+# (`crc_spans`) those bytes completed: none reaches past what this report counts.
+Progress = Callable[[int, int, list[Span]], None]
 
 
 class Body:
@@ -72,7 +73,8 @@ class Body:
         min_bytes_per_s: float,
         progress: Progress,
     ) -> None:
-        """Write the body at `position` of `fd` until `end`, reporting each write; raise
+        """Write the body at `position` of `fd` until `end`, reporting each write and the CRC-32C
+        of the spans it completed (`crc` is the segment's before `position`); raise
         OriginTimeout when no byte comes for `read_s`, OriginTooSlow under the floor,
         OriginUnavailable when it ends before `end`."""
         self._read_s = read_s
@@ -82,6 +84,7 @@ class Body:
         unreported = 0
         reported_at = time.monotonic()
         pipe = self._splice_pipe()
+        hasher = SpanHasher(position, crc)
         try:
             with self._mapping_errors():
                 while position < end:
@@ -89,7 +92,7 @@ class Body:
                     if pipe is not None and not pipe.refused and self._splices_now():
                         count, paused = self._splice(pipe, fd, position, end)
                         if count:
-                            crc = crc32c(_read_back(fd, buffer[:count], position), crc)
+                            hasher.update(_read_back(fd, buffer[:count], position))
                     else:
                         received = self._receive(buffer)
                         if received is None:
@@ -99,11 +102,13 @@ class Body:
                         piece = received[: end - position]  # it may run past its segment
                         if piece:
                             _write_at(fd, piece, position)
-                            crc = crc32c(piece, crc)
+                            hasher.update(piece)
                         count, paused = len(piece), len(received) < len(buffer)
                     floor.passed(count, label)
                     position += count
                     unreported += count
+                    if position == end:
+                        hasher.close()
                     # Reported every REPORT_BYTES on a fast origin (each report costs the
                     # serving process a message), at once when the origin paused (a reader
                     # waits on it), and every GATHER_MOST_S on one that keeps dripping.
@@ -112,11 +117,11 @@ class Body:
                         or paused
                         or time.monotonic() - reported_at >= GATHER_MOST_S
                     ):
-                        progress(unreported, crc)
+                        progress(unreported, hasher.crc, hasher.take())
                         unreported = 0
                         reported_at = time.monotonic()
                 if unreported:
-                    progress(unreported, crc)
+                    progress(unreported, hasher.crc, hasher.take())
                 if self._left == 0:
                     self._receive(buffer)  # the body's end: its connection goes back to the pool
         finally:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from shardcache.crc_spans import Span
 from shardcache.errors import OriginUnavailable
 from shardcache.origins.landing import Body
 from shardcache.origins.pool import Connections, Exchange, TlsConnection, tls_context
@@ -193,8 +194,9 @@ class Receiver:
         return Exchange(pool, site, connection, response, sock, abort, label)
 
     def _land(self, call_id: int, request: _Request, message: Message, fd: int) -> None:
-        def progress(count: int, crc: int) -> None:
-            self._send({"op": "progress", "id": call_id, "bytes": count, "crc": crc})
+        def progress(count: int, crc: int, spans: list[Span]) -> None:
+            message = {"op": "progress", "id": call_id, "bytes": count, "crc": crc}
+            self._send({**message, "spans": spans} if spans else message)
 
         try:
             assert request.body is not None and request.exchange is not None

@@ -24,12 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from shardcache.crc_spans import Span
 from shardcache.errors import OriginUnavailable
 from shardcache.origins.wire import Message, error_from, receive, send_message, socket_pair
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]  # (bytes written, running CRC-32C), on any thread
+# (bytes written, running CRC-32C, the spans of blocks completed: `crc_spans`), on any thread
+Progress = Callable[[int, int, list[Span]], None]
 
 
 @dataclass(slots=True)
@@ -73,6 +75,7 @@ class Receiver:
         self.is_dead = False
         self.is_retired = False  # takes no new request; closed once `open` is empty
         self.last_heard = time.monotonic()  # when it last said anything (the heartbeat)
+        self.has_spoken = threading.Event()  # it answered once: imported and reading requests
         self._on_death = on_death
         self._reader = threading.Thread(
             target=self._read, name=f"shardcache-receiver-{self.pid}", daemon=True
@@ -168,6 +171,8 @@ class Receiver:
             if received is None:
                 break
             self.last_heard = time.monotonic()
+            if not self.has_spoken.is_set():
+                self.has_spoken.set()
             message, payload, fd = received
             if fd is not None:
                 os.close(fd)  # a receiver sends none
@@ -193,7 +198,8 @@ class Receiver:
             return
         if op == "progress":
             if call.on_progress is not None:
-                call.on_progress(int(message["bytes"]), int(message["crc"]))
+                spans = [(int(o), int(n), int(c)) for o, n, c in message.get("spans", ())]
+                call.on_progress(int(message["bytes"]), int(message["crc"]), spans)
             return
         outcome: Any
         if op == "error":

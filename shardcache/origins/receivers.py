@@ -23,6 +23,7 @@ own, which settles the awaiting futures on their event loops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -181,6 +182,14 @@ class ReceiverPool:
         with self._lock:
             self._closed = False
             self._fill_up()
+            starting = list(self._receivers)
+        _greet(starting)
+
+    def starting(self) -> int:
+        """How many live receivers have not answered yet (still starting their interpreter):
+        a request sent to one waits for its import, which on a loaded machine takes longer
+        than a short read timeout."""
+        return sum(1 for receiver in self.alive() if not receiver.has_spoken.is_set())
 
     def restart(self, size: int = 0) -> None:
         """Let the current receivers go once their open requests end, and start `size` new
@@ -190,6 +199,8 @@ class ReceiverPool:
             self.size = size or default_size()
             self._closed = False
             self._fill_up()
+            starting = list(self._receivers)
+        _greet(starting)
         for receiver in old:
             receiver.retire()
 
@@ -329,6 +340,13 @@ class ReceiverPool:
                 self._fill_up()  # counts it, and starts its replacement
             except OriginUnavailable:
                 pass  # logged; the next request tries again
+
+
+def _greet(receivers: list[Receiver]) -> None:
+    """Ping new receivers: the first answer of each says it is up (`ReceiverPool.starting`)."""
+    for receiver in receivers:
+        with contextlib.suppress(OriginUnavailable):  # dead already: replaced on use
+            receiver.send({"op": "ping"})
 
 
 def _orphaned(

@@ -3,11 +3,21 @@
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
 - `queue`: `PrefetchQueue`, the facade: the order (earliest deadline first, across every
-  loader), the dispatchers, read-ahead, warming, the batches and the counts `/_/prefetch` shows.
-- `budget`: `LookaheadBudget`, the prefetched-but-unread bytes allowed ahead of the loaders:
-  admission in the queue's order, the bytes held until a fill pins its shard, the wait's reason.
+  loader), warming, dropping, and the status `/_/prefetch` shows.
+- `dispatch`: `Dispatcher`, each prefetch from its lane to its fill's end: sized (HEAD),
+  admitted to the look-ahead budget, started, pinned, followed, its ending told to the queue.
+- `sweep`: `PinSweep`, ending the look-ahead pins no loader will read, on a period and when the
+  budget starts a wait (the ledger in `pins` says which, pure).
+- `read_ahead`: `ReadAhead`, which keys follow a client's read: the plans' next keys, or a
+  guess along a numbered run cut at the first key the origin lacked (`missing`).
+- `backlog`: `Backlog`, what the queue holds now: both lanes, the keys queued or running, and
+  the batches by id (an unfinished one is never forgotten).
+- `tally`: `Tally`, how the items ended (done, fetched, failed, the recent failures), for the
+  queue and for each batch.
 - `slots`: `Slots`, how many prefetches run at once in each lane, fixed or tuned every window
   on the bytes the followed fills received; `tuning`: `ConcurrencyTuner`, the rule (pure).
+- `budget`: `LookaheadBudget`, the prefetched-but-unread bytes allowed ahead of the loaders:
+  admission in the queue's order, the bytes held until a fill pins its shard, the wait's reason.
 - `lanes`: what the queue holds: batches, items, and the lanes they wait in (GC-light entries).
 
 What this folder must not know: HTTP (the routes and their request bodies are the serving

@@ -14,12 +14,12 @@
   within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
   HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
   later prefetches can never evict them before the loader reads them (no thrash).
-- Read-ahead: `on_client_read()` follows the plans where one covers the origin: the next
-  `readahead` keys of the plans that read that key, as look-ahead, never a neighbour no plan
-  names (on a node of a data-parallel job, the next number is another node's). With no plan it
-  guesses the next keys of a numbered run and warms them: cached unpinned, no look-ahead
-  budget, so a guess nobody reads cannot hold up the loaders' prefetches. A missing one ends the
-  run quietly (the end of the dataset, not a failure) and is remembered (`missing`).
+- Read-ahead: `on_client_read()` queues what `read_ahead.ReadAhead` says follows the read: where
+  a plan covers the origin, the plans' next keys, as look-ahead; with no plan, a guess at the
+  next keys of a numbered run, warmed: cached unpinned, no look-ahead budget, so a guess nobody
+  reads cannot hold up the loaders' prefetches. A missing one ends the run quietly (the end of
+  the dataset, not a failure).
+- Pins no loader will read are ended by `sweep.PinSweep`, on a period and when the budget waits.
 - Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
   like client misses would, nothing pinned and no look-ahead budget, so warming more than a
   quarter of the cache completes instead of waiting for a loader that is not there yet.
@@ -30,74 +30,46 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import time
-import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardcache.cache.fill import Fill
-from shardcache.cache.plans import Reader
-from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.config.options import default
 from shardcache.errors import (
-    CacheError,
     OriginNotFound,
     QueueFull,
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.observability.logs import FailureLog
-from shardcache.patterns import MAX_EXPANSION, next_keys
+from shardcache.patterns import MAX_EXPANSION
+from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
+from shardcache.prefetch.dispatch import Dispatcher
 from shardcache.prefetch.lanes import (
     NO_BATCH,
     Batch,
-    Entry,
     Item,
-    Lane,
-    Start,
-    entry_batch,
     entry_key,
 )
-from shardcache.prefetch.missing import MissingKeys
-from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
+from shardcache.prefetch.pins import PinLedger
+from shardcache.prefetch.read_ahead import ReadAhead
 from shardcache.prefetch.slots import Slots
+from shardcache.prefetch.sweep import PinSweep
+from shardcache.prefetch.tally import Tally
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
-RECENT_FAILURES = 20
 MAX_PENDING = 2 * MAX_EXPANSION  # queued items at most: each costs memory and a HEAD
 FALLBACK_SPACING_S = 1.0  # a key no plan names is needed this long after the one before it
 PUSH_BATCH = 4096  # items queued between yields to the event loop
-SWEEP_EVERY_S = 5.0  # pins are checked this often, and at once when the budget starts a wait
 
 
 def _in_batch(item: Item, batch_id: int | None) -> bool:
     """Whether `item` is one `clear(batch_id)` drops (every item when `batch_id` is None)."""
     return batch_id is None or (item.batch is not None and item.batch.id == batch_id)
-
-
-def _url_shape(url: str, key: str) -> tuple[str, str] | None:
-    """The (prefix, suffix) around `key` in its cache key `url` (an origin's URL, the key as
-    is or percent-encoded), or None when the key does not appear in it."""
-    for form in (key, urllib.parse.quote(key, safe="/~")):
-        at = url.rfind(form)
-        if at >= 0:
-            return url[:at], url[at + len(form) :]
-    return None
-
-
-def _covering(shape: tuple[str, str]) -> Callable[[str], bool]:
-    """Whether a cache key has this (prefix, suffix) shape: one origin's key."""
-    prefix, suffix = shape
-    return lambda url: url.startswith(prefix) and url.endswith(suffix)
-
-
-class _Dropped(Exception):
-    """The item was dropped while it was being sized or waited for budget."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,37 +93,24 @@ class PrefetchQueue:
         """`concurrency`: prefetches at once, or None to let the tuner find it (module doc).
         `max_pin_s`: the longest a look-ahead pin lasts (`pins`; None: the option's default)."""
         self.cache = cache
-        self.readahead = readahead
+        self.read_ahead = ReadAhead(cache, readahead, clock)  # what follows a client's read
         self._clock = clock
-        self._lookahead = Lane(is_warming=False)
-        self._warming = Lane(is_warming=True)
-        self._lanes = (self._lookahead, self._warming)
-        self.budget = LookaheadBudget(
-            cache, max_unread_bytes, self._lookahead, on_wait=self._sweep_wanted_now
-        )
+        self.backlog = Backlog()  # the lanes, the keys queued, the batches
         if max_pin_s is None:
             max_pin_s = float(default("prefetch_pin_max_seconds"))
         self.pins = PinLedger(max_pin_s, clock)  # who holds each look-ahead pin, until when
-        self._sweep_wanted = asyncio.Event()
-        self.pins_ended: collections.Counter[str] = collections.Counter()  # by why
+        self.sweeper = PinSweep(cache, self.pins)  # ends the pins no loader will read
+        self.budget = LookaheadBudget(
+            cache, max_unread_bytes, self.backlog.lookahead, on_wait=self.sweeper.wanted_now
+        )
         self.slots = Slots(concurrency, self._is_saturated, clock)
-        self._queued: set[tuple[str, str]] = set()  # pending or running
-        self._missing = MissingKeys(clock)  # read-ahead keys the origin did not have
-        self._order = itertools.count()  # ties between deadlines go to the earlier post
-        self._running = 0  # admitted and fetching
         self._reserved_pending = 0  # items of POSTs between the bound check and their push
         self._dispatchers: list[asyncio.Task[None]] = []
-        self._fetches: set[asyncio.Task[None]] = set()
-        self._batch_ids = itertools.count(1)
-        self._failures = FailureLog(log)  # failed keys: WARNING, rate-limited
-        self._batches: dict[int, Batch] = {}
         self.is_closed = False  # the daemon is stopping: nothing new is queued or started
-        self.completed = 0  # every item that ended without an error …
-        self.fetched = 0  # … of which the prefetch itself fetched from the origin
-        self.failed = 0
-        self.bytes_done = 0
-        self.recent_failures: collections.deque[dict[str, str]] = collections.deque(
-            maxlen=RECENT_FAILURES
+        self.tally = Tally()  # how the items ended
+        # Each item from its lane to its fill's end: sized, admitted, started, followed.
+        self.dispatcher = Dispatcher(
+            cache, self.backlog, self.slots, self.budget, self.pins, self._finish_item
         )
 
     # -- submitting ----------------------------------------------------------------------
@@ -164,7 +123,7 @@ class PrefetchQueue:
         The caller validates keys and origins first, so that a bad body queues nothing.
         Raises QueueFull when the queue would hold more than MAX_PENDING items.
         """
-        held = self._pending_count + self._reserved_pending
+        held = self.backlog.pending_count + self._reserved_pending
         if held + len(targets) > MAX_PENDING:
             raise QueueFull(
                 f"the prefetch queue holds {held} items; {len(targets)} more "
@@ -183,10 +142,8 @@ class PrefetchQueue:
         # Counted and known before its first entry is pushed: a dispatcher may take that entry
         # at the first yield below, and finds its batch by id.
         total = len(urls) - sum(map(cached.__contains__, urls))
-        batch = Batch(next(self._batch_ids), total=total, is_warming=warm)
-        self._batches[batch.id] = batch
-        self._forget_old_batches()
-        lane = self._warming if warm else self._lookahead
+        batch = self.backlog.new_batch(total, warm)
+        lane = self.backlog.warming if warm else self.backlog.lookahead
         queued = in_flight = 0
         now = self._clock()
         for place, ((origin, key), url) in enumerate(zip(targets, urls, strict=True)):
@@ -194,14 +151,14 @@ class PrefetchQueue:
                 await asyncio.sleep(0)  # 100,000 names must not hold the event loop
             if url in cached:
                 continue
-            if self.cache.flights.get(url) is not None or (origin, key) in self._queued:
+            if self.cache.flights.get(url) is not None or (origin, key) in self.backlog.queued:
                 in_flight += 1
             else:
                 queued += 1
             planned = needed_in_s.get(url)
             after_s = planned if planned is not None else (place + 1) * FALLBACK_SPACING_S
             deadline = 0.0 if warm else now + after_s
-            self._push(lane, (deadline, next(self._order), origin, key, batch.id, False))
+            self.backlog.push(lane, deadline, origin, key, batch.id, False)
         return Submitted(queued, len(cached), in_flight, batch.id)
 
     def _look_up(
@@ -221,137 +178,62 @@ class PrefetchQueue:
         """Read ahead of a client that read `key`: where a plan covers the origin, the next keys
         of the plans that read it (look-ahead, pinned until read); else the next keys of its
         numbered run, a guess, warmed (cached unpinned, no look-ahead budget)."""
-        if self.readahead < 1 or self._pending_count >= MAX_PENDING or self.is_closed:
+        if self.readahead < 1 or self.backlog.pending_count >= MAX_PENDING or self.is_closed:
             return  # best effort: a full (or closed) queue takes no read-ahead
-        planned = self._planned_read_ahead(origin, key)
+        planned = self.read_ahead.planned(origin, key)
         if planned is not None:
             now = self._clock()
             for successor, after_s in planned:
-                if not self._missing.has(origin, successor) and (
-                    (origin, successor) not in self._queued
-                ):
-                    entry = (now + after_s, next(self._order), origin, successor, NO_BATCH, True)
-                    self._push(self._lookahead, entry)
+                if (origin, successor) not in self.backlog.queued:
+                    deadline = now + after_s
+                    self.backlog.push(
+                        self.backlog.lookahead, deadline, origin, successor, NO_BATCH, True
+                    )
             return
-        for successor in next_keys(key, self.readahead):
-            if self._missing.has(origin, successor):
-                break  # not at the origin a moment ago: the run ends there (`missing`)
-            if (origin, successor) not in self._queued:
+        for successor in self.read_ahead.guessed(origin, key):
+            if (origin, successor) not in self.backlog.queued:
                 # Deadline 0: the warming lane goes in the order things were queued.
-                self._push(
-                    self._warming, (0.0, next(self._order), origin, successor, NO_BATCH, True)
-                )
-
-    def _planned_read_ahead(self, origin: str, key: str) -> list[tuple[str, float]] | None:
-        """The (key, seconds until read) pairs the plans read next after `key` of `origin`, or
-        None when no plan covers the origin (or its cache keys cannot be mapped back)."""
-        plans = self.cache.store.plans
-        if plans is None:
-            return None
-        try:
-            url = self.cache.cache_key(origin, key)[1]
-        except ShardcacheError:
-            return None
-        shape = _url_shape(url, key)
-        if shape is None:
-            return None
-        following = plans.read_ahead(url, self.readahead, _covering(shape))
-        if following is None:
-            return None
-        pairs = []
-        for planned_url, after_s in following:
-            successor = self._key_of(origin, planned_url, shape)
-            if successor is not None:
-                pairs.append((successor, after_s))
-        return pairs
-
-    def _key_of(self, origin: str, url: str, shape: tuple[str, str]) -> str | None:
-        """The key of `origin` whose cache key is `url`, or None; checked by building it back."""
-        prefix, suffix = shape
-        middle = url[len(prefix) : len(url) - len(suffix)]
-        for key in dict.fromkeys((middle, urllib.parse.unquote(middle))):
-            try:
-                if self.cache.cache_key(origin, key)[1] == url:
-                    return key
-            except ShardcacheError:
-                continue
-        return None
-
-    @property
-    def _pending_count(self) -> int:
-        return sum(len(lane.pending) for lane in self._lanes)
-
-    def _push(self, lane: Lane, entry: Entry) -> None:
-        lane.push(entry)
-        self._queued.add((entry[2], entry[3]))
-
-    def _item(self, entry: Entry) -> Item:
-        """The item a pending entry stands for: its batch is in the table while it is pending
-        (an unfinished batch is never forgotten)."""
-        _, _, origin, key, batch_id, is_readahead = entry
-        batch = self._batches.get(batch_id) if batch_id != NO_BATCH else None
-        return Item(origin, key, batch, is_readahead)
+                self.backlog.push(self.backlog.warming, 0.0, origin, successor, NO_BATCH, True)
 
     def clear(self, batch_id: int | None = None) -> tuple[int, int]:
         """Drop every queued item, or those of one batch, including one a dispatcher is sizing
         or holding for budget; release the look-ahead budget their fetched shards hold (they
         stay cached, unpinned). Return (items dropped, bytes released)."""
         dropped = 0
-        for lane in self._lanes:
+        for lane in self.backlog.lanes:
             entries = lane.keep_only(
                 None if batch_id is None else lambda entry: entry[4] != batch_id
             )
             dropped += len(entries)
-            self._forget_entries(entries)
+            self.backlog.forget_entries(entries)
             for start in lane.starting:
                 if not start.is_dropped and _in_batch(start.item, batch_id):
                     start.is_dropped = True  # its task lets it go when it can
-                    self._forget(start.item)
+                    self.backlog.forget(start.item)
                     dropped += 1
         released = 0
         if batch_id is None:
             released = self.cache.release_unread()
             self.pins.forget()
-        elif (batch := self._batches.get(batch_id)) is not None:
+        elif (batch := self.backlog.batches.get(batch_id)) is not None:
             released = self.cache.release_unread(batch.pinned)
             self.pins.forget(list(batch.pinned))
         self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
         return dropped, released
 
-    def _forget(self, item: Item) -> None:
-        self._queued.discard((item.origin, item.key))
-        if item.batch is not None:
-            item.batch.total -= 1
-
-    def _forget_entries(self, entries: list[Entry]) -> None:
-        """`_forget` for dropped pending entries, in bulk: a clear of 200,000 of them took
-        250 ms of the event loop one call at a time."""
-        self._queued.difference_update(map(entry_key, entries))
-        for batch_id, gone in collections.Counter(map(entry_batch, entries)).items():
-            batch = self._batches.get(batch_id)
-            if batch is not None:
-                batch.total -= gone
-
-    def _forget_old_batches(self, keep: int = 256) -> None:
-        """Keep the newest `keep` batches and every unfinished one (a `--wait` still follows
-        it, and Ctrl-C must be able to drop it); unfinished ones are bounded by the queue."""
-        for batch_id in list(self._batches)[:-keep]:  # ids ascend in insertion order
-            if self._batches[batch_id].is_finished:
-                del self._batches[batch_id]
-
     # -- status --------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        return self._pending_count + sum(
-            not start.is_dropped for lane in self._lanes for start in lane.starting
+        return self.backlog.pending_count + sum(
+            not start.is_dropped for lane in self.backlog.lanes for start in lane.starting
         )
 
     @property
     def room(self) -> int:
         """Items the queue can take now (negative past its bound): an admin post asks before
         parsing a body."""
-        return MAX_PENDING - self._pending_count - self._reserved_pending
+        return MAX_PENDING - self.backlog.pending_count - self._reserved_pending
 
     @property
     def max_unread_bytes(self) -> int:
@@ -375,11 +257,26 @@ class PrefetchQueue:
 
     def _is_saturated(self) -> bool:
         """Work waits for a slot (not for the look-ahead budget): the limit holds it back."""
-        return self._pending_count > 0 and self.waiting_for is None
+        return self.backlog.pending_count > 0 and self.waiting_for is None
+
+    @property
+    def readahead(self) -> int:
+        """The keys read ahead of each client read (`--readahead`)."""
+        return self.read_ahead.count
+
+    @property
+    def completed(self) -> int:
+        """Items that ended without an error (`tally`)."""
+        return self.tally.completed
+
+    @property
+    def failed(self) -> int:
+        """Items that failed (`tally`)."""
+        return self.tally.failed
 
     @property
     def in_flight(self) -> int:
-        return self._running
+        return self.dispatcher.running
 
     @property
     def limit(self) -> int:
@@ -390,17 +287,17 @@ class PrefetchQueue:
         return {
             "pending": self.depth,
             "in_flight": self.in_flight,
-            "done": self.completed,
-            "fetched": self.fetched,  # the rest of "done" was cached or fetched by a client
+            "done": self.tally.completed,
+            "fetched": self.tally.fetched,  # the rest of "done" was cached or fetched by a client
             "waiting_for": self.waiting_for,
-            "failed": self.failed,
-            "bytes_done": self.bytes_done,
+            "failed": self.tally.failed,
+            "bytes_done": self.tally.bytes_done,
             "unread_bytes": self.cache.unread_bytes,
             "max_unread_bytes": self.max_unread_bytes,
             "concurrency": self.limit,
             "concurrency_mode": "auto" if self.slots.tuner is not None else "fixed",
             "readahead": self.readahead,
-            "recent_failures": list(self.recent_failures),
+            "recent_failures": list(self.tally.recent_failures),
             "held_by": self.held_by(),
             "pins_ended": dict(self.pins_ended),
         }
@@ -411,11 +308,11 @@ class PrefetchQueue:
         return self.pins.held(self.cache.unread_sizes())
 
     def batch(self, batch_id: int) -> Batch | None:
-        return self._batches.get(batch_id)
+        return self.backlog.batches.get(batch_id)
 
     def batch_status(self, batch_id: int) -> dict[str, object] | None:
         """A batch's progress, with why the queue waits when it does (a look-ahead batch)."""
-        batch = self._batches.get(batch_id)
+        batch = self.backlog.batches.get(batch_id)
         if batch is None:
             return None
         document = batch.as_dict()
@@ -426,12 +323,12 @@ class PrefetchQueue:
 
     def start(self) -> None:
         self._dispatchers = [
-            asyncio.create_task(self._dispatch(lane), name=f"prefetch dispatcher {name}")
-            for lane, name in zip(self._lanes, ("look-ahead", "warming"), strict=True)
+            asyncio.create_task(self.dispatcher.run(lane), name=f"prefetch dispatcher {name}")
+            for lane, name in zip(self.backlog.lanes, ("look-ahead", "warming"), strict=True)
         ]
         if self.slots.tuner is not None:
             self._dispatchers.append(asyncio.create_task(self.slots.tune(), name="prefetch tuner"))
-        self._dispatchers.append(asyncio.create_task(self._sweep(), name="prefetch pins"))
+        self._dispatchers.append(asyncio.create_task(self.sweeper.run(), name="prefetch pins"))
 
     async def aclose(self) -> None:
         """Drop what is queued and stop every dispatcher and prefetch: nothing new starts
@@ -439,215 +336,42 @@ class PrefetchQueue:
         are left to the cache to stop. Safe to call twice."""
         self.is_closed = True
         self.clear()
-        self._failures.close()
-        tasks = [*self._dispatchers, *self._fetches]
+        self.tally.close()
+        tasks = [*self._dispatchers, *self.dispatcher.fetches]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _next(self, lane: Lane) -> Item:
-        """The lane's earliest item, once there is one and a slot for it: a lane with nothing
-        to do holds no slot, and the item is chosen when the slot is free, so that one posted
-        meanwhile with an earlier deadline goes first."""
-        while True:
-            while not lane.pending:
-                lane.has_work.clear()
-                await lane.has_work.wait()
-            await self.slots.acquire(lane)
-            if lane.pending:  # still: a clear() may have emptied the lane meanwhile
-                return self._item(lane.pop())
-            self.slots.release(lane)
-
-    async def _dispatch(self, lane: Lane) -> None:
-        """Take one lane's items in its order, each once there is a free slot (the lane's own),
-        and start each in a task of its own: size the object (HEAD), wait for
-        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
-        one at a time, it would bound the queue to a few dozen shards a second."""
-        while True:
-            item = await self._next(lane)
-            start = Start(item)
-            lane.starting[start] = None
-            task = asyncio.create_task(self._start(lane, start))
-            self._fetches.add(task)
-            task.add_done_callback(self._fetches.discard)
-
-    async def _start(self, lane: Lane, start: Start) -> None:
-        """Size, admit and start one item, then follow its fill; it holds a slot throughout
-        (except a fill someone else started, which it follows without one). An item dropped
-        meanwhile is let go, uncounted."""
-        item = start.item
-        try:
-            outcome, fill = await self.cache.start_prefetch(
-                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
-            )
-        except _Dropped:
-            self.slots.release(lane)
-            return
-        except ShardcacheError as exc:
-            if not start.is_dropped:
-                self._finish_item(item, exc)
-            self.slots.release(lane)
-            return
-        except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
-            log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
-            if not start.is_dropped:
-                self._finish_item(item, CacheError(f"internal error while prefetching: {exc}"))
-            self.slots.release(lane)
-            return
-        finally:
-            lane.starting.pop(start, None)
-            self.budget.release(start)  # pinned now, or never will be
-        if fill is None:
-            if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
-                item.batch.not_cached += 1
-            if not start.is_dropped:
-                self._finish_item(item, None)
-            self.slots.release(lane)
-            return
-        if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
-            self.cache.release_unread([fill.cache_key])
-        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
-            holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
-            self.pins.add(fill.cache_key, holder, _url_shape(fill.cache_key, item.key))
-            if item.batch is not None:
-                item.batch.pinned.add(fill.cache_key)
-        holds_slot = outcome is not PrefetchOutcome.JOINED
-        if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
-            self.slots.release(lane)
-        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
-
-    def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
-        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
-        then a last look whether it was dropped while it was sized or waited."""
-
-        async def admit(size_bytes: int) -> None:
-            if not lane.is_warming:
-                await self.budget.admit(start, size_bytes)
-            if start.is_dropped:
-                raise _Dropped
-
-        return admit
-
-    async def _follow(
-        self,
-        lane: Lane,
-        item: Item,
-        fill: Fill,
-        outcome: PrefetchOutcome,
-        holds_slot: bool,
-        is_dropped: bool,
-    ) -> None:
-        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
-        self._running += 1
-        counted = self.slots.follow(fill)
-        try:
-            outcome = await self.cache.finish_prefetch(fill, outcome)
-        except ShardcacheError as exc:
-            if not is_dropped:
-                self._finish_item(item, exc)
-        else:
-            if is_dropped:
-                return
-            is_fetched = outcome is PrefetchOutcome.FETCHED
-            size = fill.info.size_bytes if fill.info and is_fetched else 0
-            if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
-                item.batch.not_cached += 1
-            self._finish_item(item, None, size, is_fetched)
-        finally:
-            self._running -= 1
-            if counted:
-                self.slots.unfollow(fill)
-            if holds_slot:
-                self.slots.release(lane)
-
     # -- pins ----------------------------------------------------------------------------
 
-    def _sweep_wanted_now(self) -> None:
-        self._sweep_wanted.set()
-
-    async def _sweep(self) -> None:
-        """End the pins no loader will read: every SWEEP_EVERY_S, and at once when the
-        look-ahead budget starts a wait."""
-        while True:
-            with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
-                await asyncio.wait_for(self._sweep_wanted.wait(), SWEEP_EVERY_S)
-            self._sweep_wanted.clear()
-            try:
-                await self.sweep_pins()
-            except ShardcacheError as exc:  # the plans' lock or the store: try next time
-                log.warning("could not check the look-ahead pins: %s", exc)
-
     async def sweep_pins(self) -> int:
-        """End the look-ahead pins whose reader is gone, silent or late (`pins`); they stay
-        cached, unpinned, and their budget goes to the items waiting for it. Return the bytes
-        released."""
-        plans = self.cache.store.plans
-        shapes = self.pins.shapes()
-        readers: dict[str, Reader | None] = {}
-        covered: set[str] = set()
+        """End the look-ahead pins no loader will read now (`sweep.PinSweep.sweep`); return
+        the bytes released."""
+        return await self.sweeper.sweep()
 
-        def ask() -> None:  # on a worker thread: the plans' lock may wait for a large post
-            assert plans is not None
-            for url, shape in shapes.items():
-                readers[url] = reader = plans.next_reader(url)
-                if reader is None and shape is not None and plans.covers(_covering(shape)):
-                    covered.add(url)
-
-        if plans is not None and shapes:
-            await asyncio.to_thread(ask)
-        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
-        if not ended:
-            return 0
-        released = self.cache.release_unread([url for url, _ in ended])
-        why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
-        self.pins_ended.update(why)
-        log.info(
-            "ended %d look-ahead pins no loader is about to read (%s), %s released",
-            len(ended),
-            ", ".join(f"{count} {reason}" for reason, count in sorted(why.items())),
-            format_size(released),
-        )
-        return released
+    @property
+    def pins_ended(self) -> collections.Counter[str]:
+        """The look-ahead pins the sweep ended, by why."""
+        return self.sweeper.ended
 
     def _finish_item(
-        self,
-        item: Item,
-        error: ShardcacheError | None,
-        size_bytes: int = 0,
-        is_fetched: bool = False,
+        self, item: Item, error: ShardcacheError | None, size_bytes: int, is_fetched: bool
     ) -> None:
-        self._queued.discard((item.origin, item.key))
+        """An item ended: counted (`tally`), or, a read-ahead key the origin lacks, the end of
+        its run."""
+        self.backlog.queued.discard((item.origin, item.key))
         if isinstance(error, OriginNotFound) and item.is_readahead:
             self._end_of_run(item)
         elif error is not None:
-            self._record_failure(item, error)
+            self.tally.failure(item, error)
         else:
-            self.completed += 1
-            self.fetched += is_fetched
-            self.bytes_done += size_bytes
-            if item.batch is not None:
-                item.batch.done += 1
-                item.batch.bytes_done += size_bytes
+            self.tally.done(item, size_bytes, is_fetched)
 
     def _end_of_run(self, item: Item) -> None:
         """A read-ahead key does not exist: drop the queued keys after it in the same run."""
-        self._missing.add(item.origin, item.key)
-        beyond = {(item.origin, key) for key in next_keys(item.key, self.readahead)}
-        for lane in self._lanes:  # planned read-ahead is look-ahead; a guess is warmed
-            self._forget_entries(
+        beyond = self.read_ahead.end_run(item.origin, item.key)
+        for lane in self.backlog.lanes:  # planned read-ahead is look-ahead; a guess is warmed
+            self.backlog.forget_entries(
                 lane.keep_only(lambda entry: not (entry[5] and entry_key(entry) in beyond))
             )
         log.debug("read-ahead stops at %s/%s: not at the origin", item.origin, item.key)
-
-    def _record_failure(self, item: Item, exc: ShardcacheError) -> None:
-        self.failed += 1
-        failure = {"url": f"/{item.origin}/{item.key}", "error": str(exc), "kind": exc.kind}
-        self.recent_failures.append(failure)
-        if item.batch is not None:
-            item.batch.failed += 1
-            item.batch.failures.append(failure)
-        # Rate-limited per origin and kind: a reload that removes an origin, or an origin
-        # that is down, fails every queued key of it at once.
-        self._failures.failed(
-            item.origin, exc.kind, "prefetch of /%s/%s failed: %s", item.origin, item.key, exc
-        )

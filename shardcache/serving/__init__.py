@@ -3,8 +3,9 @@ goes through.
 
 Parts, top down:
 
-- `server`: the application and the object routes (`GET|HEAD /NAME/KEY`, health, metrics),
-  one place where errors become `{"error": ...}` with their status; `admin`: the `/_/`
+- `server`: the application and its routes (health, metrics, the `/_/` catch-all); `objects`:
+  the object path (`GET|HEAD /NAME/KEY`): preconditions, range, the status and headers, the
+  body, and the abort after the first byte; `admin`: the `/_/`
   routes (purge, ls, prefetch, plans, verify, origins, status) and their request bodies.
 - `middleware`: what every request passes before its handler (the Host check, the admin
   token, connection limits, the request id and the access line); `server_state`: the typed

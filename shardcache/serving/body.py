@@ -220,11 +220,17 @@ class _Progress:
 
 
 async def send_checked(
-    sender: FileSender, fd: int, start: int, end: int, check: Callable[[int, int], Awaitable[int]]
-) -> int:
+    sender: FileSender,
+    fd: int,
+    start: int,
+    end: int,
+    check: Callable[[int, int], Awaitable[int]],
+    on_checked: Callable[[int], None],
+) -> None:
     """Send bytes [start, end) of a cached file, `check(a, b)` (the hit's block check) passing
-    on every piece; the last byte leaves only once all of it passed. Returns the sum of what
-    the checks returned (bytes read).
+    on every piece; the last byte leaves only once all of it passed. `on_checked` gets the
+    sum of what the checks returned (bytes read) before that byte leaves, so a client that
+    has the whole body finds it counted.
 
     Each CHECKED_PIECE_BYTES piece is checked just after sendfile sent it, while the next ones
     are sent (its pages are still in the CPU's cache); sending waits for a check only when
@@ -253,8 +259,8 @@ async def send_checked(
         for pending in checks:
             pending.cancel()
         await asyncio.gather(*checks, return_exceptions=True)
+    on_checked(checked)
     await sender.send(fd, end - 1, 1)
-    return checked
 
 
 async def send_fill(

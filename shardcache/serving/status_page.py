@@ -18,6 +18,7 @@ import base64
 import hashlib
 import html
 import re
+import time
 from typing import Any
 
 from aiohttp import web
@@ -79,7 +80,39 @@ def with_figures(page_html: str, document: dict[str, Any]) -> str:
         replacement = f'id="{element_id}"{found[1]}{value_attribute}>{html.escape(shown)}<'
         page_html = page_html[: found.start()] + replacement + page_html[found.end() :]
     rows = "".join(_origin_row(name, origin) for name, origin in document["origins"].items())
-    return page_html.replace('<tbody id="origins"></tbody>', f'<tbody id="origins">{rows}</tbody>')
+    page_html = page_html.replace(
+        '<tbody id="origins"></tbody>', f'<tbody id="origins">{rows}</tbody>'
+    )
+    failures = _failure_rows(document, time.time())
+    if not failures:
+        return page_html
+    page_html = page_html.replace(
+        '<tbody id="failures"></tbody>', f'<tbody id="failures">{failures}</tbody>'
+    )
+    return page_html.replace(
+        'id="no-failures" class="muted">', 'id="no-failures" class="muted" hidden>'
+    )
+
+
+def _failure_rows(doc: dict[str, Any], now: float) -> str:
+    """The recent failures table's rows, as the script's `renderFailures` draws them: without
+    them a reader without scripts was told "none" whatever had failed."""
+    rows = [
+        [_secs(max(0.0, now - f["at"])) + " ago", "request", f["origin"], f["kind"], f["message"]]
+        for f in reversed(doc.get("recent_failures") or [])
+    ]
+    rows += [
+        [
+            "",
+            "prefetch",
+            (f["url"].split("/") + ["", ""])[1],
+            f["kind"],
+            f"{f['url']}: {f['error']}",
+        ]
+        for f in reversed(doc["prefetch"].get("recent_failures") or [])
+    ]
+    e = html.escape
+    return "".join("<tr>" + "".join(f"<td>{e(str(v))}</td>" for v in r) + "</tr>" for r in rows)
 
 
 def _figures(doc: dict[str, Any]) -> dict[str, tuple[str, float | None]]:
@@ -107,7 +140,8 @@ def _figures(doc: dict[str, Any]) -> dict[str, tuple[str, float | None]]:
         "client-wait": (f"clients waited {_secs(doc['client_wait_s'])} in all", None),
         "cache-fill": (_pct(cache["use_ratio"]), cache["use_ratio"]),
         "cache-size": (
-            f"{_bytes(entry_bytes)} in {cache['entries']} entries of "
+            f"{_bytes(entry_bytes)} in {cache['entries']} "
+            f"{'entry' if cache['entries'] == 1 else 'entries'} of "
             f"{_bytes(cache['capacity_bytes'])} (+{_bytes(cache['size_bytes'] - entry_bytes)} "
             "index)",
             None,

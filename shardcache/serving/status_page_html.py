@@ -223,7 +223,8 @@ SCRIPT = r"""
     show("cache-fill", pct(c.use_ratio), c.use_ratio);
     $("cache-bar").style.width = Math.min(100, 100 * (c.use_ratio || 0)) + "%";
     const entryBytes = c.entry_bytes === undefined ? c.size_bytes : c.entry_bytes;
-    show("cache-size", bytes(entryBytes) + " in " + c.entries + " entries of " +
+    show("cache-size", bytes(entryBytes) + " in " + c.entries +
+      (c.entries === 1 ? " entry of " : " entries of ") +
       bytes(c.capacity_bytes) + " (+" + bytes(c.size_bytes - entryBytes) + " index)");
     const e = c.eviction || {};
     pairs("eviction", [["policy", e.policy + (e.setting !== e.policy ? " (" + e.setting + ")"
@@ -408,7 +409,7 @@ HTML = """<!doctype html>
 <table><thead><tr><th>when</th><th>where</th><th>origin</th><th>kind</th><th>what</th></tr>
 </thead><tbody id="failures"></tbody></table><p id="no-failures" class="muted">none</p>
 </section>
-<p class="muted">Polls /_/status every <span id="every"></span> s and keeps the last 180 polls
+<p class="muted">Polls /_/status every <span id="every">2</span> s and keeps the last 180 polls
 in this page; the totals count from the daemon's start.</p>
 <noscript><p class="muted">Scripts are off: these are the figures at the page's load; reload
 for new ones.</p></noscript>

@@ -20,8 +20,10 @@ POSTS = 16
 KEYS = 100_000  # a 2.2 MB URL list: within MAX_EXPANSION and the body limit
 # The target is 100 ms: measured 60-80 ms on a shared 2-core machine once queued
 # prefetch keys were untracked by the collector and the GIL switch interval was 1 ms (150-440 ms
-# before). The bound leaves room for a loaded CI machine and the test's own 32 posting threads.
-HEALTHZ_BOUND_S = 0.5
+# before). The bound leaves room for a loaded CI machine and the test's own 32 posting threads
+# (the worst of 1,636 probes took 0.76 s with the whole suite and five other runs sharing two
+# cores); the failure it guards against held the loop 8.9 s.
+HEALTHZ_BOUND_S = 1.0
 RSS_BOUND_BYTES = 300 << 20
 
 

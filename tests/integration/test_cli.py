@@ -141,6 +141,14 @@ def test_url_with_a_config_maps_to_the_daemon_that_config_listens_on(tmp_path: P
             "shardcache ls: error: argument --limit: expected a whole number, not 'x'",
         ),
         (["url"], "shardcache url: error: the following arguments are required: URL"),
+        (
+            ["demo", "--shards", "0"],
+            "shardcache demo: error: argument --shards: expected 1 to 1000, not '0'",
+        ),
+        (
+            ["demo", "--shards", "1001"],
+            "shardcache demo: error: argument --shards: expected 1 to 1000, not '1001'",
+        ),
     ],
 )
 def test_a_mistyped_option_is_one_line_naming_the_likely_one_and_exit_2(

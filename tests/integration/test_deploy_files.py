@@ -14,6 +14,7 @@ import sys
 import tomllib
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -121,6 +122,17 @@ def test_kubernetes_manifests_validate(name: str) -> None:
     assert "passed" in result.stdout + result.stderr
 
 
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions In) selects `labels`."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In", expression
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
 def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
     """The PodMonitor is a CRD the Kubernetes schemas do not cover: check it against the
     Prometheus Operator's required fields and against the DaemonSet it must select."""
@@ -129,12 +141,17 @@ def test_kubernetes_config_and_podmonitor_fit_the_daemonset() -> None:
     config = yaml.safe_load((DEPLOY / "kubernetes" / "configmap.yaml").read_text())
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
     pod = daemonset["spec"]["template"]
-    labels = pod["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
-    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
-        assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
-        assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
+    tier = next(
+        d
+        for d in yaml.safe_load_all((DEPLOY / "kubernetes" / "tier.yaml").read_text())
+        if d["kind"] == "StatefulSet"
+    )["spec"]["template"]
+    for scraped in (pod, tier):  # the Operator ignores prometheus.io annotations
+        assert _selects(monitor["spec"]["selector"], scraped["metadata"]["labels"])
+        ports = {p["name"] for c in scraped["spec"]["containers"] for p in c.get("ports", [])}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+            assert re.fullmatch(r"\d+[smh]", endpoint["interval"])
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     from shardcache.config import load_settings
 

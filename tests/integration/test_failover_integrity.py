@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl
+from tests.integration.helpers import CurlResult, curl, wait_for
 from tests.origin_server import OriginServer
 
 # 1 MiB objects come in the fill's first request; 5 MiB ones in segments (several GETs).
@@ -129,3 +130,99 @@ def test_a_lying_mirror_of_an_object_streamed_through_is_marked_down(
     failed = 1 + sum(1 for r in reads if r.exit_code != 0)
     assert row["integrity_failures"] == failed and row["failures"] >= failed, row
     assert home.gets["big.tar"] >= 1
+
+
+@pytest.mark.parametrize("extra_bytes", [0, 4096], ids=["same-length", "other-length"])
+def test_a_stale_mirror_is_marked_down_and_the_home_serves_its_keys(
+    extra_bytes: int,
+    servers: tuple[OriginServer, OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+) -> None:
+    """A mirror that serves another version under its own ETag (a stale copy, no checksum):
+    the home's HEAD disagrees, the failure counts against the mirror as bytes it sent, and
+    the object is fetched again from the home, as for bytes that fail their checksum."""
+    stale, home = servers
+    expected: dict[str, str] = {}
+    for index in range(4):
+        key = f"shard-{index}.tar"
+        data = os.urandom(1 << 20)
+        expected[key] = hashlib.sha256(data).hexdigest()
+        home.put(key, data)
+        stale.put(key, os.urandom(len(data) + extra_bytes), no_md5=True)
+    config = tmp_path / "origins.toml"
+    config.write_text(f'[origins.o]\nurls = ["{stale.url}", "{home.url}"]\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+
+    first = curl(f"{daemon.url}/o/shard-0.tar")
+    assert first.exit_code != 0 or first.sha256 == expected["shard-0.tar"], first.status
+    # Fetched again from the home without a second read asking for it.
+    wait_for("the refetch from the home", lambda: home.gets["shard-0.tar"] >= 1)
+    _, status = daemon.get_json("/_/status")
+    row = status["origins"]["o"]["upstreams"][0]  # type: ignore[index]
+    assert row["integrity_failures"] >= 1 and row["state"] != "up", row
+    reads = [curl(f"{daemon.url}/o/{key}") for key in expected]
+    print(f"stale mirror: first read exit {first.exit_code}, then {[r.exit_code for r in reads]}")
+    pairs = zip(reads, expected, strict=True)
+    assert all(r.exit_code != 0 or r.sha256 == expected[k] for r, k in pairs)
+    assert reads[0].exit_code == 0 and reads[0].headers["x-shardcache"] in ("hit", "coalesced")
+
+
+def test_a_fill_from_a_stale_mirror_never_answers_a_conditional(
+    servers: tuple[OriginServer, OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+) -> None:
+    """While a fill from a stale mirror waits for the home's HEAD (slow here), a client that
+    holds the mirror's version asks If-None-Match with its ETag: the mirror's validators are
+    not the object's until the home agrees, so no 304; the home's version is sent."""
+    stale, home = servers
+    data = os.urandom(1 << 20)
+    home.put("s.tar", data, delay_s=2.0)  # its HEAD (and GET) answer after 2 s
+    stale.put("s.tar", os.urandom(len(data)), no_md5=True)
+    config = tmp_path / "origins.toml"
+    config.write_text(f'[origins.o]\nurls = ["{stale.url}", "{home.url}"]\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+    url = f"{daemon.url}/o/s.tar"
+
+    first = threading.Thread(target=curl, args=(url,))
+    first.start()  # its fill gets the mirror's bytes, then waits for the home's HEAD
+    wait_for("the mirror's GET", lambda: stale.gets["s.tar"] >= 1 and home.heads["s.tar"] >= 1)
+    revalidated = curl(url, "-H", f"If-None-Match: {stale.etags['s.tar']}")
+    first.join()
+    assert revalidated.status != 304, revalidated.headers
+    expected = hashlib.sha256(data).hexdigest()
+    assert revalidated.exit_code != 0 or revalidated.sha256 == expected, revalidated.status
+
+
+def test_a_conditional_joining_a_fill_from_a_stale_mirror_is_not_answered_from_it(
+    servers: tuple[OriginServer, OriginServer],
+    start_daemon: Callable[..., Daemon],
+    tmp_path: Path,
+) -> None:
+    """The conditional's own check asks the home (2 s slow) and finds no answer to trust;
+    meanwhile another reader started a fill from the stale mirror, which the conditional
+    then joins: its validators still wait for the home before any 304."""
+    stale, home = servers
+    data = os.urandom(1 << 20)
+    home.put("s.tar", data, delay_s=2.0)
+    stale.put("s.tar", os.urandom(len(data)), no_md5=True)
+    config = tmp_path / "origins.toml"
+    config.write_text(f'[origins.o]\nurls = ["{stale.url}", "{home.url}"]\n')
+    daemon = start_daemon({}, "--config", str(config), "--readahead", "0")
+    url = f"{daemon.url}/o/s.tar"
+    answers: list[CurlResult] = []
+
+    def revalidate() -> None:
+        answers.append(curl(url, "-H", f"If-None-Match: {stale.etags['s.tar']}"))
+
+    conditional = threading.Thread(target=revalidate)
+    conditional.start()
+    wait_for("the conditional's HEAD at the home", lambda: home.heads["s.tar"] >= 1)
+    plain = threading.Thread(target=curl, args=(url,))
+    plain.start()  # its fill gets the mirror's bytes, then waits for the home's HEAD
+    conditional.join()
+    plain.join()
+    assert answers[0].status != 304, answers[0].headers
+    expected = hashlib.sha256(data).hexdigest()
+    assert answers[0].exit_code != 0 or answers[0].sha256 == expected, answers[0].status

@@ -51,6 +51,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "serving": [
         "serving.server",
+        "serving.objects",
         "serving.admin",
         "serving.status_page",
         "serving.middleware",
@@ -66,6 +67,11 @@ ORDER: dict[str, list[str]] = {
     ],
     "prefetch": [
         "prefetch.queue",
+        "prefetch.dispatch",
+        "prefetch.sweep",
+        "prefetch.read_ahead",
+        "prefetch.backlog",
+        "prefetch.tally",
         "prefetch.slots",
         "prefetch.budget",
         "prefetch.pins",
@@ -76,6 +82,7 @@ ORDER: dict[str, list[str]] = {
     ],
     "observability": [
         "observability.metrics",
+        "observability.cache_metrics",
         "observability.receiver_metrics",
         "observability.scrub_metrics",
         "observability.upstream_metrics",
@@ -88,8 +95,11 @@ ORDER: dict[str, list[str]] = {
     # fill, the store over the evictor over the policies, the diskcache adapter at the bottom.
     "cache": [
         "cache.shard_cache",
+        "cache.lease",
+        "cache.purge",
         "cache.flights",
         "cache.fill",
+        "cache.body_check",
         "cache.fill_state",
         "cache.passthrough",
         "cache.hit_check",
@@ -97,7 +107,9 @@ ORDER: dict[str, list[str]] = {
         "cache.scrub_check",
         "cache.verify",
         "cache.catalog",
+        "cache.unread",
         "cache.store",
+        "cache.walks",
         "cache.evictor",
         "cache.eviction",
         "cache.directory",
@@ -150,6 +162,7 @@ ORDER: dict[str, list[str]] = {
     "foundation": [
         "keys",
         "patterns",
+        "crc_spans",
         "checksums",
         "errors",
         "observer",

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import PrefetchOutcome, Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
 from shardcache.cache.store import Store
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver

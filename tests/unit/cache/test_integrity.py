@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import (
     CacheError,
@@ -128,7 +129,10 @@ async def test_one_retry_policy_counts_each_request_once(
         await read_all(await cache.open("fake", "a.tar"))
     await settle(cache)
     assert [start for _, start in origin.opens] == [0, 256 * 1024, 256 * 1024, 256 * 1024]
-    assert observer.requests == Counter({"unavailable": 3, "ok": 1})
+    # The first segment's request is counted "ok" when its body is done; when the second
+    # segment's three refusals end the fill first, it is cancelled and counted as nothing.
+    assert observer.requests["unavailable"] == 3
+    assert set(observer.requests) <= {"unavailable", "ok"} and observer.requests["ok"] <= 1
 
 
 async def test_a_segment_failure_counts_one_failed_request_per_request(
@@ -401,12 +405,12 @@ def test_damaged_entry_metadata_is_a_miss_and_dropped_at_start(tmp_path: Path) -
         db.execute("UPDATE Cache SET tag = ? WHERE key = ?", ('{"size_bytes": "x"}', "bad-tag"))
     with pytest.raises(CacheError):
         store.lookup("bad-tag")
-    (path,) = [p for k, p, _ in store.entries() if k == "short-file"]
+    (path,) = [p for k, p, _ in store.walks.entries() if k == "short-file"]
     os.truncate(path, 3)
     store.close()
 
     reopened = Store(directory, 8 * MiB)  # drops both instead of "fixing" the size column
-    assert sorted(k for k, _, _ in reopened.entries()) == ["good"]
+    assert sorted(k for k, _, _ in reopened.walks.entries()) == ["good"]
     assert reopened.check() == []
     reopened.close()
 

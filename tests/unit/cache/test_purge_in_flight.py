@@ -15,7 +15,9 @@ import pytest
 
 from shardcache.cache.entry import EntryMeta, Reservation
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import Purged, Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.purge import Purged
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import NotCached
 from shardcache.fetch.segments import RetryPolicy

@@ -80,7 +80,7 @@ def _put(store: Store, key: str, data: bytes) -> Path:
     meta = EntryMeta(len(data), digests={"crc32c": f"{crc32c(data):08x}"}, verified_by=["length"])
     store.commit(reservation, key, meta)
     os.close(reservation.fd)
-    return next(e.path for e in store.entries_after(0, 100) if e.key == key)
+    return next(e.path for e in store.walks.entries_after(0, 100) if e.key == key)
 
 
 def _flip(path: Path, at: int) -> None:
@@ -398,7 +398,7 @@ async def test_an_entry_whose_file_was_deleted_is_damage_and_its_row_is_dropped(
     (problem,) = tally.problems
     assert problem["key"] == "http://o/lost.tar" and problem["kind"] == "missing"
     assert problem["dropped"] is True and problem["detail"] == "its file is missing"
-    assert store.entries_after(0, 10) == []
+    assert store.walks.entries_after(0, 10) == []
 
 
 async def test_an_entry_refilled_as_its_file_is_opened_is_not_missing(
@@ -463,7 +463,7 @@ async def test_the_background_pass_resumes_where_the_last_daemon_left_it(
     keys = [f"http://o/{n}.tar" for n in range(3)]
     for key in keys:
         _put(store, key, os.urandom(64 * KiB))
-    rowids = [e.rowid for e in store.entries_after(0, 10)]
+    rowids = [e.rowid for e in store.walks.entries_after(0, 10)]
     position = tmp_path / "scrub-position.json"
     position.write_text(json.dumps({"started_at": time.time(), "rowid": rowids[1]}))
     scrubber = Scrubber(

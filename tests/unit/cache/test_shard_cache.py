@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import Lease, Result, ShardCache
+from shardcache.cache.lease import Lease, Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable

@@ -171,15 +171,15 @@ def test_drop_if_open_drops_only_the_version_its_descriptor_holds(store: Store) 
     assert old is not None
     try:
         _fill(store, "k", b"new")  # refetched while a reader held the old file
-        assert not store.drop_if_open("k", old.fd)
+        assert not store.walks.drop_if_open("k", old.fd)
         assert _read(store, "k") == b"new"
         current = store.lookup("k")
         assert current is not None
         try:
-            assert store.drop_if_open("k", current.fd)
+            assert store.walks.drop_if_open("k", current.fd)
         finally:
             current.close()
         assert _read(store, "k") is None
-        assert not store.drop_if_open("k", old.fd)  # nothing indexed: nothing to drop
+        assert not store.walks.drop_if_open("k", old.fd)  # nothing indexed: nothing to drop
     finally:
         old.close()

@@ -65,7 +65,7 @@ def _read_or_fill(store: Store, key: str) -> str:
 
 
 def _cached(store: Store) -> set[str]:
-    return {key for key, _, _ in store.entries()}
+    return {key for key, _, _ in store.walks.entries()}
 
 
 def _epochs(store: Store, keys: list[str], epochs: int) -> list[list[str]]:

@@ -31,8 +31,8 @@ async def _fill(directory: Path, objects: dict[str, tuple[bytes, bool]]) -> dict
         assert await read_all(await cache.open("fake", key)) == data
         await settle(cache)
     await cache.aclose()
-    files = {key.rsplit("/", 1)[1]: path for key, path, _ in store.entries()}
-    for _, _, meta in store.entries():  # what each entry was verified against is recorded
+    files = {key.rsplit("/", 1)[1]: path for key, path, _ in store.walks.entries()}
+    for _, _, meta in store.walks.entries():  # what each entry was verified against is recorded
         assert meta is not None and "length" in meta.verified_by and meta.digests
     store.close()
     return files

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.fill import FillState
-from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.cluster.rendezvous import rank

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from shardcache.commands import cached
@@ -63,3 +65,12 @@ def test_json_rows_are_whole_and_print_at_once(capsys: pytest.CaptureFixture[str
     table = cached._Table(now=1000.0, as_json=True)
     table.add("web", _entry("b.tar", ["length", "x" * 200]))
     assert '"origin": "web"' in capsys.readouterr().out and not table.flush()
+
+
+def test_the_summary_says_one_entry_not_one_entries(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cached, "_entries", lambda origin, pattern, daemon: [_entry("a.tar", [])])
+    args = argparse.Namespace(origin_name="web", pattern="*", json=False, limit=0)
+    assert cached._ls(args, "http://127.0.0.1:1") == 0
+    assert capsys.readouterr().err == "1 entry, 1.12 MiB\n"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from shardcache.checksums import crc32c
+from shardcache.crc_spans import BLOCK_BYTES, Span
 from shardcache.errors import OriginTimeout, OriginTooSlow, OriginUnavailable
 from shardcache.origins import landing, pool, splice
 from shardcache.origins.landing import Body
@@ -77,15 +78,26 @@ def _head(length: int) -> bytes:
 def _land(
     body: Body, fd: int, size: int, read_s: float = 5.0
 ) -> tuple[int, list[tuple[int, float]]]:
-    """Land `size` bytes at 0; the final CRC and each report (bytes, when)."""
+    """Land `size` bytes at 0; the final CRC and each report (bytes, when). Checks the spans
+    reported: they tile what landed, cut at each block boundary, none past what its report
+    counted, each the CRC-32C of the file's bytes there."""
     reports: list[tuple[int, float]] = []
     crcs = [0]
+    spans: list[Span] = []
 
-    def progress(count: int, crc: int) -> None:
+    def progress(count: int, crc: int, new_spans: list[Span]) -> None:
         reports.append((count, time.monotonic()))
         crcs.append(crc)
+        landed = sum(count for count, _ in reports)
+        assert all(offset + length <= landed for offset, length, _ in new_spans)
+        spans.extend(new_spans)
 
     body.land(fd, 0, size, 0, read_s, 0.0, progress)
+    ends = [offset + length for offset, length, _ in spans]
+    assert [offset for offset, _, _ in spans] == [0, *ends[:-1]] and ends[-1:] == [size]
+    assert all(end % BLOCK_BYTES == 0 for end in ends[:-1])
+    for offset, length, crc in spans:
+        assert crc == crc32c(os.pread(fd, length, offset))
     return crcs[-1], reports
 
 
@@ -224,7 +236,7 @@ def test_a_body_longer_than_announced_never_gives_its_connection_back(tmp_path: 
     fd = _open(tmp_path / "f")
     try:
         with _exchange(send) as exchange:
-            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c: None)
+            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c, s: None)
             time.sleep(0.05)
             exchange.finish(complete=True)
             time.sleep(pool.QUIET_S + 0.1)
@@ -248,7 +260,7 @@ def test_a_well_formed_body_gives_its_connection_back(tmp_path: Path) -> None:
     fd = _open(tmp_path / "f")
     try:
         with _exchange(send) as exchange:
-            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c: None)
+            Body(exchange, 0, 1000, 5.0).land(fd, 0, 1000, 0, 5.0, 0.0, lambda n, c, s: None)
             exchange.finish(complete=True)
             time.sleep(pool.QUIET_S + 0.1)  # a connection given back is reused once quiet
             connection, reused = exchange.pool.take(exchange.site)
@@ -297,7 +309,7 @@ def test_a_drip_faster_than_the_gather_window_is_judged_and_reported_while_it_dr
             started = time.monotonic()
             with pytest.raises(OriginTooSlow, match="under the floor"):
                 body.land(
-                    fd, 0, drips, 0, 0.5, 1000.0, lambda n, c: reports.append(time.monotonic())
+                    fd, 0, drips, 0, 0.5, 1000.0, lambda n, c, s: reports.append(time.monotonic())
                 )
             waited = time.monotonic() - started
     finally:
@@ -328,6 +340,7 @@ def test_a_pipe_the_kernel_kept_small_is_not_spliced_through() -> None:
 _AT_THE_FD_LIMIT = """
 import os, pathlib, sys
 from shardcache.checksums import crc32c
+from shardcache.crc_spans import BLOCK_BYTES, Span
 from tests.unit.origins.test_landing import _body, _head, _land, _open
 payload = os.urandom(3 << 20)
 fd = _open(pathlib.Path(sys.argv[1]))

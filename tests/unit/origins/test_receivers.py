@@ -167,6 +167,21 @@ async def test_a_cancelled_landing_waits_until_the_receiver_stopped_writing(
             pool.kill_all()
 
 
+def test_a_started_pool_is_counted_starting_until_each_receiver_answered() -> None:
+    """`/readyz` waits for the receivers' first answer (the ping `start` sends): a request
+    sent to one still importing waited for it, past a 1 s read timeout on a loaded machine."""
+    pool = ReceiverPool(2)
+    try:
+        pool.start()
+        receivers_up = pool.alive()
+        assert len(receivers_up) == 2
+        for receiver in receivers_up:
+            assert receiver.has_spoken.wait(timeout=60), f"receiver {receiver.pid} never answered"
+        assert pool.starting() == 0
+    finally:
+        pool.kill_all()
+
+
 def test_a_receiver_that_stops_reading_is_killed_not_waited_for() -> None:
     """Sends from the event loop never block: a receiver whose socket is full (SIGSTOPped)
     is killed, and the send fails with OriginUnavailable."""

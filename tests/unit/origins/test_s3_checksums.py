@@ -18,7 +18,8 @@ import google_crc32c
 import pytest
 
 from shardcache import checksums
-from shardcache.cache.shard_cache import Result, ShardCache
+from shardcache.cache.lease import Result
+from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum, Verifier
 from shardcache.errors import IntegrityError

@@ -1,0 +1,168 @@
+"""The dispatchers: each prefetch from its lane to its fill's end.
+
+One dispatcher per lane takes the lane's earliest item once a slot of the lane's is free, and
+starts it in a task of its own: size the object (HEAD), wait for look-ahead budget (warming
+needs none: it pins nothing), start the fill, pin what look-ahead fetched (`pins`), follow the
+fill to its end, and say how the item ended. An item dropped meanwhile is let go, uncounted.
+What this module must not know: the order items are queued in or why (`queue`, `backlog`), how
+an ending is counted or what a missing read-ahead key means (the queue's `finish`), HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from shardcache.cache.fill import Fill
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.errors import CacheError, ShardcacheError
+from shardcache.prefetch.backlog import Backlog
+from shardcache.prefetch.budget import LookaheadBudget
+from shardcache.prefetch.lanes import Item, Lane, Start
+from shardcache.prefetch.pins import READ_AHEAD, PinLedger
+from shardcache.prefetch.read_ahead import url_shape
+from shardcache.prefetch.slots import Slots
+
+log = logging.getLogger("shardcache.prefetch")
+# How an item ended: (item, its error or None, bytes the prefetch fetched, whether it fetched).
+Finish = Callable[[Item, ShardcacheError | None, int, bool], None]
+
+
+class _Dropped(Exception):
+    """The item was dropped while it was being sized or waited for budget."""
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        cache: ShardCache,
+        backlog: Backlog,
+        slots: Slots,
+        budget: LookaheadBudget,
+        pins: PinLedger,
+        finish: Finish,
+    ) -> None:
+        self.cache = cache
+        self.backlog = backlog
+        self.slots = slots
+        self.budget = budget
+        self.pins = pins
+        self._finish = finish
+        self.running = 0  # admitted and fetching
+        self.fetches: set[asyncio.Task[None]] = set()
+
+    async def _next(self, lane: Lane) -> Item:
+        """The lane's earliest item, once there is one and a slot for it: a lane with nothing
+        to do holds no slot, and the item is chosen when the slot is free, so that one posted
+        meanwhile with an earlier deadline goes first."""
+        while True:
+            while not lane.pending:
+                lane.has_work.clear()
+                await lane.has_work.wait()
+            await self.slots.acquire(lane)
+            if lane.pending:  # still: a clear() may have emptied the lane meanwhile
+                return self.backlog.item(lane.pop())
+            self.slots.release(lane)
+
+    async def run(self, lane: Lane) -> None:
+        """Take one lane's items in its order, each once there is a free slot (the lane's own),
+        and start each in a task of its own: size the object (HEAD), wait for
+        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
+        one at a time, it would bound the queue to a few dozen shards a second."""
+        while True:
+            item = await self._next(lane)
+            start = Start(item)
+            lane.starting[start] = None
+            task = asyncio.create_task(self._start(lane, start))
+            self.fetches.add(task)
+            task.add_done_callback(self.fetches.discard)
+
+    async def _start(self, lane: Lane, start: Start) -> None:
+        """Size, admit and start one item, then follow its fill; it holds a slot throughout
+        (except a fill someone else started, which it follows without one). An item dropped
+        meanwhile is let go, uncounted."""
+        item = start.item
+        try:
+            outcome, fill = await self.cache.start_prefetch(
+                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
+            )
+        except _Dropped:
+            self.slots.release(lane)
+            return
+        except ShardcacheError as exc:
+            if not start.is_dropped:
+                self._finish(item, exc, 0, False)
+            self.slots.release(lane)
+            return
+        except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
+            log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
+            if not start.is_dropped:
+                self._finish(item, CacheError(f"internal error while prefetching: {exc}"), 0, False)
+            self.slots.release(lane)
+            return
+        finally:
+            lane.starting.pop(start, None)
+            self.budget.release(start)  # pinned now, or never will be
+        if fill is None:
+            if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
+                item.batch.not_cached += 1
+            if not start.is_dropped:
+                self._finish(item, None, 0, False)
+            self.slots.release(lane)
+            return
+        if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
+            self.cache.release_unread([fill.cache_key])
+        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
+            holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
+            self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))
+            if item.batch is not None:
+                item.batch.pinned.add(fill.cache_key)
+        holds_slot = outcome is not PrefetchOutcome.JOINED
+        if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
+            self.slots.release(lane)
+        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
+
+    def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
+        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
+        then a last look whether it was dropped while it was sized or waited."""
+
+        async def admit(size_bytes: int) -> None:
+            if not lane.is_warming:
+                await self.budget.admit(start, size_bytes)
+            if start.is_dropped:
+                raise _Dropped
+
+        return admit
+
+    async def _follow(
+        self,
+        lane: Lane,
+        item: Item,
+        fill: Fill,
+        outcome: PrefetchOutcome,
+        holds_slot: bool,
+        is_dropped: bool,
+    ) -> None:
+        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
+        self.running += 1
+        counted = self.slots.follow(fill)
+        try:
+            outcome = await self.cache.finish_prefetch(fill, outcome)
+        except ShardcacheError as exc:
+            if not is_dropped:
+                self._finish(item, exc, 0, False)
+        else:
+            if is_dropped:
+                return
+            is_fetched = outcome is PrefetchOutcome.FETCHED
+            size = fill.info.size_bytes if fill.info and is_fetched else 0
+            if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
+                item.batch.not_cached += 1
+            self._finish(item, None, size, is_fetched)
+        finally:
+            self.running -= 1
+            if counted:
+                self.slots.unfollow(fill)
+            if holds_slot:
+                self.slots.release(lane)

@@ -1,0 +1,83 @@
+"""The pin sweep: ending the look-ahead pins no loader will read, on a period and on demand.
+
+Every SWEEP_EVERY_S, and at once when the look-ahead budget starts a wait, it asks the plans
+who reads each pinned shard next (on a worker thread: the plans' lock may wait for a large
+post), lets the ledger (`pins.PinLedger`, pure) say which pins have ended, releases them in
+the cache (they stay cached, unpinned) and counts them by why.
+
+What this module must not know: the queue's lanes, slots or batches (the queue adds and forgets
+pins in the ledger it shares), HTTP, the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+
+from shardcache.cache.plans import Reader
+from shardcache.cache.shard_cache import ShardCache
+from shardcache.errors import ShardcacheError
+from shardcache.prefetch.pins import Ending, PinLedger
+from shardcache.prefetch.read_ahead import covering
+from shardcache.units import format_size
+
+log = logging.getLogger("shardcache.prefetch")
+SWEEP_EVERY_S = 5.0  # pins are checked this often, and at once when the budget starts a wait
+
+
+class PinSweep:
+    def __init__(self, cache: ShardCache, pins: PinLedger) -> None:
+        self.cache = cache
+        self.pins = pins
+        self._wanted = asyncio.Event()
+        self.ended: collections.Counter[str] = collections.Counter()  # by why
+
+    def wanted_now(self) -> None:
+        """Sweep at once (the look-ahead budget starts a wait)."""
+        self._wanted.set()
+
+    async def run(self) -> None:
+        """End the pins no loader will read: every SWEEP_EVERY_S, and at once when the
+        look-ahead budget starts a wait."""
+        while True:
+            with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
+                await asyncio.wait_for(self._wanted.wait(), SWEEP_EVERY_S)
+            self._wanted.clear()
+            try:
+                await self.sweep()
+            except ShardcacheError as exc:  # the plans' lock or the store: try next time
+                log.warning("could not check the look-ahead pins: %s", exc)
+
+    async def sweep(self) -> int:
+        """End the look-ahead pins whose reader is gone, silent or late (`pins`); they stay
+        cached, unpinned, and their budget goes to the items waiting for it. Return the bytes
+        released."""
+        plans = self.cache.store.plans
+        shapes = self.pins.shapes()
+        readers: dict[str, Reader | None] = {}
+        covered: set[str] = set()
+
+        def ask() -> None:  # on a worker thread: the plans' lock may wait for a large post
+            assert plans is not None
+            for url, shape in shapes.items():
+                readers[url] = reader = plans.next_reader(url)
+                if reader is None and shape is not None and plans.covers(covering(shape)):
+                    covered.add(url)
+
+        if plans is not None and shapes:
+            await asyncio.to_thread(ask)
+        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
+        if not ended:
+            return 0
+        released = self.cache.release_unread([url for url, _ in ended])
+        why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
+        self.ended.update(why)
+        log.info(
+            "ended %d look-ahead pins no loader is about to read (%s), %s released",
+            len(ended),
+            ", ".join(f"{count} {reason}" for reason, count in sorted(why.items())),
+            format_size(released),
+        )
+        return released

@@ -1,0 +1,430 @@
+"""The object path: `GET|HEAD /NAME/KEY`, from the lease the cache hands out to the last byte.
+
+Preconditions (a conditional GET's 304 or 412 before a miss fetches, and again against what it
+reads), the range, the status and headers (`object_response`, the HTTP contract's one place),
+the body from a hit, a fill being tailed or a stream through, and what is counted and logged.
+Before the first body byte every failure is a JSON error with the status its exception class
+carries. After it, the connection is aborted: headers promised a Content-Length, and a client
+such as `curl -f` must see a failed transfer, never a clean but short body.
+
+What this module must not know: how a miss is filled or verified (it asks `ShardCache`), the
+`/_/` routes, how the application is assembled (`server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+from collections.abc import Awaitable
+
+from aiohttp import web
+
+from shardcache.cache.fill import FillState
+from shardcache.cache.lease import Lease, Result
+from shardcache.checksums import Checksum, to_headers
+from shardcache.errors import (
+    FillAbandoned,
+    IntegrityError,
+    OriginError,
+    OriginNotFound,
+    ShardcacheError,
+    ShuttingDown,
+    TierLoop,
+)
+from shardcache.keys import ERROR_KIND_HEADER, TIER_REQUEST_HEADER
+from shardcache.observability.logs import BODY_BYTES, CLIENT_GONE
+from shardcache.observability.metrics import Metrics
+from shardcache.serving.body import (
+    ClientGone,
+    ClientStalled,
+    FileSender,
+    send_checked,
+    send_fill,
+    send_stream,
+    settle_empty,
+)
+from shardcache.serving.conditionals import (
+    Outcome,
+    Validators,
+    evaluate,
+    fields_of,
+    http_date,
+    is_conditional,
+    range_applies,
+)
+from shardcache.serving.middleware import (
+    CACHE_KEY,
+    FAILURES_KEY,
+    GUARD_KEY,
+    METRICS_KEY,
+    PREFETCH_KEY,
+    STATE_KEY,
+    json_error,
+)
+from shardcache.serving.ranges import ByteRange, parse_range
+
+log = logging.getLogger("shardcache.server")
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+
+
+def _abort(request: web.Request, discard_unsent: bool = False) -> None:
+    """Abort the connection (never a clean short body); it may be gone already.
+
+    `discard_unsent` (a client that stopped reading): reset the connection now. A plain close
+    leaves what the socket buffer holds to the kernel, which keeps the orphaned connection
+    open, probing a zero window, for minutes after the descriptor is gone.
+    """
+    if request.transport is None:
+        return
+    if discard_unsent:
+        sock = request.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    request.transport.abort()
+
+
+def object_response(
+    result: Result,
+    size_bytes: int,
+    etag: str | None,
+    content_type: str | None,
+    byte_range: ByteRange | None,
+    checksums: tuple[Checksum, ...] = (),
+    verified_by: tuple[str, ...] = (),
+    last_modified: float | None = None,
+) -> web.StreamResponse:
+    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
+
+    A whole-object answer republishes the checksums the cache verified (`Content-MD5`,
+    `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well; a hit says
+    what its entry was verified against (`X-Shardcache-Verified: length, Content-MD5`).
+    """
+    headers = {
+        "Accept-Ranges": "bytes",
+        "Content-Type": content_type or DEFAULT_CONTENT_TYPE,
+        "X-Shardcache": result.value,
+    }
+    if etag:
+        headers["ETag"] = etag
+    if last_modified is not None:
+        headers["Last-Modified"] = http_date(last_modified)
+    if verified_by:
+        headers["X-Shardcache-Verified"] = ", ".join(verified_by)
+    if byte_range is None:
+        headers.update(to_headers(checksums))
+    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
+    if byte_range is not None:
+        response.headers["Content-Range"] = byte_range.content_range(size_bytes)
+    response.content_length = byte_range.length if byte_range else size_bytes
+    return response
+
+
+def _precondition_response(
+    request: web.Request, result: Result, validators: Validators
+) -> web.StreamResponse | None:
+    """The 304 or 412 that the request's preconditions call for (RFC 9110 §13.2.2), or None
+    to answer with the object.
+
+    A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
+    body; a 412 is a JSON error like any other."""
+    outcome = evaluate(fields_of(request.headers), validators)
+    if outcome is Outcome.PROCEED:
+        return None
+    headers = {"X-Shardcache": result.value}
+    if validators.etag:
+        headers["ETag"] = validators.etag
+    if validators.last_modified is not None:
+        headers["Last-Modified"] = http_date(validators.last_modified)
+    if outcome is Outcome.NOT_MODIFIED:
+        return web.Response(status=304, headers=headers)
+    headers[ERROR_KIND_HEADER] = "precondition"
+    return json_error(412, "a precondition of the request does not hold", headers)
+
+
+def _wanted_range(
+    request: web.Request, validators: Validators, size_bytes: int
+) -> ByteRange | None:
+    """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
+    does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
+    if not range_applies(fields_of(request.headers), validators):
+        return None
+    return parse_range(request.headers.get("Range"), size_bytes)
+
+
+async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | None:
+    """A conditional GET's 304 or 412 from the object's validators (the cached entry's, a
+    fill's, or the origin's HEAD), before a miss starts a GET for bytes it will not send.
+
+    None lets the GET go on; it evaluates the preconditions again against the validators of
+    what it reads (the object may change in between). An origin that cannot answer a HEAD
+    leaves the answer to the GET."""
+    origin, key = request.match_info["origin"], request.match_info["key"]
+    try:
+        result, info = await request.app[CACHE_KEY].head(origin, key, wants_checksums=False)
+    except OriginNotFound:
+        raise
+    except OriginError as exc:
+        log.debug("no validators for %s before its GET: %s", request.path, exc)
+        return None
+    answer = _precondition_response(request, result, Validators(info.etag, info.last_modified))
+    if answer is not None:
+        request.app[METRICS_KEY].requests.labels(origin, result.value).inc()
+    return answer
+
+
+async def get_object(request: web.Request) -> web.StreamResponse:
+    if request.app[STATE_KEY].is_shutting_down:
+        raise ShuttingDown("the daemon is shutting down")
+    with request.app[STATE_KEY].in_flight:
+        return await _get_object(request)
+
+
+def _refuse_tier_loop(request: web.Request) -> None:
+    """Refuse a request from another shardcache (asking this one as a tier member or a mirror)
+    for an origin that has a tier or mirrors here too: tiers are one level deep, and two daemons
+    must not be each other's mirror. Logged once per origin."""
+    origin = request.match_info["origin"]
+    state = request.app[STATE_KEY]
+    if not request.headers.get(TIER_REQUEST_HEADER) or not state.origins.has_upstreams(origin):
+        return
+    problem = (
+        f"origin {origin!r} was asked by another shardcache (as a tier member or mirror), but "
+        "has a tier or mirrors here too: a tier member's or mirror's config must list neither "
+        "(a request loop)"
+    )
+    if origin not in state.tier_loops_logged:
+        state.tier_loops_logged.add(origin)
+        log.error("%s; answering such requests 508", problem)
+    raise TierLoop(problem)
+
+
+async def _get_object(request: web.Request) -> web.StreamResponse:
+    _refuse_tier_loop(request)
+    cache = request.app[CACHE_KEY]
+    metrics = request.app[METRICS_KEY]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    origin, key = request.match_info["origin"], request.match_info["key"]
+    guard = request.app.get(GUARD_KEY)
+    reader_left = guard.lost(request.transport) if guard is not None else None
+    if is_conditional(request.headers):
+        early = await _answer_before_fetching(request)
+        if early is not None:
+            return early
+    try:
+        lease = await cache.open(origin, key, reader_left)
+    except FillAbandoned:  # the client closed its connection while the origin was asked
+        _client_left(request, origin)
+        return web.Response(status=FillAbandoned.status)
+    if not request.headers.get(TIER_REQUEST_HEADER):
+        # A tier member sees only its share of a numbered run: the next number belongs to
+        # another member, and the node that asked reads ahead itself.
+        request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
+    if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
+        metrics.waited(lease.origin, loop.time() - began)
+    try:
+        validators = Validators(lease.etag, lease.last_modified)
+        answer = _precondition_response(request, lease.result, validators)
+        if answer is not None:  # the object changed since the check before the GET
+            await _confirmed(lease)
+            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            return answer
+        byte_range = _wanted_range(request, validators, lease.size_bytes)
+        start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
+        if start == end:  # an empty object (ranges of it are 416)
+            await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY].read_timeout_s)
+        response = object_response(
+            lease.result,
+            lease.size_bytes,
+            lease.etag,
+            lease.content_type,
+            byte_range,
+            lease.checksums if lease.result is Result.HIT else (),
+            lease.verified_by,
+            lease.last_modified,
+        )
+        try:
+            writer = await response.prepare(request)
+        except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+            writer = None
+        if writer is None or request.transport is None:
+            _client_left(request, lease.origin)  # before the headers went out
+            return response
+        # Counted by result once it is known (below): a read that fails after its headers is
+        # an "error", not the miss it started as (its first byte's time is a miss's, though).
+        metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
+        state = request.app[STATE_KEY]
+        sender = FileSender(request.transport, response.write, state.client_send_timeout_s)
+        is_counted = False  # under the result, once the body is out: the client may see it end
+        try:
+            await _send_body(lease, sender, start, end, request, metrics, reader_left)
+            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            is_counted = True
+            await sender.drained()  # so that write_eof has nothing left to wait for
+            writer.output_size += sender.take_bypassed_bytes()  # before write_eof reads it
+            await response.write_eof()
+        except (ClientGone, ConnectionResetError) as exc:  # origin errors are never these
+            stalled = isinstance(exc, ClientStalled)
+            if stalled:  # closed by us: a timeout, not a departure, but a 499 all the same
+                metrics.client_timeouts.labels("send").inc()
+                request[CLIENT_GONE] = True
+            else:
+                _client_left(request, lease.origin)
+            if not is_counted:  # the client's choice, not a failure
+                metrics.requests.labels(lease.origin, lease.result.value).inc()
+            log.debug("client left during %s: %s", request.path, exc)
+            _abort(request, discard_unsent=stalled)
+            return response
+        except Exception as exc:  # any failure after the headers: never a clean short body
+            if not is_counted:
+                metrics.requests.labels(lease.origin, "error").inc()
+            _failed_after_headers(request, lease, exc, sender.sent_bytes, end - start)
+            if lease.result is Result.HIT and isinstance(exc, EOFError | IntegrityError):
+                # The entry's file is shorter than its index says, or failed its block check:
+                # drop it (before the client hears of the failure and retries), so the next
+                # request refetches.
+                if isinstance(exc, IntegrityError):
+                    _count_corrupt_hit(request, lease.origin, exc)
+                origin_name, key = request.match_info["origin"], request.match_info["key"]
+                if lease.entry is not None:  # only the version it read, never a refetch
+                    await cache.drop_damaged(origin_name, key, lease.entry)
+                else:
+                    with contextlib.suppress(ShardcacheError):  # nothing may escape: see _abort
+                        await cache.purge(origin_name, key)
+            _abort(request)
+            return response
+        finally:
+            sender.close()
+            source = "cache" if lease.result is Result.HIT else "origin"
+            metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
+            writer.output_size += sender.take_bypassed_bytes()
+            request[BODY_BYTES] = sender.sent_bytes  # for the access log: the body alone
+        metrics.duration.labels(lease.result.value).observe(loop.time() - began)
+        return response
+    finally:
+        await lease.aclose()
+
+
+async def _confirmed(lease: Lease) -> None:
+    """Return once the validators of `lease` may answer a 304 or 412: at once, unless a tier
+    member or mirror sent its fill's first answer; then when the home's HEAD agreed. Raises
+    the fill's error when it disagreed (the fill failed): a stale mirror's ETag is no
+    validator of the object."""
+    fill = lease.fill
+    if fill is None or fill.info is None or fill.info.sent_by is None:
+        return
+    await fill.wait_checksums()
+    if fill.state is FillState.FAILED and fill.error is not None:
+        raise fill.error
+
+
+def _failed_after_headers(
+    request: web.Request, lease: Lease, exc: Exception, sent_bytes: int, length: int
+) -> None:
+    """Log a read that failed after its headers (a WARNING, rate-limited per origin and kind;
+    a bug is an ERROR with its traceback), and count what only this read saw: a streamed-through
+    body that failed its checksum (a fill's failure is counted by the fill, once)."""
+    if not isinstance(exc, ShardcacheError | OSError | EOFError):
+        log.error(
+            "aborting %s after %d of %d bytes: %s",
+            request.path,
+            sent_bytes,
+            length,
+            exc,
+            exc_info=True,
+        )
+        return
+    # A local file shorter than its index says, or unreadable: the cache's failure.
+    kind = exc.kind if isinstance(exc, ShardcacheError) else "cache"
+    if lease.stream is not None and isinstance(exc, IntegrityError):
+        request.app[METRICS_KEY].origin_failed(lease.origin, kind)
+    request.app[FAILURES_KEY].failed(
+        lease.origin,
+        kind,
+        "%s %s aborted after %d of %d bytes (%s, origin %s): %s",
+        request.method,
+        request.path,
+        sent_bytes,
+        length,
+        kind,
+        lease.origin,
+        exc,
+    )
+
+
+def _count_corrupt_hit(request: web.Request, origin: str, exc: IntegrityError) -> None:
+    """A hit whose bytes failed their block check: counted, and a WARNING naming the key."""
+    request.app[METRICS_KEY].hit_corrupt_total.labels(origin).inc()
+    log.warning("dropping cached %s/%s: %s", origin, request.match_info["key"], exc)
+
+
+def _client_left(request: web.Request, origin: str) -> None:
+    """A client going away mid-response is normal (`tar t | head`): a 499 and a counter, never an
+    error; a fill it started goes on for the cache and for other readers."""
+    request[CLIENT_GONE] = True
+    request.app[METRICS_KEY].client_disconnects.labels(origin).inc()
+
+
+async def _send_body(
+    lease: Lease,
+    sender: FileSender,
+    start: int,
+    end: int,
+    request: web.Request,
+    metrics: Metrics,
+    reader_left: asyncio.Event | None,
+) -> None:
+    def on_wait(seconds: float) -> None:
+        metrics.waited(lease.origin, seconds)
+
+    if start == end:
+        return  # settled before the headers
+    checker = request.app[STATE_KEY].hit_checker
+    if lease.entry is not None and checker is not None and checker.can_check(lease.entry.meta):
+        entry = lease.entry
+        name = f"{lease.origin}/{request.match_info['key']}"
+
+        def check(first: int, last: int) -> Awaitable[int]:
+            return checker.check(name, entry.fd, entry.meta, first, last)
+
+        await send_checked(sender, entry.fd, start, end, check, metrics.hit_checked_bytes_total.inc)
+    elif lease.entry is not None:
+        await sender.send(lease.entry.fd, start, end - start)
+    elif lease.fill is not None:
+        await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait, reader_left)
+    elif lease.stream is not None:
+        state = request.app[STATE_KEY]
+        await send_stream(
+            lease.stream,
+            sender.write,
+            start,
+            end,
+            state.read_timeout_s,
+            on_wait,
+            sender.count_written,
+            state.min_bytes_per_s,
+        )
+
+
+async def head_object(request: web.Request) -> web.StreamResponse:
+    _refuse_tier_loop(request)
+    cache = request.app[CACHE_KEY]
+    result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
+    validators = Validators(info.etag, info.last_modified)
+    answer = _precondition_response(request, result, validators)
+    if answer is not None:
+        return answer
+    byte_range = _wanted_range(request, validators, info.size_bytes)
+    return object_response(
+        result,
+        info.size_bytes,
+        info.etag,
+        info.content_type,
+        byte_range,
+        info.checksums,
+        last_modified=info.last_modified,
+    )
