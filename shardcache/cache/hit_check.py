@@ -74,7 +74,7 @@ class HitChecker:
         read. Raises IntegrityError naming the key when they do not match or its block digests
         are unreadable (the version is forgotten: the caller drops the entry), OSError for a
         read error."""
-        version = self._version(key, meta)
+        version = self._version(key, fd, meta)
         since = self._clock() - self.window_s
         read = 0
         if version.digests is None:
@@ -85,8 +85,13 @@ class HitChecker:
             read += await self._check_batch(key, version, fd, batch, since)
         return read
 
-    def _version(self, key: str, meta: EntryMeta) -> _Version:
-        identity = meta.block_crc32c or f"{meta.size_bytes} {meta.etag} {sorted(meta.digests)}"
+    def _version(self, key: str, fd: int, meta: EntryMeta) -> _Version:
+        """The record of the version open as `fd`: its file's identity is part of it, so a
+        reader still holding a dropped version's file never counts the refetched file's checks
+        (the same digests) as its own."""
+        stat = os.fstat(fd)
+        kept = meta.block_crc32c or f"{meta.size_bytes} {meta.etag} {sorted(meta.digests)}"
+        identity = f"{stat.st_dev}:{stat.st_ino} {kept}"
         version = self._versions.get(key)
         if version is None or version.identity != identity:
             try:

@@ -145,6 +145,10 @@ class Index:
         rows = self._cache._sql("SELECT key, filename, tag FROM Cache ORDER BY rowid")
         return [(str(key), str(filename), tag) for key, filename, tag in rows.fetchall()]
 
+    def filename_of(self, key: str) -> str | None:
+        rows = self._cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,)).fetchall()
+        return str(rows[0][0]) if rows else None
+
     def tag_of(self, key: str) -> Any | None:
         rows = self._cache._sql("SELECT tag FROM Cache WHERE key = ?", (key,)).fetchall()
         return rows[0][0] if rows else None

@@ -245,6 +245,22 @@ class ShardCache:
             raise NotCached(f"{origin_name}/{key} is not cached")
         return purged
 
+    async def drop_damaged(self, origin_name: str, key: str, entry: Entry) -> bool:
+        """Drop the entry of `key` a hit found damaged (short, or failing its block check) if
+        it is still the version `entry` holds open, and return whether it was dropped. A fill
+        in flight (the refetch) and a version committed since are left alone; a cache dir that
+        cannot be written is a warning (the hit's client sees its failure either way). Never
+        raises: an error after a response's headers would be written as its last bytes."""
+        try:
+            _, url = self.cache_key(origin_name, key)
+        except UnknownOrigin:  # reloaded away meanwhile: its entries are not served any more
+            return False
+        try:
+            return await asyncio.to_thread(self.store.walks.drop_if_open, url, entry.fd)
+        except CacheError as exc:
+            self.store.warnings.warning(log, "drop", "cannot drop damaged %s: %s", url, exc)
+            return False
+
     async def purge_entries(self, origin: Origin, urls: list[str]) -> Purged:
         """Delete the entries of cache keys `urls` and keep none of their fills in flight
         (`purge.purge_entries`: what it reaches, and its race with a fill's commit)."""
@@ -405,7 +421,8 @@ class ShardCache:
                 await fill.run()
         finally:
             self.flights.finish(fill)
-            if fill.blamed and not fill.is_second_fetch and not self._is_closing:
+            # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
+            if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
             self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
             if len(self._finished) > RECENT_FILLS:

@@ -73,6 +73,22 @@ class Walks:
             self._evictor.forget(key)
         return True
 
+    def drop_if_open(self, key: str, fd: int) -> bool:
+        """Remove `key`'s entry if its file is the one open as `fd` (a hit's), and return
+        whether it was removed: a reader of a version dropped and refetched meanwhile must not
+        drop the new one for damage in its own. Raises CacheError, the entry untouched."""
+        with map_store_errors(f"cannot look up {key}"):
+            filename = self._index().filename_of(key)
+        if filename is None:
+            return False
+        try:
+            same = os.path.samestat(os.stat(self._dir.index_dir / filename), os.fstat(fd))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise CacheError(f"cannot drop {key}: {exc}") from exc
+        return same and self.drop_if_unchanged(key, filename)
+
     # -- listing (`GET /_/cache`, `shardcache ls`) -----------------------------------------
 
     def key_range(self, low: str, after: str, high: str, limit: int) -> list[IndexedEntry]:

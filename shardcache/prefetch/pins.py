@@ -4,8 +4,8 @@ A look-ahead prefetch pins its shard until a loader reads it (`ShardCache` keeps
 their sizes; this ledger keeps who holds them and until when). A pin no loader will read holds
 the cache and the look-ahead budget for nothing, and once such pins fill the budget the queue
 waits for good. So a pin also ends, besides being read or its batch dropped:
-- when no plan reads it, where one did or plans cover its origin (its job ended, or posted a
-  plan without it);
+- when no plan reads it, where one did (read-ahead pins only what a plan reads next) or plans
+  cover its origin (its job ended, or posted a plan without it);
 - when the job whose plan reads it stops reading (quiet for SILENT_PACES of its pace);
 - after a bound: BOUND_SLACK times the time until its job's pace says it is read (at least
   MIN_BOUND_S), at most the ceiling (`--prefetch-pin-max-seconds`); a pin no plan names has the
@@ -80,7 +80,9 @@ class PinLedger:
                 continue
             reader = reader_of(url)
             if reader is None:
-                if pin.job is not None or is_covered(url):  # no plan reads it (now)
+                # No plan reads it now, where one did: its job was seen, or read-ahead pinned
+                # it (only ever what a plan reads next), or plans cover its origin.
+                if pin.job is not None or pin.holder == READ_AHEAD or is_covered(url):
                     ended.append((url, "unplanned"))
                 elif now >= pin.until:
                     ended.append((url, "bound"))

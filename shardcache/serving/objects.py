@@ -28,7 +28,6 @@ from shardcache.checksums import Checksum, to_headers
 from shardcache.errors import (
     FillAbandoned,
     IntegrityError,
-    NotCached,
     OriginError,
     OriginNotFound,
     ShardcacheError,
@@ -290,8 +289,12 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
                 # request refetches.
                 if isinstance(exc, IntegrityError):
                     _count_corrupt_hit(request, lease.origin, exc)
-                with contextlib.suppress(NotCached):
-                    await cache.purge(request.match_info["origin"], request.match_info["key"])
+                origin_name, key = request.match_info["origin"], request.match_info["key"]
+                if lease.entry is not None:  # only the version it read, never a refetch
+                    await cache.drop_damaged(origin_name, key, lease.entry)
+                else:
+                    with contextlib.suppress(ShardcacheError):  # nothing may escape: see _abort
+                        await cache.purge(origin_name, key)
             _abort(request)
             return response
         finally:

@@ -163,3 +163,23 @@ def test_delete(store: Store) -> None:
     _fill(store, "k", b"z" * 10)
     assert store.delete("k") is True and store.delete("k") is False
     assert store.lookup("k") is None
+
+
+def test_drop_if_open_drops_only_the_version_its_descriptor_holds(store: Store) -> None:
+    _fill(store, "k", b"old")
+    old = store.lookup("k")
+    assert old is not None
+    try:
+        _fill(store, "k", b"new")  # refetched while a reader held the old file
+        assert not store.walks.drop_if_open("k", old.fd)
+        assert _read(store, "k") == b"new"
+        current = store.lookup("k")
+        assert current is not None
+        try:
+            assert store.walks.drop_if_open("k", current.fd)
+        finally:
+            current.close()
+        assert _read(store, "k") is None
+        assert not store.walks.drop_if_open("k", old.fd)  # nothing indexed: nothing to drop
+    finally:
+        old.close()

@@ -17,7 +17,7 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.prefetch.pins import MIN_BOUND_S, MIN_SILENT_S, PinLedger
+from shardcache.prefetch.pins import MIN_BOUND_S, MIN_SILENT_S, READ_AHEAD, PinLedger
 from shardcache.prefetch.queue import PrefetchQueue
 from tests.unit.fakes import FakeOrigin
 
@@ -59,6 +59,12 @@ def test_a_planned_pin_ends_when_no_plan_reads_it_any_more() -> None:
     reading = Reader("node0", 2.0, 1.0, 0.5)
     assert ledger.expired({"u": 1}, lambda url: reading) == []
     assert ledger.held({"u": 1}) == {"node0": 1}  # named by its job once a plan reads it
+    assert ledger.expired({"u": 1}, lambda url: None) == [("u", "unplanned")]
+
+
+def test_a_read_ahead_pin_ends_when_no_plan_reads_it_even_before_a_sweep_saw_its_job() -> None:
+    ledger = PinLedger(300.0, Clock())
+    ledger.add("u", READ_AHEAD)  # read-ahead pins only what a plan reads next
     assert ledger.expired({"u": 1}, lambda url: None) == [("u", "unplanned")]
 
 
