@@ -57,6 +57,9 @@ from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
 STORE_CHECK_INTERVAL_S = 2.0
+# How long start-up waits for the receiving processes' first answer before it listens (they
+# import while the store opens; a few tenths of a second on an idle machine).
+RECEIVER_START_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,9 @@ class Daemon:
         store = await asyncio.to_thread(open_store, settings, self.metrics)
         if store.swept_partials:
             log.info("removed %d partial files left by an interrupted run", store.swept_partials)
+        silent = await asyncio.to_thread(self.receivers.wait_started, RECEIVER_START_S)
+        if silent:  # served all the same: a request to one waits for it, or fails over
+            log.warning("%d receiving processes not up after %g s", silent, RECEIVER_START_S)
         started = self._started = self._build(store)
         await started.runner.setup()
         raise_open_file_limit(settings.max_connections)
@@ -374,10 +380,7 @@ class Daemon:
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""
         problem = self._running().store.problem()
-        if problem:
-            return f"{problem}; serving uncached until it is usable"
-        starting = self.receivers.starting()
-        return f"{starting} receiving processes still starting" if starting else None
+        return f"{problem}; serving uncached until it is usable" if problem else None
 
     async def _watch_store(self, store: Store) -> None:
         """Check the cache directory every few seconds, so a replaced or repaired directory

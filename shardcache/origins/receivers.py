@@ -185,10 +185,14 @@ class ReceiverPool:
             starting = list(self._receivers)
         _greet(starting)
 
-    def starting(self) -> int:
-        """How many live receivers have not answered yet (still starting their interpreter):
-        a request sent to one waits for its import, which on a loaded machine takes longer
-        than a short read timeout."""
+    def wait_started(self, timeout_s: float) -> int:
+        """Wait (blocking: call it on a thread) until every live receiver answered once, at
+        most `timeout_s`; return how many still have not. A request sent to one still
+        importing waits for its import, which on a loaded machine outlasts a short read
+        timeout, so the daemon waits here before it listens."""
+        deadline = time.monotonic() + timeout_s
+        for receiver in self.alive():
+            receiver.has_spoken.wait(max(0.0, deadline - time.monotonic()))
         return sum(1 for receiver in self.alive() if not receiver.has_spoken.is_set())
 
     def restart(self, size: int = 0) -> None:
