@@ -35,6 +35,7 @@ ORDER: dict[str, list[str]] = {
         "__main__",
         "cli",
         "commands.check",
+        "commands.verify",
         "commands.cached",
         "commands.batch_progress",
         "commands.arguments",
