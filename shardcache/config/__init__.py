@@ -1,6 +1,9 @@
 """Configuration: flags, `SHARDCACHE_*` variables, a TOML file and defaults, read once into one
 frozen `Settings`. Its parts, each importing only the ones before it:
 
+- `parsers`: the value parsers the tables name (seconds, listen addresses, switches, choices,
+  counts, paths, speeds, tokens; a plain size is `units.parse_size`) and the bounds they hold
+  a value to;
 - `options`: the OPTIONS table (flag, environment variable, TOML key, default, parser, whether a
   reload applies it) and the flags it generates; the only place a setting's default lives;
 - `origins`: `OriginSpec` and the table of per-origin keys (`[origins.NAME]` in the file);
@@ -16,10 +19,6 @@ from shardcache.config.options import (
     ENV_PREFIX,
     EVICTION_POLICIES,
     LOG_LEVELS,
-    MAX_MIN_SPEED,
-    MAX_PREFETCH_CONCURRENCY,
-    MAX_RECEIVERS,
-    MIN_TOKEN_CHARS,
     OPTIONS,
     Option,
     add_arguments,
@@ -31,6 +30,12 @@ from shardcache.config.origins import (
     OriginOption,
     OriginSpec,
     parse_origin_url,
+)
+from shardcache.config.parsers import (
+    MAX_MIN_SPEED,
+    MAX_PREFETCH_CONCURRENCY,
+    MAX_RECEIVERS,
+    MIN_TOKEN_CHARS,
 )
 from shardcache.config.settings import (
     Settings,

@@ -2,183 +2,40 @@
 and whether a reload applies it. The one place a setting's default lives: `Settings` has none
 of its own, and code that needs a default outside a loaded Settings reads it here (`default`).
 
-Every row becomes `--name-with-dashes`, `SHARDCACHE_NAME` and the TOML key `name`.
+Every row becomes `--name-with-dashes`, `SHARDCACHE_NAME` and the TOML key `name`; each row's
+parser (what a raw value must look like) is in `parsers`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from shardcache.config.parsers import (
+    parse_choice,
+    parse_count,
+    parse_listen,
+    parse_listen_backlog,
+    parse_optional_path,
+    parse_optional_size,
+    parse_path,
+    parse_prefetch_concurrency,
+    parse_receivers,
+    parse_scrub_rate,
+    parse_seconds,
+    parse_seconds_or_zero,
+    parse_speed,
+    parse_switch,
+    parse_token,
+    parse_workers,
+)
 from shardcache.units import parse_size
 
 ENV_PREFIX = "SHARDCACHE_"
 EVICTION_POLICIES = ("auto", "plan", "lru")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-MIN_TOKEN_CHARS = 16
-
-# -- parsers: each takes the raw value (str from flags/env, any TOML type) -------------------
-
-
-def _parse_listen(value: Any) -> tuple[str, int]:
-    text = str(value).strip()
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {text!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
-
-
-def parse_seconds(value: Any) -> float:
-    try:
-        seconds = float(str(value).strip().removesuffix("s"))
-    except ValueError:
-        raise ValueError(f"expected seconds, got {value!r}") from None
-    if not 0 < seconds < math.inf:  # also refuses nan, which every comparison fails
-        raise ValueError(f"must be positive, got {value!r}")
-    return seconds
-
-
-def _parse_count(value: Any) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"expected a whole number, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"must not be negative, got {value!r}")
-    return number
-
-
-def _parse_choice(choices: Sequence[str]) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        text = str(value).strip().lower()
-        if text not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return text
-
-    return parse
-
-
-def _parse_workers(value: Any) -> int:
-    number = _parse_count(value)
-    if number == 0:
-        raise ValueError("must be at least 1")
-    return number
-
-
-MAX_RECEIVERS = 256  # receiving processes; past the cores, more only cost memory
-
-
-def _parse_receivers(value: Any) -> int:
-    """`auto` (0: one per core this process may run on, at most 16) or a number, 1 or more."""
-    if str(value).strip().lower() == "auto":
-        return 0
-    number = _parse_workers(value)
-    if number > MAX_RECEIVERS:
-        raise ValueError(f"must be at most {MAX_RECEIVERS}")
-    return number
-
-
-MAX_PREFETCH_CONCURRENCY = 256  # each may hold --origin-connections requests
-
-
-def _parse_prefetch_concurrency(value: Any) -> int | None:
-    """`auto` (None: tuned) or a fixed number of prefetches at once."""
-    if str(value).strip().lower() == "auto":
-        return None
-    wanted = f"expected auto or a whole number from 1 to {MAX_PREFETCH_CONCURRENCY}, got {value!r}"
-    if isinstance(value, bool):
-        raise ValueError(wanted)
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ValueError(wanted) from None
-    if not 1 <= number <= MAX_PREFETCH_CONCURRENCY:
-        raise ValueError(wanted)
-    return number
-
-
-MAX_LISTEN_BACKLOG = 65535
-
-
-def _parse_listen_backlog(value: Any) -> int | None:
-    """`auto` (None: the system's bound, net.core.somaxconn) or a queue length, 1 or more."""
-    if str(value).strip().lower() == "auto":
-        return None
-    number = _parse_workers(value)
-    if number > MAX_LISTEN_BACKLOG:
-        raise ValueError(f"must be at most {MAX_LISTEN_BACKLOG}")
-    return number
-
-
-def _parse_optional_size(value: Any) -> int | None:
-    return None if str(value).strip().lower() == "auto" else parse_size(value)
-
-
-def _parse_path(value: Any) -> Path:
-    return Path(os.path.expanduser(str(value)))
-
-
-def _parse_optional_path(value: Any) -> Path | None:
-    return _parse_path(value) if str(value).strip() else None
-
-
-def _parse_switch(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-MAX_MIN_SPEED = 1 << 30  # a floor above 1 GiB/s per connection no upstream could meet
-
-
-def _parse_speed(value: Any) -> int:
-    """A speed floor in bytes per second ("16KiB", "1MB", 4096), or 0 for none."""
-    if str(value).strip() == "0":
-        return 0
-    speed = parse_size(value)
-    if speed > MAX_MIN_SPEED:
-        raise ValueError(f"{value!r} is more than one connection carries (at most 1GiB)")
-    return speed
-
-
-def _parse_scrub_rate(value: Any) -> int:
-    """Bytes per second the scrub may read ("64MiB", "64MiB/s", 1048576), or 0 for off."""
-    text = str(value).strip().removesuffix("/s")
-    return 0 if text == "0" else parse_size(text)
-
-
-def _parse_seconds_or_zero(value: Any) -> float:
-    """Seconds, or 0 for none."""
-    if str(value).strip().removesuffix("s") in ("0", "0.0"):
-        return 0.0
-    return parse_seconds(value)
-
-
-def parse_token(value: Any) -> str | None:
-    """A token is printable ASCII without spaces, at least 16 characters; "" means none."""
-    if not isinstance(value, str):  # TOML: a number or a list is a mistake, not a token
-        raise ValueError("must be a string")
-    text = value.strip()
-    if not text:
-        return None
-    if len(text) < MIN_TOKEN_CHARS or not all(33 <= ord(c) < 127 for c in text):
-        # The message must not echo the value: it is a secret, however badly formed.
-        raise ValueError(
-            f"must be at least {MIN_TOKEN_CHARS} printable ASCII characters without spaces "
-            "(try: openssl rand -hex 32)"
-        )
-    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +61,11 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option(
-        "listen", _parse_listen, "127.0.0.1:8470", "address to serve on", "HOST:PORT", reloads=False
+        "listen", parse_listen, "127.0.0.1:8470", "address to serve on", "HOST:PORT", reloads=False
     ),
     Option(
         "cache_dir",
-        _parse_path,
+        parse_path,
         "~/.cache/shardcache",
         "where cached shards live",
         "PATH",
@@ -224,14 +81,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "log_level",
-        _parse_choice(LOG_LEVELS),
+        parse_choice(LOG_LEVELS),
         "info",
         "debug, info, warning or error",
         "LVL",
         reloads=True,
     ),
     Option(
-        "log_format", _parse_choice(("text", "json")), "text", "text or json", "FMT", reloads=True
+        "log_format", parse_choice(("text", "json")), "text", "text or json", "FMT", reloads=True
     ),
     Option("origin_connect_timeout", parse_seconds, 10.0, "seconds to connect", "S", reloads=False),
     Option(
@@ -244,7 +101,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "origin_retries",
-        _parse_count,
+        parse_count,
         4,
         "retries per fill, resuming with Range",
         "N",
@@ -252,7 +109,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "origin_min_speed",
-        _parse_speed,
+        parse_speed,
         "16KiB",
         "bytes/s an origin body must average over each read timeout; 0 = no floor",
         "SIZE",
@@ -260,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "prefetch_concurrency",
-        _parse_prefetch_concurrency,
+        parse_prefetch_concurrency,
         "auto",
         "prefetches at once; auto = as many as raise what the origin delivers (8, up to 32)",
         "N",
@@ -268,7 +125,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "prefetch_max_bytes",
-        _parse_optional_size,
+        parse_optional_size,
         "auto",
         "prefetched-but-unread bytes at most; auto = a quarter of the cache",
         "SIZE",
@@ -285,7 +142,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "readahead",
-        _parse_count,
+        parse_count,
         2,
         "next N shards to queue on a read: the reading plan's next where a plan covers the "
         "origin, else numbered neighbours, warmed (not pinned); 0 = off",
@@ -294,7 +151,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "eviction",
-        _parse_choice(EVICTION_POLICIES),
+        parse_choice(EVICTION_POLICIES),
         "auto",
         "auto (loaders' plans where posted, else LRU that spares what is in use: no thrash "
         "when the dataset outgrows the cache), plan (plans, else plain LRU) or lru",
@@ -303,7 +160,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "origin_connections",
-        _parse_workers,
+        parse_workers,
         8,
         "connections per fill: large objects come as parallel ranged segments",
         "N",
@@ -327,7 +184,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "worker_threads",
-        _parse_workers,
+        parse_workers,
         64,
         "threads for blocking work (disk writes, S3 reads, the index)",
         "N",
@@ -335,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "receivers",
-        _parse_receivers,
+        parse_receivers,
         "auto",
         "processes that receive misses from origins (TLS, writing, CRC): a miss's bytes use "
         "this many cores; auto = one per core available (a container's CPU limit counts), at "
@@ -377,7 +234,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_connections",
-        _parse_workers,
+        parse_workers,
         1024,
         "client connections at once; more are answered 503 and closed",
         "N",
@@ -385,7 +242,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "listen_backlog",
-        _parse_listen_backlog,
+        parse_listen_backlog,
         "auto",
         "connections the kernel queues until the daemon accepts them (a burst of loader "
         "workers starting); auto = the system's bound, net.core.somaxconn",
@@ -394,7 +251,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "max_connections_per_client",
-        _parse_workers,
+        parse_workers,
         256,
         "connections at once from one client address (a neighbour cannot take every slot)",
         "N",
@@ -402,7 +259,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "scrub_rate",
-        _parse_scrub_rate,
+        parse_scrub_rate,
         # ~1-3% of a local NVMe drive's 1.5-3.5 GB/s and <1% of a core (CRC-32C): a 20 GiB
         # cache is re-read every 11 minutes; 0 = off. Lower it on a throughput-capped volume.
         "32MiB",
@@ -413,7 +270,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "verify_hits",
-        _parse_switch,
+        parse_switch,
         "on",
         "check each hit's bytes against the CRC-32C per 1 MiB block kept at commit before its "
         "last byte leaves (a mismatch aborts the response and drops the entry); off: hits as "
@@ -423,7 +280,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "verify_hits_window",
-        _parse_seconds_or_zero,
+        parse_seconds_or_zero,
         # Bounds a hot shard's cost: each block checked at most once per window however
         # many readers send it; rot is served clean for at most this long after a check.
         2.0,
@@ -443,7 +300,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "admin_token_file",
-        _parse_optional_path,
+        parse_optional_path,
         "",
         "read the admin token from this file",
         "FILE",
@@ -451,7 +308,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "require_token_for_reads",
-        _parse_switch,
+        parse_switch,
         False,
         "shard reads need the token too",
         is_switch=True,
@@ -459,7 +316,7 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "insecure_no_token",
-        _parse_switch,
+        parse_switch,
         False,
         "allow a non-loopback listen without a token",
         is_switch=True,

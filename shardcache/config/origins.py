@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from shardcache.config.options import parse_seconds
+from shardcache.config.parsers import parse_seconds
 from shardcache.errors import ConfigError, InvalidKey
 from shardcache.keys import validate_origin_name
 

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from shardcache.config.options import ENV_PREFIX, OPTIONS, parse_token
+from shardcache.config.options import ENV_PREFIX, OPTIONS
 from shardcache.config.origins import OriginSpec, merge_origin, origin_from_pair, origins_from_file
+from shardcache.config.parsers import parse_token
 from shardcache.errors import ConfigError
 
 

@@ -35,6 +35,7 @@ ORDER: dict[str, list[str]] = {
         "__main__",
         "cli",
         "commands.check",
+        "commands.verify",
         "commands.cached",
         "commands.batch_progress",
         "commands.arguments",
@@ -157,7 +158,13 @@ ORDER: dict[str, list[str]] = {
         "origins.base",
         "origins",
     ],
-    "config": ["config", "config.settings", "config.origins", "config.options"],
+    "config": [
+        "config",
+        "config.settings",
+        "config.origins",
+        "config.options",
+        "config.parsers",
+    ],
     "loader": ["loader.webdataset", "loader.client", "loader.sample", "loader"],
     "foundation": [
         "keys",
