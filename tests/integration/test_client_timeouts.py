@@ -123,42 +123,46 @@ def daemon(origin: OriginServer, start_daemon) -> Daemon:
 def test_non_reading_idle_and_slowloris_clients_are_closed(daemon: Daemon) -> None:
     time.sleep(2.5)  # let the warm-up connection pass its idle timeout
     baseline = _fds(daemon)
-    non_reading = []
-    for _ in range(400):
-        sock = _connect(daemon, receive_buffer=4096)
-        sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        non_reading.append(sock)
-    idle = [_connect(daemon) for _ in range(100)]
-    slowloris = [_connect(daemon) for _ in range(20)]
-    with _served_meanwhile(daemon) as read_times:
-        for sock in slowloris:
-            sock.sendall(b"GET /web/big.tar HTTP/1.1\r\n")
-        # With the system's listen backlog a connect returns once the kernel queued it, not
-        # once the daemon accepted it: wait for the daemon to hold them.
-        held = _fds(daemon)
-        accepted_by = time.monotonic() + 10
-        while held <= baseline + 500 and time.monotonic() < accepted_by:
-            time.sleep(0.05)
-            held = _fds(daemon)
-        for byte in b"X-Slow: 1":  # a header byte every 0.3 s: never a whole request
+    non_reading: list[socket.socket] = []
+    idle: list[socket.socket] = []
+    slowloris: list[socket.socket] = []
+    try:
+        for _ in range(400):
+            sock = _connect(daemon, receive_buffer=4096)
+            sock.sendall(b"GET /web/big.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            non_reading.append(sock)
+        idle.extend(_connect(daemon) for _ in range(100))
+        slowloris.extend(_connect(daemon) for _ in range(20))
+        with _served_meanwhile(daemon) as read_times:
             for sock in slowloris:
-                sock.send(bytes([byte]))
-            time.sleep(0.3)
-            if all(_is_closed_by_peer(s) for s in slowloris):
-                break
-        closed_in = _wait_all_closed(non_reading + idle + slowloris, within_s=10)
-    assert held > baseline + 500, (baseline, held)  # they really held the daemon's descriptors
-    deadline = time.monotonic() + 5
-    while _fds(daemon) > baseline + 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _fds(daemon) <= baseline + 2, (baseline, _fds(daemon), _fd_kinds(daemon))
-    assert max(read_times) < 5, read_times  # others were served throughout
-    assert daemon.metric("shardcache_client_timeouts_total", phase="send") >= 400
-    assert daemon.metric("shardcache_client_timeouts_total", phase="idle") >= 100
-    assert daemon.metric("shardcache_client_timeouts_total", phase="header") >= 20
-    print(f"520 stalled connections closed within {closed_in:.1f} s; {len(read_times)} reads")
-    for sock in non_reading + idle + slowloris:
-        sock.close()
+                sock.sendall(b"GET /web/big.tar HTTP/1.1\r\n")
+            # With the system's listen backlog a connect returns once the kernel queued it, not
+            # once the daemon accepted it: wait for the daemon to hold them.
+            held = _fds(daemon)
+            accepted_by = time.monotonic() + 10
+            while held <= baseline + 500 and time.monotonic() < accepted_by:
+                time.sleep(0.05)
+                held = _fds(daemon)
+            for byte in b"X-Slow: 1":  # a header byte every 0.3 s: never a whole request
+                for sock in slowloris:
+                    sock.send(bytes([byte]))
+                time.sleep(0.3)
+                if all(_is_closed_by_peer(s) for s in slowloris):
+                    break
+            closed_in = _wait_all_closed(non_reading + idle + slowloris, within_s=10)
+        assert held > baseline + 500, (baseline, held)  # they really held the daemon's descriptors
+        deadline = time.monotonic() + 5
+        while _fds(daemon) > baseline + 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _fds(daemon) <= baseline + 2, (baseline, _fds(daemon), _fd_kinds(daemon))
+        assert max(read_times) < 5, read_times  # others were served throughout
+        assert daemon.metric("shardcache_client_timeouts_total", phase="send") >= 400
+        assert daemon.metric("shardcache_client_timeouts_total", phase="idle") >= 100
+        assert daemon.metric("shardcache_client_timeouts_total", phase="header") >= 20
+        print(f"520 stalled connections closed within {closed_in:.1f} s; {len(read_times)} reads")
+    finally:  # a failure above must not leave 520 sockets to the next test's GC
+        for sock in non_reading + idle + slowloris:
+            sock.close()
     log = daemon.log()
     assert "Traceback" not in log and "unhandled error" not in log
 

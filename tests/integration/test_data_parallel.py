@@ -91,7 +91,14 @@ def test_a_budget_wait_says_who_holds_it_and_the_cancel_command_ends_it(
     )
     queued = run_cli("prefetch", "--lookahead", "/web/s_{000..005}.tar", "--daemon", daemon.url)
     assert queued.returncode == 0, queued.stderr
-    wait_for("the wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"] is not None)
+
+    def is_waiting_on_both() -> bool:  # the wait may begin while the second fill still lands
+        prefetch = daemon.get_json("/_/prefetch")[1]
+        return prefetch["waiting_for"] is not None and prefetch["held_by"] == {
+            "batch 1": 2 * SHARD_BYTES
+        }
+
+    wait_for("the wait, on both look-ahead shards held", is_waiting_on_both)
     status = daemon.get_json("/_/status")[1]["prefetch"]
     assert status["held_by"] == {"batch 1": 2 * SHARD_BYTES}, status
     assert "held by batch 1 320 KiB" in status["waiting_for"], status
