@@ -68,6 +68,8 @@ _BODY_FAULTS = ("reset", "stall", "short_body", "wrong_bytes", "drip")
 DRIP_BYTES = 200  # a drip ends in a reset after this many bytes, if the client is still there
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 CHUNK_BYTES = 128 * 1024
+# origin request counter: GETs whose If-Match named another version (`ignore_if_match`'s chance)
+STALE_IF_MATCH = "stale If-Match"
 
 
 @dataclass
@@ -127,6 +129,14 @@ class FaultInjector:
             self.injected[kind] += 1
             return True
         return False
+
+    def roll_chance(self, kind: str, nth: int) -> bool:
+        """`roll` for a fault that only the `nth` occasion of its kind allows: the first is
+        always taken when the kind is on (a short soak may have one or two occasions)."""
+        if nth == 1 and self.faults.enabled and getattr(self.faults, kind):
+            self.injected[kind] += 1
+            return True
+        return self.roll(kind)
 
     def body_fault(self, size: int, may_corrupt: bool) -> str | None:
         """At most one body fault for a response of `size` bytes."""
@@ -289,8 +299,10 @@ class FaultOrigin:
         data = self.current(key)  # this response's snapshot, whatever happens meanwhile
         etag = etag_of(data)
         if_match = request.headers.get("If-Match")
-        if if_match is not None and if_match != etag and not injector.roll("ignore_if_match"):
-            return web.Response(status=412, text="precondition failed")
+        if if_match is not None and if_match != etag:
+            self.requests[STALE_IF_MATCH] += 1  # the only chance `ignore_if_match` gets
+            if not injector.roll_chance("ignore_if_match", self.requests[STALE_IF_MATCH]):
+                return web.Response(status=412, text="precondition failed")
         headers = {"ETag": etag, "Accept-Ranges": "bytes", "Content-Type": "application/x-tar"}
         if injector.roll("drop_etag"):
             del headers["ETag"]
