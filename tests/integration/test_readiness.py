@@ -4,6 +4,7 @@ the process's log."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -47,6 +48,8 @@ class SilentFirst:
                 )
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept() the thread is blocked in
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         for connection in self._held:
             connection.close()
