@@ -157,3 +157,12 @@ def assert_no_crash(log: str, results: Sequence[CurlResult] = ()) -> None:
     errors = [(path, status) for path, status in statuses(log) if status == 500]
     assert not errors, errors
     assert all(r.status != 500 for r in results), [r.status for r in results]
+
+
+def flip_byte(path: Path, at: int) -> None:
+    """Damage one byte of a cached file in place, as bit rot would."""
+    with open(path, "r+b") as file:
+        file.seek(at)
+        byte = file.read(1)
+        file.seek(at)
+        file.write(bytes([byte[0] ^ 0x10]))

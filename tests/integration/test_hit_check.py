@@ -13,17 +13,9 @@ from shardcache.cache.entry import EntryMeta
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from tests.daemon_process import Daemon
-from tests.integration.disk_helpers import MiB, entry_files
+from tests.integration.disk_helpers import MiB, entry_files, flip_byte
 from tests.integration.helpers import curl, sha256, wait_for
 from tests.origin_server import OriginServer
-
-
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(at)
-        byte = file.read(1)
-        file.seek(at)
-        file.write(bytes([byte[0] ^ 0x10]))
 
 
 def _cached(daemon: Daemon, origin: OriginServer, key: str, size: int) -> tuple[bytes, Path]:
@@ -49,7 +41,7 @@ def test_a_flipped_byte_aborts_the_hit_drops_the_entry_and_the_next_read_is_a_mi
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
     key = "shards/rot-000.tar"
     data, path = _cached(daemon, origin, key, 17 * MiB + 7)  # three checked pieces
-    _flip(path, 3 * MiB + 3)  # before any hit: none has checked a block of it yet
+    flip_byte(path, 3 * MiB + 3)  # before any hit: none has checked a block of it yet
 
     rotten = curl(f"{daemon.url}/o/{key}")
     assert rotten.headers["x-shardcache"] == "hit"
@@ -78,7 +70,7 @@ def test_a_range_over_a_flipped_block_fails_and_one_over_clean_blocks_does_not(
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
     key = "rot-001.tar"
     data, path = _cached(daemon, origin, key, 6 * MiB)
-    _flip(path, 4 * MiB + 100)  # block 4
+    flip_byte(path, 4 * MiB + 100)  # block 4
 
     clean = curl(f"{daemon.url}/o/{key}", "-r", f"{MiB}-{3 * MiB - 1}")  # blocks 1-2
     assert clean.exit_code == 0 and clean.status == 206
@@ -99,7 +91,7 @@ def test_with_verify_hits_off_a_hit_is_served_as_before(
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits", "off")
     key = "rot-002.tar"
     data, path = _cached(daemon, origin, key, 2 * MiB)
-    _flip(path, 12345)
+    flip_byte(path, 12345)
 
     served = curl(f"{daemon.url}/o/{key}")  # the scrub's to find: nothing checks this hit
     assert served.exit_code == 0 and served.headers["x-shardcache"] == "hit"
@@ -146,7 +138,7 @@ def test_an_entry_cached_before_block_digests_is_checked_whole_on_its_first_hit(
     cache_dir = tmp_path / "cache"
     _cached_before_block_digests(cache_dir, f"{origin.url}/old-000.tar", clean)
     path = _cached_before_block_digests(cache_dir, f"{origin.url}/old-001.tar", rotten)
-    _flip(path, MiB + 1)
+    flip_byte(path, MiB + 1)
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
 
     ranged = curl(f"{daemon.url}/o/old-000.tar", "-r", "0-99")

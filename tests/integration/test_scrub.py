@@ -14,17 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.daemon_process import Daemon
-from tests.integration.disk_helpers import MiB, entry_files
+from tests.integration.disk_helpers import MiB, entry_files, flip_byte
 from tests.integration.helpers import curl, run_cli, sha256, wait_for
 from tests.origin_server import OriginServer
-
-
-def _flip(path: Path, at: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(at)
-        byte = file.read(1)
-        file.seek(at)
-        file.write(bytes([byte[0] ^ 0x10]))
 
 
 def _cached(daemon: Daemon, origin: OriginServer, key: str, size: int) -> tuple[bytes, Path]:
@@ -55,7 +47,7 @@ def test_the_scrub_drops_a_flipped_byte_and_the_next_read_refetches(
 ) -> None:
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "1GiB")
     data, path = _cached(daemon, origin, "shards/rot-000.tar", 3 * MiB + 7)
-    _flip(path, 2 * MiB + 3)
+    flip_byte(path, 2 * MiB + 3)
 
     wait_for("the scrub's find", lambda: daemon.metric("shardcache_scrub_corrupt_total") >= 1)
     again = curl(f"{daemon.url}/o/shards/rot-000.tar")
@@ -77,7 +69,7 @@ def test_with_the_scrub_off_verify_checks_the_live_cache_through_the_daemon(
     # Hits unchecked too (--verify-hits off): only `verify` is left to find the rot.
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", "--verify-hits", "off")
     data, path = _cached(daemon, origin, "rot-001.tar", 2 * MiB)
-    _flip(path, 12345)
+    flip_byte(path, 12345)
 
     # The control: with the scrub off, nothing looks at the bytes; the hit serves the rot.
     time.sleep(2)  # two of the scrub's pass pauses, had it been on
