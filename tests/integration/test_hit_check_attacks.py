@@ -20,9 +20,9 @@ from shardcache.cache.entry import EntryMeta
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from tests.daemon_process import Daemon
-from tests.integration.disk_helpers import MiB, entry_files, read_only, readyz
+from tests.integration.disk_helpers import MiB, entry_files, flip_byte, read_only, readyz
 from tests.integration.helpers import curl, sha256, wait_for
-from tests.integration.test_hit_check import _cached, _corrupt_hits, _flip
+from tests.integration.test_hit_check import _cached, _corrupt_hits
 from tests.origin_server import OriginServer
 
 
@@ -58,7 +58,7 @@ def test_a_stalled_reader_of_a_rotten_shard_fails_and_spares_the_refetched_entry
     key = "stall-rot-000.tar"
     size = 24 * MiB
     data, path = _cached(daemon, origin, key, size)
-    _flip(path, 20 * MiB + 5)  # in the last 8 MiB piece: the stalled send never gets there
+    flip_byte(path, 20 * MiB + 5)  # in the last 8 MiB piece: the stalled send never gets there
 
     stalled, headers = _stalled_get(daemon, key)
     assert b"x-shardcache: hit" in headers.lower()
@@ -97,12 +97,17 @@ def _truncate(path: Path, at: int) -> None:
 
 # (damage, where, a read that must fail, a read that must stay clean or None)
 ATTACKS = {
-    "first-byte": (_flip, 0, (), ("-r", f"{MiB}-")),
-    "last-byte-of-block-0": (_flip, MiB - 1, ("-r", f"{MiB - 1}-{MiB}"), ("-r", f"{MiB}-")),
-    "first-byte-of-block-1": (_flip, MiB, ("-r", f"{MiB}-{MiB}"), ("-r", f"0-{MiB - 1}")),
-    "last-short-block": (_flip, SIZE - 1, ("-r", "-1"), ("-r", "0-99")),
-    "partial-block-before-range": (_flip, 2 * MiB + 10, ("-r", f"{2 * MiB + 100}-"), None),
-    "partial-block-after-range": (_flip, 2 * MiB + 900, ("-r", f"{2 * MiB}-{2 * MiB + 99}"), None),
+    "first-byte": (flip_byte, 0, (), ("-r", f"{MiB}-")),
+    "last-byte-of-block-0": (flip_byte, MiB - 1, ("-r", f"{MiB - 1}-{MiB}"), ("-r", f"{MiB}-")),
+    "first-byte-of-block-1": (flip_byte, MiB, ("-r", f"{MiB}-{MiB}"), ("-r", f"0-{MiB - 1}")),
+    "last-short-block": (flip_byte, SIZE - 1, ("-r", "-1"), ("-r", "0-99")),
+    "partial-block-before-range": (flip_byte, 2 * MiB + 10, ("-r", f"{2 * MiB + 100}-"), None),
+    "partial-block-after-range": (
+        flip_byte,
+        2 * MiB + 900,
+        ("-r", f"{2 * MiB}-{2 * MiB + 99}"),
+        None,
+    ),
     "truncated": (_truncate, SIZE - 10, (), ("-r", "0-99")),
     "truncated-at-block": (_truncate, 2 * MiB, ("-r", f"{2 * MiB}-"), ("-r", f"0-{MiB}")),
     "swapped-same-size": (_swap, 0, ("-r", "5-6"), None),
@@ -155,7 +160,7 @@ def test_many_readers_of_a_rotten_shard_fail_visibly_and_it_is_refetched_once(
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0")
     key = "rot-hot.tar"
     data, path = _cached(daemon, origin, key, 10 * MiB + 3)
-    _flip(path, 9 * MiB)
+    flip_byte(path, 9 * MiB)
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         reads = list(pool.map(lambda _: curl(f"{daemon.url}/o/{key}"), range(24)))
     wrong = [r for r in reads if r.exit_code == 0 and r.sha256 != sha256(data)]
@@ -217,7 +222,7 @@ def test_a_rotten_hit_on_a_read_only_cache_dir_fails_visibly_and_is_dropped_once
     cache_dir = tmp_path / "cache"
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
     data, path = _cached(daemon, origin, "ro.tar", SIZE)
-    _flip(path, 2 * MiB)
+    flip_byte(path, 2 * MiB)
     with read_only(cache_dir):
         reads = [curl(f"{daemon.url}/o/ro.tar") for _ in range(2)]
         assert all(r.headers["x-shardcache"] == "hit" and r.exit_code != 0 for r in reads)
@@ -247,7 +252,7 @@ def test_kill_9_during_a_hit_check_then_a_restart_serves_clean_and_still_catches
     hit = curl(f"{again.url}/o/k9.tar")
     assert hit.exit_code == 0 and hit.headers["x-shardcache"] == "hit"
     assert hit.sha256 == sha256(data) and _corrupt_hits(again) == 0
-    _flip(path, 23 * MiB)
+    flip_byte(path, 23 * MiB)
     rotten = curl(f"{again.url}/o/k9.tar", "-r", f"{23 * MiB}-")
     assert rotten.exit_code != 0 and _corrupt_hits(again) == 1
 
@@ -272,7 +277,7 @@ def test_many_ranged_readers_of_a_rotten_entry_cached_before_block_digests_all_f
     origin.put("old-rot.tar", data)
     cache_dir = tmp_path / "cache"
     path = _committed_with(cache_dir, f"{origin.url}/old-rot.tar", data, "")  # whole digest only
-    _flip(path, 4 * MiB + 1)
+    flip_byte(path, 4 * MiB + 1)
     daemon = start_daemon({"o": origin.url}, "--scrub-rate", "0", cache_dir=cache_dir)
     ranges = ["0-0", "-1", f"{MiB}-", "100-200", f"{4 * MiB}-{4 * MiB + 9}", "0-"] * 3
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
