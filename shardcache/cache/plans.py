@@ -10,7 +10,9 @@ of a key is the soonest, over every plan that reads it again, of (index - cursor
 Eviction with plans (`Store`): first the entries no plan reads again, then the one whose next
 planned use is furthest (Belady's rule). One max-heap holds the cached keys by the predicted
 time of their next use (a clock time: a plan's positions move with its reads, the times do
-not); an entry is pushed again when a read or a post changes it, and the top is rechecked and
+not; infinity for a key no plan reads again, a plan moved past it or was replaced, so that
+eviction finds it even beyond its batch of least recently used entries); an entry is pushed
+again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
 never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
 Each plan indexes its own keys (a dict of first positions, ints only, and sorted positions for
@@ -33,6 +35,7 @@ import bisect
 import collections
 import contextlib
 import heapq
+import math
 import sys
 import threading
 import time
@@ -185,9 +188,13 @@ class PlanBook:
                 oldest = min(finished, key=Plan.active_since)
                 others.remove(oldest)
                 del self._plans[oldest.job]
+            replaced = self._plans.get(job)
             self._plans[job] = plan
             plan.cached_ahead = sum(1 for key in plan.keys if key in self._cached)
-            for key in plan.first.keys() & self._cached:
+            refiled = plan.first.keys() & self._cached
+            if replaced is not None:  # what only the old plan read is now read by none
+                refiled |= replaced.first.keys() & self._cached
+            for key in refiled:
                 self._push(key)
             return plan
 
@@ -249,11 +256,14 @@ class PlanBook:
                 self._advance(plan, index, hit, now)
                 moved = True
         if moved and key in self._cached:
-            self._push(key)  # its next use moved on
+            self._push(key)  # its next use moved on (to the top when no plan reads it again)
 
     def _advance(self, plan: Plan, index: int, hit: bool, now: float) -> None:
         passed = plan.keys[plan.cursor : index + 1]
         plan.cached_ahead -= sum(1 for key in passed if key in self._cached)
+        for skipped in passed[:-1]:  # at most SKIP_WINDOW: their next use moved on too
+            if skipped in self._cached:
+                self._push(skipped)
         if plan.last_read_at is not None:
             step = (now - plan.last_read_at) / (index + 1 - plan.cursor)
             pace = plan.pace_s
@@ -275,10 +285,11 @@ class PlanBook:
             plan.cached_ahead += change * plan.count_from(key, plan.cursor)
 
     def _push(self, key: str) -> None:
+        """(Re)file a cached key by its next use; one no plan reads again goes on top (the
+        furthest of all), so that eviction finds it beyond its batch of LRU entries."""
         when = self._next_use(key)
-        if when is None:
-            return
-        heapq.heappush(self._heap, (-(self._clock() + when), key))
+        at = math.inf if when is None else self._clock() + when
+        heapq.heappush(self._heap, (-at, key))
         if len(self._heap) > 4 * len(self._cached) + 1024:
             self._rebuild()
 
@@ -287,8 +298,7 @@ class PlanBook:
         self._heap = []
         for key in self._cached:
             when = self._next_use(key)
-            if when is not None:
-                self._heap.append((-(now + when), key))
+            self._heap.append((-math.inf if when is None else -(now + when), key))
         heapq.heapify(self._heap)
 
     def on_evicted(self, key: str) -> None:
@@ -392,7 +402,15 @@ class PlanBook:
                     continue  # evicted since
                 when = self._next_use(key)
                 if when is None:
-                    continue  # no plan reads it again: eviction's first choice, not ours
+                    # No plan reads it again (a plan moved past it, or was replaced): the
+                    # furthest of all. Eviction's batch of least recently used entries finds
+                    # most such keys first; this finds those beyond the batch.
+                    if excluded(key):
+                        skipped.append((-math.inf, key))
+                        continue
+                    best = (key, math.inf)
+                    heapq.heappush(self._heap, (-math.inf, key))  # cached until evicted
+                    break
                 if abs((now + when) + negative_at) > max(1e-6, 0.01 * when):
                     heapq.heappush(self._heap, (-(now + when), key))  # stale: recheck
                     continue

@@ -62,6 +62,9 @@ def test_the_furthest_cached_key_is_the_victim_and_a_later_fill_is_not_admitted(
     nothing_excluded = lambda key: False  # noqa: E731
     # No plan reads "x": it goes first, whatever the fill.
     assert choose_victim(["x", "k1"], "k9", book, never_protected, nothing_excluded) == ("x", True)
+    # Also beyond the batch of LRU candidates: it is the furthest of all.
+    assert choose_victim(["k1"], "k9", book, never_protected, nothing_excluded) == ("x", True)
+    book.on_evicted("x")
     # Then the furthest planned: k8. A fill needed sooner (k3) is admitted, a later one not.
     assert choose_victim(["k1"], "k3", book, never_protected, nothing_excluded) == ("k8", True)
     assert choose_victim(["k1"], "k9", book, never_protected, nothing_excluded) == ("k8", False)
@@ -70,6 +73,30 @@ def test_the_furthest_cached_key_is_the_victim_and_a_later_fill_is_not_admitted(
     assert choose_victim(["k1"], "k3", book, never_protected, lambda k: k == "k8")[0] == "k5"
     book.on_evicted("k8")
     assert choose_victim(["k1"], "k3", book, never_protected, nothing_excluded)[0] == "k5"
+
+
+def test_keys_a_plan_moved_past_or_dropped_are_found_beyond_the_lru_batch() -> None:
+    """Once no plan reads a cached key again (read past, skipped, or its plan replaced), it
+    is eviction's first choice even when it is not among the least recently used (where a
+    reshuffled epoch left it): one node of four at a quarter cache kept 80% of the optimum's
+    hits while such keys hid behind a batch of still-planned ones, 99% now (trace_sim)."""
+    book = PlanBook(clock=Clock())
+    book.post("job", 0, ["a", "b", "c", "d", "e"])
+    for key in ("a", "b", "c", "d", "e"):
+        book.on_cached(key)
+    nothing = lambda key: False  # noqa: E731
+    book.on_request("a", hit=True)
+    assert choose_victim(["e"], "d", book, nothing, nothing) == ("a", True)  # read past
+    book.on_evicted("a")
+    book.on_request("c", hit=True)  # b skipped
+    assert choose_victim(["e"], "d", book, nothing, nothing)[0] in ("b", "c")
+    book.on_evicted("b")
+    book.on_evicted("c")
+    book.post("job", 1, ["e"])  # d is in no plan any more
+    assert choose_victim(["e"], "e", book, nothing, nothing) == ("d", True)
+    # A pinned one is skipped and stays found for later.
+    assert choose_victim(["e"], "e", book, nothing, lambda k: k == "d") == ("e", False)
+    assert choose_victim(["e"], "e", book, nothing, nothing) == ("d", True)
 
 
 def test_unplanned_entries_admission_protects_give_way_only_to_planned_fills() -> None:
