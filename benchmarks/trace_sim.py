@@ -11,11 +11,14 @@ Traces (N shards, E epochs, one request per shard and epoch and reader):
   node-of-4    the shard list reshuffled each epoch, then split by node: this node's quarter
 Policies: `lru` (admit everything, evict least recently used), `scan-resistant`
 (`shardcache.cache.admission`: spare recently read entries, stream the new fill through instead),
-`plan` (`shardcache.cache.plans`: each job, or each worker, posts its order for this epoch and the
-next at the start of each epoch; eviction and admission follow the plans, scan-resistant
-admission for what no plan reads), `belady` (the offline optimum with bypass: admit only
-when the new shard is needed again before the resident needed furthest away), and `belady
-(next epoch)`, the same knowing only what a plan can know: the current epoch and the next.
+`plan` (`shardcache.cache.plans`: each job, or each worker, posts its order for this epoch and
+the next four at the start of each epoch, as `prefetch_ahead` does where the pipeline's order is
+computable; eviction and admission follow the plans, scan-resistant admission for what no plan
+reads), `plan (this epoch)` (the same posting only the current epoch: a pipeline whose later
+order is not computable, or the stage before it planned further), `belady` (the offline optimum
+with bypass: admit only when the new shard is needed again before the resident needed furthest
+away), and `belady (horizon)`, the same knowing only what a plan can know: the current epoch and
+the next four.
 Shards are the same size, the cache holds C of them. The hit ratio counts epochs 2 onwards.
 """
 
@@ -36,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardcache.cache.admission import ScanResistantAdmission  # noqa: E402
 from shardcache.cache.plans import PlanBook, choose_victim  # noqa: E402
+from shardcache.loader.webdataset import PLAN_EPOCHS_AHEAD  # noqa: E402
 
 LRU_CANDIDATES = 64  # as the store's batch: eviction looks at this many LRU entries at a time
 
@@ -172,9 +176,10 @@ def belady(trace: Trace, capacity: int) -> float:
     return _hit_ratio(hits, trace)
 
 
-def planned(trace: Trace, capacity: int) -> float:
+def planned(trace: Trace, capacity: int, epochs_ahead: int = PLAN_EPOCHS_AHEAD) -> float:
     """Plans through `shardcache.cache.plans`: each job posts, as it starts an epoch, its order for
-    that epoch and the next; the clock is the request count (each job's pace is learned)."""
+    that epoch and the next `epochs_ahead`; the clock is the request count (each job's pace is
+    learned)."""
     orders: dict[tuple[int, int], list[str]] = {}
     for read in trace:
         orders.setdefault((read.job, read.epoch), []).append(read.key)
@@ -188,7 +193,12 @@ def planned(trace: Trace, capacity: int) -> float:
         now[0] = float(index)
         if (job, epoch) not in posted:
             posted.add((job, epoch))
-            plans.post(str(job), epoch, orders[(job, epoch)] + orders.get((job, epoch + 1), []))
+            keys = [
+                key
+                for ahead in range(epochs_ahead + 1)
+                for key in orders.get((job, epoch + ahead), [])
+            ]
+            plans.post(str(job), epoch, keys)
         hit = key in cache
         admission.on_request(key, hit)
         plans.on_request(key, hit)
@@ -210,10 +220,14 @@ def planned(trace: Trace, capacity: int) -> float:
     return _hit_ratio(hits, trace)
 
 
-def belady_next_epoch(trace: Trace, capacity: int) -> float:
+def planned_this_epoch(trace: Trace, capacity: int) -> float:
+    """Plans of the current epoch only: what a pipeline whose later order is unknown posts."""
+    return planned(trace, capacity, 0)
+
+
+def belady_horizon(trace: Trace, capacity: int) -> float:
     """Belady knowing what plans can know: a next use counts only within the reader's current
-    epoch and the next; beyond that every shard looks alike (never needed). A bound for `plan`
-    where the whole future is worth more than one epoch ahead (node-of-4)."""
+    epoch and the next PLAN_EPOCHS_AHEAD; beyond that every shard looks alike (never needed)."""
     never = len(trace)
     next_use = [never] * len(trace)
     seen: dict[str, int] = {}
@@ -222,7 +236,7 @@ def belady_next_epoch(trace: Trace, capacity: int) -> float:
         seen[trace[index].key] = index
 
     def known(use: int, epoch: int) -> int:
-        return use if use < never and trace[use].epoch <= epoch + 1 else never
+        return use if use < never and trace[use].epoch <= epoch + PLAN_EPOCHS_AHEAD else never
 
     resident: dict[str, int] = {}  # key -> its next use
     hits = []
@@ -241,8 +255,9 @@ def belady_next_epoch(trace: Trace, capacity: int) -> float:
 POLICIES: dict[str, Callable[[Trace, int], float]] = {
     "lru": lru,
     "scan-resistant": scan_resistant,
+    "plan (this epoch)": planned_this_epoch,
     "plan": planned,
-    "belady (next epoch)": belady_next_epoch,
+    "belady (horizon)": belady_horizon,
     "belady": belady,
 }
 
@@ -346,7 +361,7 @@ def table(shards: int, epochs: int, fractions: list[float], seed: int) -> Iterat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=400, help="dataset size, in shards")
-    parser.add_argument("--epochs", type=int, default=5, help="epochs per trace")
+    parser.add_argument("--epochs", type=int, default=10, help="epochs per trace")
     parser.add_argument("--seed", type=int, default=1, help="of the shuffles")
     parser.add_argument(
         "--fractions",

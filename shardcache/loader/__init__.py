@@ -7,6 +7,8 @@ Parts:
   `status`, with the admin token from the environment; every failure one `ClientError`.
 - `webdataset`: `prefetch_ahead(n)`, a WebDataset pipeline stage that tells the daemon which
   shards this worker reads next.
+- `pipeline_order`: the next epochs' order of the pipeline that stage sits in, replayed from
+  its shard stages where they are computable (`detshuffle`, `split_by_node`, ...).
 - `sample`: generated WebDataset shards for the demo origin and the tests.
 
 What this folder must not know: anything of the daemon's (it speaks its HTTP API), aiohttp,

@@ -11,8 +11,9 @@ this worker will really read:
 
 The daemon is the one the shard URLs name. Each time the stage starts (each epoch) it also
 posts the worker's whole order as a plan (`POST /_/plan`, job = host, process and stage), so
-that the daemon's eviction keeps what this worker and the others read soonest. Stdlib only; a
-daemon that cannot be reached is logged once and the pipeline goes on reading.
+that the daemon's eviction keeps what this worker and the others read soonest; where the
+pipeline's order is computable (`pipeline_order`), the plan goes on with the next epochs'.
+Stdlib only; a daemon that cannot be reached is logged once and the pipeline goes on reading.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import itertools
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import Any
 
-from shardcache.loader import client
+from shardcache.loader import client, pipeline_order
 
 log = logging.getLogger("shardcache.webdataset")
 Shard = dict[str, Any]
@@ -35,6 +38,19 @@ _stage_numbers = itertools.count()
 
 
 PLAN_WINDOW = 2048  # shards a plan names at once: an endless source (ResampledShards) flows
+# Where the pipeline's order is computable, a plan names the later epochs too: with four, one
+# node of four keeps at least 98% of the offline optimum's hits at 10-50% cache (10 epochs, six
+# seeds; with three, 93% at 50%; `benchmarks/trace_sim.py`), up to FORECAST_WINDOW names a post.
+PLAN_EPOCHS_AHEAD = 4
+FORECAST_WINDOW = 16384
+
+_said: set[str] = set()  # advice given once per process
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.warning("prefetch_ahead: %s", message)
 
 
 def prefetch_ahead(
@@ -46,36 +62,88 @@ def prefetch_ahead(
     `pipe:curl …`), unless `daemon` is given. With `plan` (the default), the stage also posts
     this worker's order as a plan: it reads the (already shuffled and split) shard list up to
     PLAN_WINDOW names ahead, and posts the window again each time half of it was handed on, so
-    an endless or very long source still flows at once. A daemon that cannot be reached, or
-    shards that name none, are reported once each as a warning; the pipeline reads on either
-    way.
+    an endless or very long source still flows at once. Where the pipeline's order is
+    computable (`wds.detshuffle` before `split_by_node`/`split_by_worker`, see
+    `pipeline_order`), the plan goes on with the next PLAN_EPOCHS_AHEAD epochs' orders, and
+    the last `k` shards of an epoch prefetch the first of the next. A daemon that cannot be
+    reached, shards that name none, and a pipeline whose later order cannot be computed or
+    whose nodes would read overlapping shares are each reported once as a warning; the
+    pipeline reads on either way.
     """
     if k < 1:
         raise ValueError("k must be at least 1")
-    stage_number = next(_stage_numbers)
-    epochs = itertools.count()
-    reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
+    return _PrefetchStage(k, daemon, plan)
 
-    def stage(shards: Iterable[Shard]) -> Iterator[Shard]:
-        poster = _Poster(daemon)
-        source = iter(shards)
-        job = f"{socket.gethostname()}:{os.getpid()}:{stage_number}"
-        epoch = next(epochs)
-        ahead: collections.deque[Shard] = collections.deque(itertools.islice(source, reach))
+
+class _PrefetchStage:
+    """The stage `prefetch_ahead` returns: called by WebDataset once per epoch."""
+
+    def __init__(self, k: int, daemon: str | None, plan: bool) -> None:
+        self.k = k
+        self.daemon = daemon
+        self.plan = plan
+        self.number = next(_stage_numbers)
+        self.epochs_seen = 0
+        self.reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
+
+    def __call__(self, shards: Iterable[Shard]) -> Iterator[Shard]:
+        # Asked now, not when the generator starts: the caller's frame is the pipeline's.
+        later = self._later_epochs(sys._getframe(1)) if self.plan else None
+        epoch = self.epochs_seen
+        self.epochs_seen += 1
+        return self._hand_on(iter(shards), epoch, later)
+
+    def _later_epochs(self, caller: FrameType | None) -> Iterator[Shard] | None:
+        """The next epochs' shards for this worker (computed when first needed), or None when
+        the calling pipeline's order cannot be computed (said once in the log)."""
+        found = pipeline_order.calling_pipeline(caller, self)
+        if found is None:
+            return None
+        pipeline, index = found
+        steps = list(getattr(pipeline, "pipeline", []))[:index]
+        risk = pipeline_order.nodes_risk(steps)
+        if risk is not None:
+            _say_once(risk)
+        try:
+            forecast = pipeline_order.forecast(steps)
+        except pipeline_order.Unpredictable as exc:
+            _say_once(f"{exc}: plans name this epoch only (wds.detshuffle(seed=...) lets "
+                      "the daemon's eviction keep what the next epochs read)")  # fmt: skip
+            return None
+        if pipeline_order.in_fresh_dataloader_worker(self.epochs_seen):
+            return None  # the next epoch may start from the first order again
+        return pipeline_order.chained(forecast, PLAN_EPOCHS_AHEAD)
+
+    def _hand_on(
+        self, source: Iterator[Shard], epoch: int, later: Iterator[Shard] | None
+    ) -> Iterator[Shard]:
+        poster = _Poster(self.daemon)
+        job = f"{socket.gethostname()}:{os.getpid()}:{self.number}"
+        ahead: collections.deque[Shard] = collections.deque(itertools.islice(source, self.reach))
+        following: list[Shard] = []  # the next epochs', once this one's end is in sight
+
+        def upcoming(count: int) -> list[Shard]:
+            """The next `count` shards: this epoch's, then (once this epoch's source is
+            exhausted, at most FORECAST_WINDOW in all) the next epochs'."""
+            exhausted = len(ahead) < self.reach
+            short = min(count, FORECAST_WINDOW) - len(ahead) - len(following)
+            if later is not None and exhausted and short > 0:
+                following.extend(itertools.islice(later, short))
+            return list(itertools.islice(itertools.chain(ahead, following), count))
+
+        plan_size = PLAN_WINDOW if later is None else FORECAST_WINDOW
         handed_since_plan = 0
-        if plan:
-            poster.post_plan(job, epoch, list(ahead))
+        if self.plan:
+            poster.post_plan(job, epoch, upcoming(plan_size))
         while ahead:
             shard = ahead.popleft()
-            ahead.extend(itertools.islice(source, reach - len(ahead)))
+            ahead.extend(itertools.islice(source, self.reach - len(ahead)))
             handed_since_plan += 1
-            if plan and handed_since_plan >= PLAN_WINDOW // 2 and ahead:
-                poster.post_plan(job, epoch, list(ahead))  # the rest, from here
+            if self.plan and handed_since_plan >= PLAN_WINDOW // 2 and ahead:
+                poster.post_plan(job, epoch, upcoming(plan_size))  # the rest, from here
                 handed_since_plan = 0
-            poster.post(list(itertools.islice(ahead, k)))
+            poster.post(upcoming(self.k))
             yield shard
-
-    return stage
 
 
 class _Poster:

@@ -182,3 +182,41 @@ def test_todays_recipe_reads_some_shards_twice_and_others_never() -> None:
     permutation (the recipe the README had)."""
     reads = _epochs_across_nodes(TODAYS, 2)
     assert any(len(epoch) < 40 and max(epoch.values()) > 1 for epoch in reads), reads
+
+
+def test_the_stage_plans_the_next_two_epochs_and_prefetches_across_the_epochs_end(
+    origin: OriginServer, start_daemon, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 0 of 2 with the README's recipe: the plan names this epoch's share and the next two
+    epochs' (computed by replaying detshuffle), and the last shards of an epoch prefetch the
+    first of the next before the loader starts it."""
+    import webdataset as wds
+
+    from shardcache.loader.webdataset import prefetch_ahead
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for name in ("WORKER", "NUM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+    keys = [f"s_{n:03d}.tar" for n in range(16)]
+    for key in keys:
+        origin.put(key, os.urandom(SHARD_BYTES))
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", "--eviction", "auto")
+    urls = [f"{daemon.url}/web/{key}" for key in keys]
+
+    def shard_stages() -> list[object]:
+        return [wds.SimpleShardList(urls), wds.detshuffle(100, seed=3), wds.split_by_node]
+
+    reference = wds.DataPipeline(*shard_stages())
+    orders = [[shard["url"].rsplit("/", 1)[1] for shard in reference] for _ in range(3)]
+    pipeline = wds.DataPipeline(*shard_stages(), prefetch_ahead(2))
+    read = [shard["url"].rsplit("/", 1)[1] for shard in pipeline]  # the shards, not fetched
+    assert read == orders[0]
+    plans = daemon.get_json("/_/status")[1]["cache"]["eviction"]["plans"]  # type: ignore[index]
+    assert [(p["epoch"], p["length"]) for p in plans] == [(0, 40)], plans  # 8 an epoch, five epochs
+    # Nothing was read through the daemon: what it fetched is what the stage asked for, the
+    # two ahead of each shard, the last two of them the next epoch's first.
+    _settle(daemon)
+    fetched = {key for key in keys if origin.gets[key]}
+    assert set(orders[1][:2]) <= fetched, (orders[1][:2], fetched)
+    assert fetched <= set(orders[0]) | set(orders[1][:2]), fetched

@@ -165,7 +165,13 @@ ORDER: dict[str, list[str]] = {
         "config.options",
         "config.parsers",
     ],
-    "loader": ["loader.webdataset", "loader.client", "loader.sample", "loader"],
+    "loader": [
+        "loader.webdataset",
+        "loader.pipeline_order",
+        "loader.client",
+        "loader.sample",
+        "loader",
+    ],
     "foundation": [
         "keys",
         "patterns",
@@ -193,7 +199,14 @@ VENDORS: dict[str, set[str]] = {
 }
 # Run in dataloader workers, and all the loader-only install (`pip install shardcache`, no
 # extra) can run: stdlib and each other only.
-LOADER_SIDE = {"loader", "loader.client", "loader.webdataset", "loader.sample", "printable"}
+LOADER_SIDE = {
+    "loader",
+    "loader.client",
+    "loader.webdataset",
+    "loader.pipeline_order",
+    "loader.sample",
+    "printable",
+}
 # What the `shardcache` command imports before it knows the subcommand: the loader-only install
 # runs `url`, `prefetch` and `stats` with it, so its module-level closure is stdlib only too.
 LIGHT_ENTRY_POINTS = {"__init__", "__main__", "cli", *LOADER_SIDE}

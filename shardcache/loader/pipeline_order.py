@@ -1,0 +1,185 @@
+"""The order a WebDataset pipeline's shard stages will hand on in later epochs, replayed.
+
+The daemon's eviction keeps what the loaders read soonest only as far as their plans reach.
+Where the shard list is shuffled again each epoch and then split by node, a plan of this epoch
+alone leaves eviction blind at each epoch's end: a node's next share is a new draw (one node of
+four kept 80-88% of the offline optimum's hits at 10-25% cache, `benchmarks/trace_sim.py`;
+with the next four epochs planned, at least 98%). WebDataset's `detshuffle` draws each epoch's order
+from its seed and epoch number, and `split_by_node`/`split_by_worker` take every N-th shard by
+RANK/WORLD_SIZE and the worker's id, so a later epoch's order for this worker is computable:
+run the stages before `prefetch_ahead` again, with `detshuffle` moved on by that many epochs.
+
+Only stages whose output is known to depend on nothing but their input, the epoch and the
+worker's place are replayed: `SimpleShardList` or a plain list as the source, `detshuffle`,
+`split_by_node`, `split_by_worker`, `single_node_only`. Anything else (an unseeded
+`wds.shuffle`, `ResampledShards`, a function of the user's) makes the order unpredictable: the
+stage says so once in the loader's log and plans the current epoch only, as before.
+
+Stdlib only, like the rest of `loader/`: WebDataset's classes are recognised by module and name,
+never imported (the pipeline that calls the stage has imported them already).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+Shard = dict[str, Any]
+
+# The shard-list functions WebDataset defines in `webdataset.shardlists`, by name.
+_SPLITTERS = {"split_by_node", "split_by_worker", "single_node_only"}
+
+
+class Unpredictable(Exception):
+    """The pipeline's later order cannot be computed; the message says which stage and why."""
+
+
+def _is_webdataset(thing: object, *names: str) -> bool:
+    """Whether `thing` is an instance of one of WebDataset's classes `names` (or a subclass)."""
+    return any(
+        cls.__name__ in names and cls.__module__.split(".")[0] == "webdataset"
+        for cls in type(thing).__mro__
+    )
+
+
+def _is_splitter(step: object) -> bool:
+    return (
+        callable(step)
+        and getattr(step, "__module__", "") == "webdataset.shardlists"
+        and getattr(step, "__name__", "") in _SPLITTERS
+    )
+
+
+def describe(step: object) -> str:
+    """A stage as the user wrote it, near enough: `wds.shuffle`, `my_filter`, `ResampledShards`."""
+    inner = getattr(step, "f", None)  # WebDataset's curried filters keep the function as `f`
+    function = inner if callable(inner) else step
+    name = getattr(function, "__name__", None) or type(step).__name__
+    return name.lstrip("_")
+
+
+@dataclass(frozen=True)
+class OrderForecast:
+    """The stages before `prefetch_ahead`, able to hand on a later epoch's shards again."""
+
+    source: object
+    stages: tuple[object, ...]
+
+    def order(self, epochs_ahead: int) -> list[Shard]:
+        """This worker's shards, in order, `epochs_ahead` (1 or more) epochs after the current
+        one. Each `detshuffle` runs as a copy, its epoch moved on, so the pipeline's own state
+        is untouched."""
+        if epochs_ahead < 1:
+            raise ValueError("epochs_ahead must be at least 1")
+        shards: Iterable[Any] = iter(self.source)  # type: ignore[call-overload]
+        for stage in self.stages:
+            if _is_webdataset(stage, "detshuffle"):
+                ahead = copy.copy(stage)
+                ahead.epoch = stage.epoch + epochs_ahead - 1  # type: ignore[attr-defined]
+                shards = ahead.run(shards)  # type: ignore[attr-defined]
+            else:
+                shards = stage(shards)  # type: ignore[operator]
+        return [dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards]
+
+
+def calling_pipeline(frame: FrameType | None, stage: object) -> tuple[object, int] | None:
+    """The WebDataset `DataPipeline` whose iteration called `stage`, and the stage's place in
+    it: `DataPipeline.invoke(f, *args)` calls `f(*args)`, so the caller's frame holds the
+    pipeline as `self`. None when called otherwise (by hand, by another framework)."""
+    owner = frame.f_locals.get("self") if frame is not None else None
+    if owner is None or not _is_webdataset(owner, "DataPipeline"):
+        return None
+    steps = getattr(owner, "pipeline", None)
+    if not isinstance(steps, list):
+        return None
+    for index, step in enumerate(steps):
+        if step is stage:
+            return owner, index
+    return None
+
+
+def forecast(steps: list[object]) -> OrderForecast:
+    """The forecast for a pipeline whose stages before `prefetch_ahead` are `steps`; raises
+    Unpredictable naming the first stage that cannot be replayed."""
+    if not steps:
+        raise Unpredictable("prefetch_ahead is the pipeline's first stage")
+    source, *stages = steps
+    if not (_is_webdataset(source, "SimpleShardList") or isinstance(source, list)):
+        raise Unpredictable(f"the shard source {describe(source)} is not a fixed list")
+    for stage in stages:
+        if _is_webdataset(stage, "detshuffle"):
+            if not isinstance(getattr(stage, "epoch", None), int):
+                raise Unpredictable("detshuffle has no epoch number")
+        elif not _is_splitter(stage):
+            raise Unpredictable(f"stage {describe(stage)} is not one prefetch_ahead can replay")
+    return OrderForecast(source, tuple(stages))
+
+
+def nodes_risk(steps: list[object]) -> str | None:
+    """What makes the nodes of a data-parallel job read overlapping shares, or None: with
+    several nodes (WORLD_SIZE as WebDataset reads it), a stage before `split_by_node` that
+    may order the shards differently on each node (WebDataset's `shuffle` seeds itself from
+    the process id and the time), or no `split_by_node` at all."""
+    world_size = _world_size()
+    if world_size <= 1:
+        return None
+    splits = [index for index, step in enumerate(steps) if describe(step) == "split_by_node"]
+    if not splits:
+        return (
+            f"WORLD_SIZE is {world_size} but no split_by_node comes before prefetch_ahead: "
+            "every node reads every shard"
+        )
+    for step in steps[1 : splits[0]]:
+        if not (_is_webdataset(step, "detshuffle") or _is_splitter(step)):
+            return (
+                f"stage {describe(step)} before split_by_node may order the shards differently "
+                "on each node (wds.shuffle seeds itself per process): nodes then read "
+                "overlapping shares, some shards twice and others never; use "
+                "wds.detshuffle(seed=...) before split_by_node"
+            )
+    source_seed = getattr(steps[0], "seed", None)
+    if isinstance(source_seed, float):  # SimpleShardList(seed=True) takes the time
+        return (
+            "the shard list is shuffled with a seed from the clock (seed=True), different on "
+            "each node: nodes then read overlapping shares; give every node the same seed"
+        )
+    return None
+
+
+def _world_size() -> int:
+    """WORLD_SIZE as WebDataset's `pytorch_worker_info` finds it (the environment, else
+    torch.distributed), asked of the WebDataset already imported; 1 when there is none."""
+    utils = sys.modules.get("webdataset.utils")
+    info = getattr(utils, "pytorch_worker_info", None)
+    if callable(info):
+        try:
+            return int(info()[1])
+        except Exception:  # a distributed backend in a bad state: no advice rather than a crash
+            return 1
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def in_fresh_dataloader_worker(epochs_seen: int) -> bool:
+    """Whether this is the first epoch of a torch DataLoader worker: with
+    `persistent_workers=False` (torch's default) each epoch starts in a fresh copy of the
+    pipeline, whose `detshuffle` starts again from its first epoch; the forecast of epoch 1 would
+    then be wrong. Only a worker that lived through an epoch forecasts."""
+    if epochs_seen > 0:
+        return False
+    torch_data = sys.modules.get("torch.utils.data")
+    get_worker_info = getattr(torch_data, "get_worker_info", None)
+    return callable(get_worker_info) and get_worker_info() is not None
+
+
+def chained(forecast_: OrderForecast, epochs: int) -> Iterator[Shard]:
+    """The next `epochs` epochs' shards, one after the other, each computed when reached."""
+    for ahead in range(1, epochs + 1):
+        yield from forecast_.order(ahead)
