@@ -216,14 +216,14 @@ def _prefetch(args: argparse.Namespace) -> int:
     paths = [client.local_path(client.map_url(u, known, daemon), daemon) for u in args.urls]
     answer = client.prefetch(paths, daemon, warm=not args.lookahead)
     with client.reading_answer(daemon):
+        batch = int(answer["batch"])
         print(
             printable(
-                f"queued {answer['queued']}, already cached {answer['cached']}, "
+                f"batch {batch}: queued {answer['queued']}, already cached {answer['cached']}, "
                 f"already in flight {answer['in_flight']}"
             ),
             file=sys.stderr,
         )
-        batch = int(answer["batch"])
     if not args.wait:
         return 0
     try:

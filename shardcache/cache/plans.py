@@ -246,13 +246,20 @@ class PlanBook:
             self._apply_read(*self._pending.popleft())
 
     def _apply_read(self, key: str, hit: bool, now: float) -> None:
-        moved = False
+        # A worker reads in its order; a read a little beyond the cursor means it skipped some
+        # (a failure, a late start). Reads carry no job identity: another job's read of a key
+        # far ahead in this plan must not move it, nor one a little ahead when the read is the
+        # key some plan reads next. The read goes to the plans it is nearest the cursor of:
+        # a sibling worker's key often sits a few places into this plan's next epoch.
+        claims: list[tuple[int, Plan, int]] = []
         for plan in self._plans.values():
-            # A worker reads in its order; a read a little beyond the cursor means it skipped
-            # some (a failure, a late start). Reads carry no job identity: another job's read
-            # of a key far ahead in this plan must not move it.
             index = plan.position_of(key, plan.cursor)
             if index is not None and index < plan.cursor + SKIP_WINDOW:
+                claims.append((index - plan.cursor, plan, index))
+        nearest = min((skip for skip, _, _ in claims), default=0)
+        moved = False
+        for skip, plan, index in claims:
+            if skip == nearest:
                 self._advance(plan, index, hit, now)
                 moved = True
         if moved and key in self._cached:

@@ -68,9 +68,14 @@ class LookaheadBudget:
                     waiting = True
                     self.waiters += 1
                     self._on_wait()
+                in_flight = (
+                    f" and {format_size(self.admitted_bytes)} being fetched"
+                    if self.admitted_bytes
+                    else ""
+                )
                 self.waiting_for = (
                     f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
-                    f"and not read yet, of {format_size(self.max_unread_bytes)} "
+                    f"and not read yet{in_flight}, of {format_size(self.max_unread_bytes)} "
                     "(--prefetch-max-bytes); loaders reading them free it, and a pin no "
                     "loader will read ends (`shardcache prefetch --cancel` ends them all)"
                 )

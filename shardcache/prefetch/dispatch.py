@@ -11,6 +11,7 @@ an ending is counted or what a missing read-ahead key means (the queue's `finish
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -20,13 +21,15 @@ from shardcache.errors import CacheError, ShardcacheError
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
 from shardcache.prefetch.lanes import Item, Lane, Start
-from shardcache.prefetch.pins import READ_AHEAD, PinLedger
+from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
 from shardcache.prefetch.read_ahead import url_shape
 from shardcache.prefetch.slots import Slots
 
 log = logging.getLogger("shardcache.prefetch")
 # How an item ended: (item, its error or None, bytes the prefetch fetched, whether it fetched).
 Finish = Callable[[Item, ShardcacheError | None, int, bool], None]
+# Why a queued look-ahead item no loader will read should be dropped (origin, key, read-ahead).
+Unwanted = Callable[[str, str, bool], Awaitable[Ending | None]]
 
 
 class _Dropped(Exception):
@@ -42,8 +45,14 @@ class Dispatcher:
         budget: LookaheadBudget,
         pins: PinLedger,
         finish: Finish,
+        unwanted: Unwanted | None = None,
     ) -> None:
+        """`unwanted(origin, key, is_readahead)`: why a look-ahead item no loader will read
+        should be dropped unfetched (`sweep.PinSweep.unwanted`), asked before it is sized and
+        again once admitted (a budget wait can be long)."""
         self.cache = cache
+        self._unwanted = unwanted
+        self.dropped_unwanted: collections.Counter[str] = collections.Counter()  # by why
         self.backlog = backlog
         self.slots = slots
         self.budget = budget
@@ -84,6 +93,7 @@ class Dispatcher:
         meanwhile is let go, uncounted."""
         item = start.item
         try:
+            await self._drop_if_unwanted(lane, start)
             outcome, fill = await self.cache.start_prefetch(
                 item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
             )
@@ -130,10 +140,28 @@ class Dispatcher:
         async def admit(size_bytes: int) -> None:
             if not lane.is_warming:
                 await self.budget.admit(start, size_bytes)
+                if start.is_dropped:
+                    raise _Dropped
+                await self._drop_if_unwanted(lane, start)
             if start.is_dropped:
                 raise _Dropped
 
         return admit
+
+    async def _drop_if_unwanted(self, lane: Lane, start: Start) -> None:
+        """Raise _Dropped for a look-ahead item no loader will read any more (its job ended,
+        went quiet, or posted a plan without it): fetched, it would only be pinned for nobody
+        and its pin ended at the next sweep."""
+        item = start.item
+        if lane.is_warming or self._unwanted is None or start.is_dropped:
+            return
+        why = await self._unwanted(item.origin, item.key, item.is_readahead)
+        if why is None or start.is_dropped:
+            return
+        start.is_dropped = True
+        self.backlog.forget(item)
+        self.dropped_unwanted[why] += 1
+        raise _Dropped
 
     async def _follow(
         self,

@@ -41,6 +41,19 @@ class Pin:
     shape: tuple[str, str] | None = None  # (prefix, suffix) of its origin's cache keys
 
 
+def unwanted(reader: Reader | None, covered: bool, planned_before: bool) -> Ending | None:
+    """Why a look-ahead shard no loader will read should not be pinned (or, still queued, not
+    fetched), or None while one will: no plan reads it where one did (`planned_before`: its
+    job was seen, or read-ahead asked for it) or where plans cover its origin (`covered`);
+    or the job whose plan reads it stopped reading (quiet for SILENT_PACES of its pace)."""
+    if reader is None:
+        return "unplanned" if planned_before or covered else None
+    pace = reader.pace_s
+    if pace is not None and reader.quiet_s > max(SILENT_PACES * pace, MIN_SILENT_S):
+        return "silent"
+    return None
+
+
 class PinLedger:
     """Every look-ahead pin's holder and end (see the module doc)."""
 
@@ -79,20 +92,14 @@ class PinLedger:
                 del self._pins[url]
                 continue
             reader = reader_of(url)
-            if reader is None:
-                # No plan reads it now, where one did: its job was seen, or read-ahead pinned
-                # it (only ever what a plan reads next), or plans cover its origin.
-                if pin.job is not None or pin.holder == READ_AHEAD or is_covered(url):
-                    ended.append((url, "unplanned"))
-                elif now >= pin.until:
-                    ended.append((url, "bound"))
-                continue
-            if pin.job != reader.job:
+            if reader is not None and pin.job != reader.job:
                 pin.job = reader.job
                 pin.until = min(pin.pinned_at + self.max_pin_s, now + self._bound_s(reader))
-            pace = reader.pace_s
-            if pace is not None and reader.quiet_s > max(SILENT_PACES * pace, MIN_SILENT_S):
-                ended.append((url, "silent"))
+            # Read-ahead pins only ever what a plan reads next.
+            planned_before = pin.job is not None or pin.holder == READ_AHEAD
+            why = unwanted(reader, reader is None and is_covered(url), planned_before)
+            if why is not None:
+                ended.append((url, why))
             elif now >= pin.until:
                 ended.append((url, "bound"))
         for url, _ in ended:
@@ -123,4 +130,4 @@ class PinLedger:
         return dict(sorted(holders.items(), key=lambda pair: -pair[1]))
 
 
-__all__ = ["READ_AHEAD", "Ending", "Pin", "PinLedger"]
+__all__ = ["READ_AHEAD", "Ending", "Pin", "PinLedger", "unwanted"]

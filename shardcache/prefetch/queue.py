@@ -110,7 +110,13 @@ class PrefetchQueue:
         self.tally = Tally()  # how the items ended
         # Each item from its lane to its fill's end: sized, admitted, started, followed.
         self.dispatcher = Dispatcher(
-            cache, self.backlog, self.slots, self.budget, self.pins, self._finish_item
+            cache,
+            self.backlog,
+            self.slots,
+            self.budget,
+            self.pins,
+            self._finish_item,
+            self.sweeper.unwanted,
         )
 
     # -- submitting ----------------------------------------------------------------------
@@ -300,6 +306,7 @@ class PrefetchQueue:
             "recent_failures": list(self.tally.recent_failures),
             "held_by": self.held_by(),
             "pins_ended": dict(self.pins_ended),
+            "dropped_unwanted": dict(self.dispatcher.dropped_unwanted),
         }
 
     def held_by(self) -> dict[str, int]:

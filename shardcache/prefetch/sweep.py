@@ -1,4 +1,5 @@
-"""The pin sweep: ending the look-ahead pins no loader will read, on a period and on demand.
+"""The pin sweep: ending the look-ahead pins no loader will read, on a period and on demand;
+and, by the same rule, telling the dispatchers which queued look-ahead items to drop unfetched.
 
 Every SWEEP_EVERY_S, and at once when the look-ahead budget starts a wait, it asks the plans
 who reads each pinned shard next (on a worker thread: the plans' lock may wait for a large
@@ -19,8 +20,8 @@ import logging
 from shardcache.cache.plans import Reader
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.errors import ShardcacheError
-from shardcache.prefetch.pins import Ending, PinLedger
-from shardcache.prefetch.read_ahead import covering
+from shardcache.prefetch.pins import Ending, PinLedger, unwanted
+from shardcache.prefetch.read_ahead import covering, url_shape
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.prefetch")
@@ -33,6 +34,29 @@ class PinSweep:
         self.pins = pins
         self._wanted = asyncio.Event()
         self.ended: collections.Counter[str] = collections.Counter()  # by why
+        self.dropped: collections.Counter[str] = collections.Counter()  # items, by why
+
+    async def unwanted(self, origin: str, key: str, is_readahead: bool) -> Ending | None:
+        """Why a queued look-ahead item should not be fetched now, by the rule that ends its
+        pin (`pins.unwanted`): fetched, it would be pinned and its pin ended at the next sweep,
+        the bytes fetched for nobody. None when a loader will read it, or no plans are kept."""
+        plans = self.cache.store.plans
+        if plans is None:
+            return None
+        try:
+            _, url = self.cache.cache_key(origin, key)
+        except ShardcacheError:
+            return None  # its origin went away: the fill says so
+        shape = url_shape(url, key)
+
+        def ask() -> tuple[Reader | None, bool]:  # on a worker thread, as the sweep asks
+            assert plans is not None
+            reader = plans.next_reader(url)
+            covered = reader is None and shape is not None and plans.covers(covering(shape))
+            return reader, covered
+
+        reader, covered = await asyncio.to_thread(ask)
+        return unwanted(reader, covered, is_readahead)
 
     def wanted_now(self) -> None:
         """Sweep at once (the look-ahead budget starts a wait)."""

@@ -78,6 +78,25 @@ def test_stray_reads_on_a_fresh_daemon_pin_nothing(origin: OriginServer, start_d
         assert curl(f"{daemon.url}/web/s_{n:03d}.tar").headers["x-shardcache"] == "hit"
 
 
+def test_queued_look_ahead_no_plan_reads_is_dropped_unfetched(
+    origin: OriginServer, start_daemon
+) -> None:
+    """A job's plan covers the origin; look-ahead items for shards no plan reads (a job that
+    ended, or posted a plan without them) are dropped when their turn comes, not fetched,
+    pinned and released again at the next sweep (before: fetched, 4 GETs, then ended as
+    `unplanned`; a tight budget refilled with such items after each sweep)."""
+    keys = [f"s_{n:03d}.tar" for n in range(8)]
+    for key in keys:
+        origin.put(key, os.urandom(SHARD_BYTES))
+    daemon = start_daemon({"web": origin.url}, "--readahead", "0", "--eviction", "auto")
+    client.post_plan("job", 0, [f"/web/{key}" for key in keys[:4]], daemon.url)
+    client.prefetch([f"/web/{key}" for key in keys], daemon.url)
+    status = _settle(daemon)
+    assert [origin.gets[key] for key in keys] == [1, 1, 1, 1, 0, 0, 0, 0], origin.gets
+    assert status["dropped_unwanted"] == {"unplanned": 4}, status
+    assert status["unread_bytes"] == 4 * SHARD_BYTES, status  # the planned ones, pinned
+
+
 def test_a_budget_wait_says_who_holds_it_and_the_cancel_command_ends_it(
     origin: OriginServer, start_daemon
 ) -> None:

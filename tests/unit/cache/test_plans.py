@@ -301,3 +301,23 @@ def test_next_reader_is_the_plan_that_reads_a_key_soonest() -> None:
     assert reader is not None and (reader.job, reader.quiet_s) == ("slow", 7.0)
     assert book.next_reader("z") is None
     assert book.covers(lambda key: key == "a") and not book.covers(lambda key: key == "z")
+
+
+def test_a_read_goes_to_the_plan_that_reads_it_next_not_a_siblings_next_epoch() -> None:
+    """Two workers of one loader: worker 1's plan lists, a few places past its cursor, the key
+    worker 0 reads now (its next epoch's). Worker 0's read is worker 0's: worker 1's cursor
+    stays, and its own reads keep counting (before, it jumped and ignored them)."""
+    book = PlanBook(clock=Clock())
+    book.post("w0", 0, ["a", "b", "x", "y"])
+    book.post("w1", 0, ["c", "d", "b", "e"])  # "b": worker 1's next epoch, 2 places ahead
+    book.on_request("a", hit=False)
+    book.on_request("b", hit=False)
+    positions = {p.job: (p.position, p.reads) for p in book.status()}
+    assert positions == {"w0": (2, 2), "w1": (0, 0)}, positions
+    book.on_request("c", hit=False)
+    book.on_request("d", hit=False)
+    positions = {p.job: (p.position, p.reads) for p in book.status()}
+    assert positions["w1"] == (2, 2), positions
+    # A skip of its own still moves a plan when no plan reads the key next.
+    book.on_request("e", hit=False)
+    assert {p.job: p.position for p in book.status()}["w1"] == 4
