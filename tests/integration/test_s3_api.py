@@ -280,3 +280,49 @@ def test_file_origin_lists_its_directory(start_daemon, tmp_path) -> None:
     assert got == b"val/b/c.tar"
     hostile = curl(f"{daemon.url}/bkt?list-type=2&prefix=../", "--no-fail")
     assert hostile.status == 200 and b"<KeyCount>0</KeyCount>" in hostile.body
+
+
+def test_download_file_with_parallel_ranges_on_a_cold_object(lake, s3_client, tmp_path) -> None:
+    """boto3's `download_file` asks ranges at once (here 1 MiB each, 10 at a time) of an
+    object nobody read yet: every byte comes from the origin once."""
+    from boto3.s3.transfer import TransferConfig
+
+    daemon, _ = lake
+    key = f"{UNDER}big.tar"
+    data = _upload(s3_client, tmp_path, key, 6 * MiB + 3)
+    config = TransferConfig(multipart_threshold=MiB, multipart_chunksize=MiB, max_concurrency=10)
+    target = tmp_path / "big.tar"
+    client_for(daemon.url).download_file(BUCKET, key, str(target), Config=config)
+    assert sha256(target.read_bytes()) == sha256(data)
+    assert daemon.metric("shardcache_origin_bytes_total", origin="lake") == len(data)
+    client_for(daemon.url).download_file(BUCKET, key, str(target), Config=config)  # warm
+    assert sha256(target.read_bytes()) == sha256(data)
+    assert daemon.metric("shardcache_origin_bytes_total", origin="lake") == len(data)
+
+
+def test_webdataset_over_unchanged_pipe_aws_urls_reads_twice_then_hits(
+    lake, s3_client, tmp_path, monkeypatch
+) -> None:
+    """The OpenCLIP recipe's `pipe:aws s3 cp s3://…/shards_{…}.tar -` URLs, unchanged, with
+    only AWS_ENDPOINT_URL set: two epochs, the second all hits."""
+    import webdataset as wds
+
+    from shardcache.loader.sample import write_sample_shards
+
+    daemon, _ = lake
+    shards = write_sample_shards(tmp_path / "wds", shards=3, samples_per_shard=10)
+    for path in shards:
+        s3_client.upload_file(str(path), BUCKET, f"{UNDER}wds/{path.name}")
+    for name, value in _aws_env(daemon).items():
+        monkeypatch.setenv(name, value)
+    url = f"pipe:aws s3 cp s3://{BUCKET}/{UNDER}wds/shards_{{000..002}}.tar -"
+
+    def epoch() -> list[tuple[str, bytes]]:
+        dataset = wds.WebDataset(url, shardshuffle=False, empty_check=True)
+        return [(s["__key__"], s["bin"]) for s in dataset]
+
+    first, second = epoch(), epoch()
+    assert len(first) == 30 and first == second
+    assert daemon.metric("shardcache_requests_total", origin="lake", result="miss") == 3
+    assert daemon.metric("shardcache_requests_total", origin="lake", result="hit") == 3
+    assert _fills(daemon) == 3
