@@ -106,6 +106,8 @@ async def s3_requests(request: web.Request, handler: Handler) -> web.StreamRespo
     request[S3_KEY] = s3
 
     async def admitted(request: web.Request) -> web.StreamResponse:
+        if request.method not in READS:  # a write is refused alike, whatever its body holds
+            raise web.HTTPMethodNotAllowed(request.method, list(READS))
         return await admit_request(request, serve_s3)
 
     return await answer_as_s3(request, s3, admitted)
@@ -143,8 +145,6 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
     s3 = request[S3_KEY]
     bucket, key = _names(request, s3)
     s3.bucket, s3.key = bucket, key
-    if request.method not in READS:
-        raise web.HTTPMethodNotAllowed(request.method, list(READS))
     refused = REFUSED_QUERY.intersection(request.query.keys())
     if refused:
         raise NotSupported(

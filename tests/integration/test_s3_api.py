@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import boto3.exceptions
 import botocore.exceptions
 import pytest
 
@@ -75,10 +76,18 @@ def test_boto3_reads_the_buckets_own_names_through_one_cache_entry(lake) -> None
     assert ranged["Body"].read() == shards[key][10:20]
     assert ranged["ContentRange"] == f"bytes 10-19/{MiB}"
 
+    buckets = [b["Name"] for b in client.list_buckets()["Buckets"]]
+    assert buckets == ["lake", BUCKET]
     plain = curl(f"{daemon.url}/lake/shards_000001.tar")  # the same entry, as /NAME/KEY
     assert plain.headers["x-shardcache"] == "hit" and plain.sha256 == sha256(shards[key])
     path_style = curl(f"{daemon.url}/{BUCKET}/{key}")  # a plain client, by the bucket's names
     assert path_style.headers["x-shardcache"] == "hit"
+    # A hit republishes the checksum it was verified against; boto3 (response checksum
+    # validation on by default) checks the body against it, and raises on a mismatch.
+    again = client.get_object(Bucket=BUCKET, Key=key)
+    headers = again["ResponseMetadata"]["HTTPHeaders"]
+    assert headers["x-shardcache"] == "hit" and headers["x-amz-checksum-type"] == "FULL_OBJECT"
+    assert sha256(again["Body"].read()) == sha256(shards[key])
     assert _fills(daemon) == 1  # one fill: one GET of a 1 MiB object
 
 
@@ -90,6 +99,8 @@ def test_virtual_hosted_requests_name_the_bucket_in_host(lake) -> None:
         got = curl(f"{daemon.url}/{key}", "-H", f"Host: {host}")
         assert (got.status, got.sha256) == (200, sha256(shards[key])), host
         assert got.headers["x-amz-request-id"]
+    listed = curl(f"{daemon.url}/?list-type=2&prefix={UNDER}", "-H", f"Host: {BUCKET}.localhost")
+    assert f"<Key>{key}</Key>".encode() in listed.body
     foreign = f"Host: {BUCKET}.example.com"  # refused by the loopback Host guard, as S3 refuses
     refused = curl(f"{daemon.url}/{key}", "--no-fail", "-H", foreign, *S3_HEADERS)
     assert refused.status == 403 and b"<Code>AccessDenied</Code>" in refused.body
@@ -103,7 +114,7 @@ def _code(call) -> tuple[str, int]:  # type: ignore[no-untyped-def]
     return error["Error"]["Code"], error["ResponseMetadata"]["HTTPStatusCode"]
 
 
-def test_errors_are_s3s_for_s3_clients_and_json_for_curl(lake) -> None:
+def test_errors_are_s3s_for_s3_clients_and_json_for_curl(lake, tmp_path) -> None:
     daemon, _ = lake
     client = client_for(daemon.url, retries={"max_attempts": 1})
     assert _code(lambda: client.get_object(Bucket=BUCKET, Key=f"{UNDER}nope.tar")) == (
@@ -127,6 +138,10 @@ def test_errors_are_s3s_for_s3_clients_and_json_for_curl(lake) -> None:
         405,
     )
     assert _code(lambda: client.delete_object(Bucket=BUCKET, Key=key)) == ("MethodNotAllowed", 405)
+    upload = tmp_path / "upload.bin"
+    upload.write_bytes(os.urandom(2 * MiB))  # streamed by the SDK (aws-chunked, Expect)
+    with pytest.raises(boto3.exceptions.S3UploadFailedError, match=r"\(MethodNotAllowed\)"):
+        client.upload_file(str(upload), BUCKET, key)
     assert _code(lambda: client.get_object(Bucket=BUCKET, Key=key, PartNumber=1)) == (
         "NotImplemented",
         501,
