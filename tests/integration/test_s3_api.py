@@ -224,6 +224,9 @@ def test_hostile_names_get_clear_s3_errors(lake) -> None:
         got = curl(daemon.url + path, "--no-fail", "--path-as-is", *S3_HEADERS)
         assert got.status == status and f"<Code>{code}</Code>".encode() in got.body, (path, got)
         assert got.headers["x-amz-request-id"]
+    chunked = ("-X", "PUT", "-H", "Content-Encoding: aws-chunked", "--data-binary", "x")
+    put = curl(f"{daemon.url}/{BUCKET}/{UNDER}new.tar", "--no-fail", *chunked, *S3_HEADERS)
+    assert put.status == 405 and b"<Code>MethodNotAllowed</Code>" in put.body
     assert _fills(daemon) == 0
     assert "Traceback" not in daemon.log()
 
