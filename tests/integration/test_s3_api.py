@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -227,6 +228,13 @@ def test_hostile_names_get_clear_s3_errors(lake) -> None:
     chunked = ("-X", "PUT", "-H", "Content-Encoding: aws-chunked", "--data-binary", "x")
     put = curl(f"{daemon.url}/{BUCKET}/{UNDER}new.tar", "--no-fail", *chunked, *S3_HEADERS)
     assert put.status == 405 and b"<Code>MethodNotAllowed</Code>" in put.body
+    host, port = daemon.url.removeprefix("http://").split(":")
+    for _ in range(5):  # clients that leave before their listing is answered
+        with socket.create_connection((host, int(port)), timeout=5) as gone:
+            gone.sendall(f"GET /{BUCKET}?list-type=2 HTTP/1.1\r\nHost: {host}\r\n".encode())
+            gone.sendall(b"x-amz-date: 20260101T000000Z\r\n\r\n")
+    after = client_for(daemon.url).list_objects_v2(Bucket=BUCKET, Prefix=UNDER)
+    assert after["KeyCount"] == 4
     assert _fills(daemon) == 0
     assert "Traceback" not in daemon.log()
 
