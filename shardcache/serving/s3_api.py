@@ -156,6 +156,9 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
     if not bucket:
         return _list_buckets(buckets_of(names, table.specs))
     views = views_of(bucket, names, table.specs)
+    add_bucket = request.app[STATE_KEY].add_bucket
+    if not views and add_bucket is not None and await add_bucket(bucket):
+        views = views_of(bucket, table.origins.keys(), table.specs)  # `--s3-buckets-on-demand`
     if not views:
         raise UnknownOrigin(f"no configured origin shows a bucket named {bucket!r}")
     if not key:

@@ -352,3 +352,34 @@ def test_webdataset_over_unchanged_pipe_aws_urls_reads_twice_then_hits(
     assert daemon.metric("shardcache_requests_total", origin="lake", result="miss") == 3
     assert daemon.metric("shardcache_requests_total", origin="lake", result="hit") == 3
     assert _fills(daemon) == 3
+
+
+def test_buckets_on_demand_become_origins_up_to_the_limit(s3_client, s3_env, start_daemon) -> None:
+    """`--s3-buckets-on-demand 1`: a bucket no origin names is made one on first use (with
+    the daemon's credentials), once; a missing bucket is NoSuchBucket and not kept; past the
+    limit, NoSuchBucket too."""
+    for bucket in ("fresh-bucket", "second-bucket"):
+        try:
+            s3_client.create_bucket(Bucket=bucket)
+        except s3_client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        s3_client.put_object(Bucket=bucket, Key="a/b.tar", Body=bucket.encode())
+    daemon = start_daemon({}, "--s3-buckets-on-demand", "1", env=s3_env)
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    assert _code(lambda: client.get_object(Bucket="no-such-bucket-x", Key="k")) == (
+        "NoSuchBucket",
+        404,
+    )
+    for _ in range(2):  # made once, then an origin like any
+        body = client.get_object(Bucket="fresh-bucket", Key="a/b.tar")["Body"].read()
+        assert body == b"fresh-bucket"
+    listed = client.list_objects_v2(Bucket="fresh-bucket")["Contents"]
+    assert [o["Key"] for o in listed] == ["a/b.tar"]
+    assert _code(lambda: client.get_object(Bucket="second-bucket", Key="a/b.tar")) == (
+        "NoSuchBucket",
+        404,
+    )
+    status, origins = daemon.get_json("/_/origins")
+    assert status == 200 and origins == {"origins": {"fresh-bucket": "s3://fresh-bucket"}}
+    hit = curl(f"{daemon.url}/fresh-bucket/a/b.tar")
+    assert hit.headers["x-shardcache"] == "hit"

@@ -45,6 +45,7 @@ ORDER: dict[str, list[str]] = {
     "daemon": [
         "daemon.lifecycle",
         "daemon.wiring",
+        "daemon.buckets",
         "daemon.origin_factory",
         "daemon.readouts",
         "daemon.notify",
