@@ -188,6 +188,8 @@ def test_list_objects_v2_and_v1_page_through_the_buckets_own_names(lake, s3_clie
     )
     above = client.list_objects_v2(Bucket=BUCKET, Prefix="datasets/", Delimiter="/")
     assert [p["Prefix"] for p in above["CommonPrefixes"]] == [UNDER]  # nothing outside shown
+    bare = client.list_objects_v2(Bucket=BUCKET, Prefix=UNDER.rstrip("/"), Delimiter="/")
+    assert [p["Prefix"] for p in bare["CommonPrefixes"]] == [UNDER]  # `aws s3 ls …/laion`
     whole = listed("list_objects_v2")  # the bucket: only what the origin's prefix holds
     assert len(whole) == 26 and all(o["Key"].startswith(UNDER) for o in whole)
     assert _fills(daemon) == 0  # listing fetches no object
@@ -296,6 +298,18 @@ def test_file_origin_lists_its_directory(start_daemon, tmp_path) -> None:
         )
         got = [o["Key"] for page in pages for o in page.get("Contents", [])]
         assert got == sorted(names), operation
+    for operation in ("list_objects_v2", "list_objects"):  # rolled up, one name a page
+        pages = client.get_paginator(operation).paginate(
+            Bucket="bkt", Delimiter="/", PaginationConfig={"PageSize": 1}
+        )
+        rolled = [
+            (p.get("CommonPrefixes", []), [o["Key"] for o in p.get("Contents", [])]) for p in pages
+        ]
+        assert [x for prefixes, _ in rolled for x in prefixes] == [
+            {"Prefix": "train/"},
+            {"Prefix": "val/"},
+        ], operation
+        assert [k for _, keys in rolled for k in keys] == ["z.tar"], operation
     top = client.list_objects_v2(Bucket="bkt", Delimiter="/")
     assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["train/", "val/"]
     assert [o["Key"] for o in top["Contents"]] == ["z.tar"]
