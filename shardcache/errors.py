@@ -16,6 +16,7 @@
     ├── ShuttingDown                    503     shutdown
     ├── FillAbandoned                   499     abandoned    every reader of a fill left
     ├── TierLoop                        508     tier_loop    asked as a tier member, has a tier
+    ├── NotSupported                    501     not_supported  an operation an origin cannot do
     ├── CacheError                      503     cache        the local store failed (disk full, I/O)
     │   ├── CacheFull                   503     cache        pins, reservations hold all
     │   │   └── NotAdmitted             503     cache        admission spares the victims
@@ -143,6 +144,14 @@ class TierLoop(ShardcacheError):
 
     status = 508
     kind = "tier_loop"
+
+
+class NotSupported(ShardcacheError):
+    """An operation this origin (or the daemon) does not offer: listing an HTTP origin, an
+    S3 request other than a read."""
+
+    status = 501
+    kind = "not_supported"
 
 
 class CacheError(ShardcacheError):

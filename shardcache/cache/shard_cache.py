@@ -31,6 +31,7 @@ from shardcache.fetch.segments import OriginRequests, RetryPolicy
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin
+from shardcache.origins.listing import Listing, ListQuery, list_objects
 
 log = logging.getLogger("shardcache.cache")
 T = TypeVar("T")
@@ -235,6 +236,15 @@ class ShardCache:
             info = await origin.head(key)
         usable = self.checksum_trust.usable(origin.name, info.checksums)  # none set aside
         return Result.MISS, dataclasses.replace(info, checksums=usable)
+
+    async def list_objects(self, origin_name: str, query: ListQuery) -> Listing:
+        """One page of origin `origin_name`'s keys, asked of the origin each time: a listing
+        is not cached (objects come and go at the origin, and a stale page would hide them).
+        Raises UnknownOrigin, NotSupported (an origin that cannot list), BadRequest (a token
+        it did not make) or an OriginError."""
+        origin = self.origin(origin_name)
+        with self._using(origin):
+            return await list_objects(origin, query)
 
     async def purge(self, origin_name: str, key: str) -> Purged:
         """Delete the cached entry for `key` and keep no fill of it in flight (`purge_entries`);

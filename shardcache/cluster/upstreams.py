@@ -56,6 +56,7 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, SpeedFloor, Spot
+from shardcache.origins.listing import Listing, ListQuery, list_objects
 
 log = logging.getLogger("shardcache.origin")
 T = TypeVar("T")
@@ -290,6 +291,10 @@ class FailoverOrigin:
                 rows.append(("tier", self._tier.members[url].breaker.health()))
         rows += [(u.role, u.breaker.health()) for u in self._chain]
         return rows
+
+    async def list_objects(self, query: ListQuery) -> Listing:
+        """A page of the home's keys: mirrors and tier members serve objects, not lists."""
+        return await list_objects(self.home, query)
 
     async def aclose(self) -> None:
         if self._tier is not None:

@@ -291,6 +291,16 @@ OPTIONS: tuple[Option, ...] = (
         reloads=False,
     ),
     Option(
+        "s3_buckets_on_demand",
+        parse_count,
+        0,
+        "S3 buckets an S3 client may name with no origin configured for them, each made an "
+        "origin s3://BUCKET (the daemon's own credentials) on first use; 0: configured origins "
+        "only",
+        "N",
+        reloads=False,
+    ),
+    Option(
         "admin_token",
         parse_token,
         "",

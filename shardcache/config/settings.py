@@ -64,6 +64,7 @@ class Settings:
     scrub_rate: int  # bytes/s, 0: off
     verify_hits: bool  # hits checked per block before their last byte
     verify_hits_window: float  # seconds a checked block counts as checked (0: every hit)
+    s3_buckets_on_demand: int  # buckets made origins on an S3 client's first use (0: none)
     config: Path | None  # the TOML file read, if any
 
     @property

@@ -32,6 +32,7 @@ from shardcache.cache.scrub import Scrubber
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.config import Settings, settings_needing_restart
+from shardcache.daemon.buckets import BucketsOnDemand
 from shardcache.daemon.notify import monotonic_usec, notify
 from shardcache.daemon.readouts import Readouts, upstream_rows
 from shardcache.daemon.wiring import (
@@ -46,6 +47,7 @@ from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.observability import logs
 from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
+from shardcache.origins.base import Timeouts
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
@@ -118,6 +120,14 @@ class Daemon:
             in_flight=self.in_flight,
             hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
+        timeouts = Timeouts(
+            settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
+        )
+        self.buckets = BucketsOnDemand(
+            settings.s3_buckets_on_demand, self.origins, timeouts, self.metrics
+        )
+        if settings.s3_buckets_on_demand:
+            self.state.add_bucket = self.buckets.add
 
     async def start(self) -> None:
         """Open the store and start serving; raise ConfigError for a bad cache dir or port."""
@@ -320,7 +330,7 @@ class Daemon:
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}")
         try:
             new = self._reload_settings()
-            configured = configure_origins(new, self.origins)
+            configured = self.buckets.kept_over(configure_origins(new, self.origins))
         except ShardcacheError as exc:
             log.error("reload failed, nothing changed: %s", exc)
             notify("READY=1")

@@ -26,6 +26,7 @@ from shardcache.config.options import default as option_default
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
+from shardcache.origins.listing import Listing, ListQuery, list_objects
 
 # True while the current task's request continues an answer a client may be reading
 # (`segments.OriginRequests` sets it around each request): the caps never shed it.
@@ -106,6 +107,11 @@ class CappedOrigin:
                 self._slots.release()
             raise
         return _SlotStream(stream, self._slots)
+
+    async def list_objects(self, query: ListQuery) -> Listing:
+        """A page of the inner origin's keys, a request under the rate cap like a HEAD."""
+        await self._turn()
+        return await list_objects(self.inner, query)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

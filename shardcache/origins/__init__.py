@@ -11,6 +11,8 @@ Parts:
   itself) and `landing` (one body written into the fill's file, held to its length, its
   CRC-32C taken as it lands, per span of a block: `shardcache.crc_spans`).
 - `s3_checksums`: which of S3's published checksums are of the whole object.
+- `listing`: listing an origin's keys (the optional `Lister`: S3 and file origins list, HTTP
+  origins cannot); `file_listing`: a file origin's directory walked in S3's key order, bounded.
 
 What this folder must not know: the cache, fills and their verdicts, other origins (mirrors,
 tiers and caps wrap a backend from `cluster/` and `fetch/`; the daemon's `origin_factory`

@@ -33,6 +33,8 @@ from shardcache.errors import (
 )
 from shardcache.keys import join_url
 from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, land_chunks
+from shardcache.origins.file_listing import list_directory
+from shardcache.origins.listing import Listing, ListQuery
 
 # O_NOFOLLOW on every component: a component that became a link since `realpath` fails (ELOOP)
 # instead of being followed. O_NONBLOCK: opening a FIFO must not hang a worker thread (regular
@@ -201,6 +203,10 @@ class FileOrigin:
         reader = AsyncBufferedReader(file, loop=asyncio.get_running_loop(), executor=None)
         stop = info.size_bytes if end is None else min(end, info.size_bytes)
         return FileStream(info, reader, self._path(key), stop - start)
+
+    async def list_objects(self, query: ListQuery) -> Listing:
+        """One page of the keys under the root (`file_listing`), on a worker thread."""
+        return await asyncio.to_thread(list_directory, str(self.root), query, _info)
 
     async def aclose(self) -> None:
         return None

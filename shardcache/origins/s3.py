@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,6 +26,7 @@ import botocore.exceptions
 from shardcache import checksums
 from shardcache.config import OriginSpec
 from shardcache.errors import (
+    BadRequest,
     BucketNotFound,
     ConfigError,
     OriginChanged,
@@ -40,6 +41,14 @@ from shardcache.errors import (
 from shardcache.origins import s3_checksums
 from shardcache.origins.base import ObjectInfo, Timeouts, header_text
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
+from shardcache.origins.listing import (
+    ListedObject,
+    Listing,
+    ListQuery,
+    ListVersion,
+    unwrap_token,
+    wrap_token,
+)
 
 log = logging.getLogger("shardcache.origins")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
@@ -47,6 +56,7 @@ _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
 _CHANGED = {"PreconditionFailed", "412"}
 _THROTTLED = {"SlowDown", "503", "429", "Throttling", "ThrottlingException", "RequestLimitExceeded"}
 MAX_PARTS = 10_000  # S3's limit: a multipart ETag or composite claiming more is not believed
+TOKEN_KIND = "s3"  # around the store's continuation tokens (`listing.wrap_token`)
 PRESIGNED_URL_TTL_S = 3600  # signed per request, so only a long-stalled fill could outlive it
 
 
@@ -108,6 +118,43 @@ def _info(response: Mapping[str, Any], found: tuple[checksums.Checksum, ...]) ->
         header_text(response.get("ContentType")),
         accepts_ranges=True,
         last_modified=modified.timestamp() if modified is not None else None,
+    )
+
+
+def _listing(response: Mapping[str, Any], under: str) -> Listing:
+    """A ListObjects(V2) `response` as a Listing of keys relative to `under` (the origin's
+    prefix and its slash); a key the store returns outside it is left out."""
+    objects = []
+    for item in response.get("Contents", ()):
+        key = str(item.get("Key", ""))
+        if not key.startswith(under) or key == under:
+            continue
+        modified = item.get("LastModified")
+        objects.append(
+            ListedObject(
+                key[len(under) :],
+                int(item.get("Size", 0)),
+                header_text(item.get("ETag")),
+                modified.timestamp() if modified is not None else None,
+            )
+        )
+    prefixes = tuple(
+        str(p["Prefix"])[len(under) :]
+        for p in response.get("CommonPrefixes", ())
+        if str(p.get("Prefix", "")).startswith(under) and str(p["Prefix"]) != under
+    )
+    is_truncated = bool(response.get("IsTruncated"))
+    token = response.get("NextContinuationToken")
+    marker = response.get("NextMarker")
+    if is_truncated and marker is None:  # V1 says it only with a delimiter: the last name
+        names = [o.key for o in objects] + list(prefixes)
+        marker = under + max(names) if names else None
+    return Listing(
+        tuple(objects),
+        prefixes,
+        is_truncated,
+        wrap_token(TOKEN_KIND, str(token)) if token else None,
+        str(marker)[len(under) :] if marker and str(marker).startswith(under) else None,
     )
 
 
@@ -237,6 +284,38 @@ class S3Origin:
             with map_botocore_errors(label):
                 await self._name_missing_bucket(label, exc)
             raise
+
+    async def list_objects(self, query: ListQuery) -> Listing:
+        """One page of the bucket's keys under this origin's prefix, asked of the store as
+        the client asked (ListObjectsV2 or V1), with the keys made the origin's own again."""
+        under = f"{self.prefix}/" if self.prefix else ""
+        params: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Prefix": under + query.prefix,
+            "MaxKeys": query.max_keys,
+        }
+        if query.delimiter:
+            params["Delimiter"] = query.delimiter
+        if query.version is ListVersion.V2:
+            if query.token:
+                params["ContinuationToken"] = unwrap_token(TOKEN_KIND, query.token)
+            if query.start_after:
+                params["StartAfter"] = under + query.start_after
+            call: Callable[..., Mapping[str, Any]] = self._client.list_objects_v2
+        else:
+            if query.start_after:
+                params["Marker"] = under + query.start_after
+            call = self._client.list_objects
+        label = f"s3://{self.bucket}/{params['Prefix']}"
+        with map_botocore_errors(label):
+            try:
+                response = await asyncio.to_thread(call, **params)
+            except botocore.exceptions.ClientError as exc:
+                await self._name_missing_bucket(label, exc)
+                if str(exc.response.get("Error", {}).get("Code", "")) == "InvalidArgument":
+                    raise BadRequest(f"{label}: the store refused the listing: {exc}") from None
+                raise
+        return _listing(response, under)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -15,6 +15,9 @@ Parts, top down:
 - `ranges`: one `Range` header parsed (pure); `conditionals`: the RFC 9110 §13 preconditions
   (If-Match, If-None-Match, the dates, If-Range), pure; `access`: who may do what (the admin token);
   `connections`: how many client connections, and how long each may sit idle.
+- `s3_api`: the S3-compatible read API (an S3 client's request served through the object
+  path; listings, bucket operations); `s3_errors`: which requests are an S3 client's, S3's
+  XML errors and `x-amz-request-id`; `s3_names`: `s3://BUCKET/KEY` to an origin and its key.
 - `status_page`, `status_page_html`: `GET /_/`, a page that reads only the `/_/status`
   document; `targets`: the (origin, key) pairs a prefetch or plans body names, bounded before
   they are expanded.

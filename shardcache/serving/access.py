@@ -113,6 +113,9 @@ def is_foreign_host(host: str | None) -> bool:
     name = name.rstrip(".")
     if name == "localhost" or name.endswith(".localhost"):  # RFC 6761 §6.3: always loopback
         return False
+    labels = name.split(".")
+    if len(labels) > 4:  # BUCKET.127.0.0.1, an S3 client's virtual host (no public name ends so)
+        name = ".".join(labels[-4:])
     try:
         return not ipaddress.ip_address(name).is_loopback
     except ValueError:

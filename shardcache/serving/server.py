@@ -9,6 +9,7 @@
     GET      /_/status            one JSON document for people and `shardcache stats`
     GET      /_/                  the status page: HTML that polls /_/status (`serving`)
     GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
+    GET|HEAD /BUCKET/KEY, /BUCKET?list-type=2…  the S3-compatible read API (`s3_api.py`)
 
 With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
 shard read) needs `Authorization: Bearer TOKEN`; a request without it is a 401 (`access.py`).
@@ -61,6 +62,8 @@ from shardcache.serving.middleware import (
     track_connection,
 )
 from shardcache.serving.objects import get_object, head_object
+from shardcache.serving.s3_api import s3_requests
+from shardcache.serving.s3_errors import add_request_id
 from shardcache.serving.server_state import ServerState
 from shardcache.serving.status_page import status_page
 
@@ -123,7 +126,8 @@ def make_app(
 ) -> web.Application:
     """Return the aiohttp application; `state` is what its handlers read of the daemon."""
     app = web.Application(
-        middlewares=[track_connection, errors_as_json, admit_request],
+        # s3_requests runs admit_request itself for an S3 client's request (see `s3_api`).
+        middlewares=[track_connection, errors_as_json, s3_requests, admit_request],
         client_max_size=MAX_BODY_BYTES,
     )
     app[ACCESS_KEY] = access or AccessPolicy(None)
@@ -135,6 +139,7 @@ def make_app(
     app[STATE_KEY] = state
     failures = app[FAILURES_KEY] = FailureLog(log)
     app.on_cleanup.append(lambda app: _close_failures(failures))
+    app.on_response_prepare.append(add_request_id)  # x-amz-request-id, for S3 clients
     app[TURNS_KEY] = PostTurns()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -9,7 +9,7 @@ whole); handlers only read it, but for the log-once memory of tier loops.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,5 +59,7 @@ class ServerState:
     is_shutting_down: bool = False
     scrub: Scrubber | None = None  # POST /_/verify; None until the store is open
     hit_checker: HitChecker | None = None  # hits checked per block (`verify_hits`); None: off
+    # Make a bucket an S3 client names an origin (`--s3-buckets-on-demand`); None: off.
+    add_bucket: Callable[[str], Awaitable[bool]] | None = None
     # The one field the handlers write: origins whose tier loop was logged (once each).
     tier_loops_logged: set[str] = field(default_factory=set)

@@ -45,6 +45,7 @@ ORDER: dict[str, list[str]] = {
     "daemon": [
         "daemon.lifecycle",
         "daemon.wiring",
+        "daemon.buckets",
         "daemon.origin_factory",
         "daemon.readouts",
         "daemon.notify",
@@ -52,9 +53,11 @@ ORDER: dict[str, list[str]] = {
     ],
     "serving": [
         "serving.server",
+        "serving.s3_api",
         "serving.objects",
         "serving.admin",
         "serving.status_page",
+        "serving.s3_errors",
         "serving.middleware",
         "serving.status_page_html",
         "serving.server_state",
@@ -64,6 +67,7 @@ ORDER: dict[str, list[str]] = {
         "serving.connections",
         "serving.access",
         "serving.targets",
+        "serving.s3_names",
         "serving",
     ],
     "prefetch": [
@@ -155,6 +159,8 @@ ORDER: dict[str, list[str]] = {
         "origins.threads",
         "origins.wire",
         "origins.file",
+        "origins.file_listing",
+        "origins.listing",
         "origins.base",
         "origins",
     ],
