@@ -10,8 +10,9 @@ of a key is the soonest, over every plan that reads it again, of (index - cursor
 Eviction with plans (`Store`): first the entries no plan reads again, then the one whose next
 planned use is furthest (Belady's rule). One max-heap holds the cached keys by the predicted
 time of their next use (a clock time: a plan's positions move with its reads, the times do
-not; infinity for a key no plan reads again, a plan moved past it or was replaced, so that
-eviction finds it even beyond its batch of least recently used entries); an entry is pushed
+not; infinity for a key no plan reads again, a plan moved past it, was replaced or was
+dropped as quiet (then the heap is rebuilt at eviction's next ask), so that eviction finds it
+even beyond its batch of least recently used entries); an entry is pushed
 again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
 never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
@@ -165,6 +166,9 @@ class PlanBook:
         # (-predicted time of next use, key) for cached keys; stale entries are rechecked.
         self._heap: list[tuple[float, str]] = []
         self._pending: collections.deque[tuple[str, bool, float]] = collections.deque()
+        # A plan was dropped as quiet: what only it read is read by none now, filed too soon.
+        # `_drop_quiet` runs on the event loop too: the heap is rebuilt at eviction's next ask.
+        self._is_refile_due = False
 
     # -- what loaders and the cache tell it ---------------------------------------------------
 
@@ -296,6 +300,7 @@ class PlanBook:
     def _rebuild(self) -> None:
         now = self._clock()
         self._heap = []
+        self._is_refile_due = False  # every cached key is filed again below
         for key in self._cached:
             when = self._next_use(key)
             self._heap.append((-math.inf if when is None else -(now + when), key))
@@ -393,6 +398,9 @@ class PlanBook:
         """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
         being settled), with that use's time; None when no plan reads a cached key again."""
         with self._locked():
+            self._drop_quiet()
+            if self._is_refile_due:
+                self._rebuild()
             now = self._clock()
             skipped: list[tuple[float, str]] = []
             best: tuple[str, float] | None = None
@@ -431,6 +439,7 @@ class PlanBook:
         quiet = [p for p in self._plans.values() if now - p.active_since() > self.quiet_after_s]
         for plan in quiet:
             del self._plans[plan.job]
+        self._is_refile_due |= bool(quiet)
 
     def forget_cached(self, keys: Iterable[str]) -> None:
         """Start over with these keys as the cached set (the store's index at start)."""
