@@ -11,9 +11,11 @@ run the stages before `prefetch_ahead` again, with `detshuffle` moved on by that
 
 Only stages whose output is known to depend on nothing but their input, the epoch and the
 worker's place are replayed: `SimpleShardList` or a plain list as the source, `detshuffle`,
-`split_by_node`, `split_by_worker`, `single_node_only`. Anything else (an unseeded
-`wds.shuffle`, `ResampledShards`, a function of the user's) makes the order unpredictable: the
-stage says so once in the loader's log and plans the current epoch only, as before.
+`split_by_node`, `split_by_worker`, `single_node_only` (a subclass only where it keeps the
+class's own `__iter__`, `run` and `epoch`: a replay must not move on a state of the user's).
+Anything else (an unseeded `wds.shuffle`, `ResampledShards`, a function of the user's) makes
+the order unpredictable: the stage says so once in the loader's log and plans the current
+epoch only, as before.
 
 Stdlib only, like the rest of `loader/`: WebDataset's classes are recognised by module and name,
 never imported (the pipeline that calls the stage has imported them already).
@@ -47,20 +49,47 @@ def _is_webdataset(thing: object, *names: str) -> bool:
     )
 
 
+def _is_replayable(thing: object, name: str, *members: str) -> bool:
+    """Whether `thing` is WebDataset's class `name` itself, or a subclass that keeps its
+    `members`: a subclass that draws its order otherwise (its own `run`, `__iter__` or `epoch`
+    property) may read its epoch elsewhere or keep state that a replay would move on."""
+    cls = type(thing)
+    return _is_webdataset(thing, name) and not any(
+        member in vars(klass) for klass in cls.__mro__[: _depth_of(cls, name)] for member in members
+    )
+
+
+def _depth_of(cls: type, name: str) -> int:
+    """The place of WebDataset's class `name` in `cls`'s method resolution order."""
+    for depth, klass in enumerate(cls.__mro__):
+        if klass.__name__ == name and klass.__module__.split(".")[0] == "webdataset":
+            return depth
+    return len(cls.__mro__)
+
+
+def _attribute(thing: object, name: str) -> Any:
+    """`thing.name`, or None: a stage may answer attribute access with any error (a dict whose
+    `__getattr__` is `__getitem__` raises KeyError), and advice must never fail an epoch."""
+    try:
+        return getattr(thing, name, None)
+    except Exception:
+        return None
+
+
 def _is_splitter(step: object) -> bool:
     return (
         callable(step)
-        and getattr(step, "__module__", "") == "webdataset.shardlists"
-        and getattr(step, "__name__", "") in _SPLITTERS
+        and _attribute(step, "__module__") == "webdataset.shardlists"
+        and _attribute(step, "__name__") in _SPLITTERS
     )
 
 
 def describe(step: object) -> str:
     """A stage as the user wrote it, near enough: `wds.shuffle`, `my_filter`, `ResampledShards`."""
-    inner = getattr(step, "f", None)  # WebDataset's curried filters keep the function as `f`
+    inner = _attribute(step, "f")  # WebDataset's curried filters keep the function as `f`
     function = inner if callable(inner) else step
-    name = getattr(function, "__name__", None) or type(step).__name__
-    return name.lstrip("_")
+    name = _attribute(function, "__name__")
+    return (name if isinstance(name, str) and name else type(step).__name__).lstrip("_")
 
 
 @dataclass(frozen=True)
@@ -70,10 +99,11 @@ class OrderForecast:
     source: object
     stages: tuple[object, ...]
 
-    def order(self, epochs_ahead: int) -> list[Shard]:
+    def order(self, epochs_ahead: int) -> Iterator[Shard]:
         """This worker's shards, in order, `epochs_ahead` (1 or more) epochs after the current
-        one. Each `detshuffle` runs as a copy, its epoch moved on, so the pipeline's own state
-        is untouched."""
+        one, computed as they are taken (a plan takes the first few thousand of a million).
+        Each `detshuffle` runs as a copy, its epoch moved on, so the pipeline's own state is
+        untouched."""
         if epochs_ahead < 1:
             raise ValueError("epochs_ahead must be at least 1")
         shards: Iterable[Any] = iter(self.source)  # type: ignore[call-overload]
@@ -84,7 +114,7 @@ class OrderForecast:
                 shards = ahead.run(shards)  # type: ignore[attr-defined]
             else:
                 shards = stage(shards)  # type: ignore[operator]
-        return [dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards]
+        return (dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards)
 
 
 def calling_pipeline(frame: FrameType | None, stage: object) -> tuple[object, int] | None:
@@ -109,11 +139,13 @@ def forecast(steps: list[object]) -> OrderForecast:
     if not steps:
         raise Unpredictable("prefetch_ahead is the pipeline's first stage")
     source, *stages = steps
-    if not (_is_webdataset(source, "SimpleShardList") or isinstance(source, list)):
+    if not (_is_replayable(source, "SimpleShardList", "__iter__") or type(source) is list):
         raise Unpredictable(f"the shard source {describe(source)} is not a fixed list")
     for stage in stages:
         if _is_webdataset(stage, "detshuffle"):
-            if not isinstance(getattr(stage, "epoch", None), int):
+            if not _is_replayable(stage, "detshuffle", "run", "epoch"):
+                raise Unpredictable(f"{describe(stage)} draws its order its own way")
+            if type(_attribute(stage, "epoch")) is not int:
                 raise Unpredictable("detshuffle has no epoch number")
         elif not _is_splitter(stage):
             raise Unpredictable(f"stage {describe(stage)} is not one prefetch_ahead can replay")
@@ -142,7 +174,7 @@ def nodes_risk(steps: list[object]) -> str | None:
                 "overlapping shares, some shards twice and others never; use "
                 "wds.detshuffle(seed=...) before split_by_node"
             )
-    source_seed = getattr(steps[0], "seed", None)
+    source_seed = _attribute(steps[0], "seed")
     if isinstance(source_seed, float):  # SimpleShardList(seed=True) takes the time
         return (
             "the shard list is shuffled with a seed from the clock (seed=True), different on "
