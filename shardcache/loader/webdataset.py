@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -86,11 +86,13 @@ class _PrefetchStage:
         self.number = next(_stage_numbers)
         self.epochs_seen = 0  # by this process: a DataLoader worker's copy starts again
         self.process = os.getpid()
+        self.known_orders: dict[Hashable, list[Shard]] = {}  # later epochs', computed before
         self.reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
 
     def __call__(self, shards: Iterable[Shard]) -> Iterator[Shard]:
         if self.process != os.getpid():  # a copy in a worker (fork or spawn): a fresh start
             self.process, self.epochs_seen = os.getpid(), 0
+            self.known_orders = {}
         # Asked now, not when the generator starts: the caller's frame is the pipeline's.
         later = self._later_epochs(sys._getframe(1)) if self.plan else None
         epoch = self.epochs_seen
@@ -124,7 +126,7 @@ class _PrefetchStage:
             return None
         if pipeline_order.in_fresh_dataloader_worker(self.epochs_seen):
             return None  # the next epoch may start from the first order again
-        return pipeline_order.chained(forecast, PLAN_EPOCHS_AHEAD)
+        return pipeline_order.chained(forecast, PLAN_EPOCHS_AHEAD, self.known_orders)
 
     def _hand_on(
         self, source: Iterator[Shard], epoch: int, later: Iterator[Shard] | None

@@ -194,3 +194,50 @@ def test_the_forecast_of_a_long_epoch_is_computed_as_far_as_the_plan_reaches(
         tracemalloc.stop()
     assert len(taken) == FORECAST_WINDOW
     assert peak < 50 << 20, f"{peak >> 20} MiB for {FORECAST_WINDOW} names"
+
+
+class CountedCopies(list[str]):
+    """A shard list's URLs that count how often SimpleShardList walks them (one copy a pass)."""
+
+    copies = 0
+
+    def copy(self) -> list[str]:
+        CountedCopies.copies += 1
+        return list(self)
+
+
+def test_each_epoch_replays_one_new_epoch_and_the_plans_stay_right(
+    posted: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """512 workers in all, 60 shards each: every epoch's plan names this epoch's and the next
+    four's. Before, each epoch replayed the four epochs ahead from the whole shard list (five
+    passes an epoch with the pipeline's own; a million shards: the first shard 6-13 s late
+    against 1.7 s); now the three known from the epoch before are kept (two passes). The
+    seed changed by the user between epochs is followed."""
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.setenv("NUM_WORKERS", "8")
+    source = wds.SimpleShardList([f"http://127.0.0.1:9/lake/s_{n:05d}.tar" for n in range(30720)])
+    source.urls = CountedCopies(source.urls)
+    shuffle = wds.detshuffle(1000, seed=5)
+    stages = [source, shuffle, wds.split_by_node, wds.split_by_worker]
+    pipeline = wds.DataPipeline(*stages, prefetch_ahead(2))
+    reference = wds.DataPipeline(*stages)  # the same stages: an epoch of the stage's pipeline
+    epochs, passes = [], []
+    for epoch in range(7):
+        if epoch == 4:
+            shuffle.seed = 6
+        before = CountedCopies.copies
+        epochs.append(_names(pipeline))
+        passes.append(CountedCopies.copies - before)
+    assert [len(epoch) for epoch in epochs] == [60] * 7
+    assert passes[1:4] == [2, 2, 2], passes
+    shuffle.epoch, shuffle.seed = 6, 6  # what comes after epoch 6: four more, not read above
+    later = [_names(reference) for _ in range(4)]
+    read = epochs + later
+    for epoch in range(7):
+        assert len(posted[epoch]) == 5 * 60
+        for ahead in range(1, 5):
+            if epoch < 4 <= epoch + ahead:
+                continue  # posted before the seed changed
+            forecast = posted[epoch][60 * ahead : 60 * (ahead + 1)]
+            assert forecast == read[epoch + ahead], (epoch, ahead)
