@@ -124,7 +124,7 @@ class OrderForecast:
         urls, seed = _attribute(self.source, "urls"), _attribute(self.source, "seed")
         if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls[:1]):
             return None
-        parts: list[object] = [id(self.source), hash(tuple(urls)), seed, _worker_place()]
+        parts: list[object] = [id(self.source), hash(tuple(urls)), seed, _place()]
         for stage in self.stages:
             if _is_webdataset(stage, "detshuffle"):
                 settings = (_attribute(stage, name) for name in ("seed", "bufsize", "initial"))
@@ -136,14 +136,6 @@ class OrderForecast:
         except TypeError:  # an unhashable seed
             return None
         return tuple(parts)
-
-
-def _worker_place() -> tuple[object, ...]:
-    """(rank, world size, worker, workers) as WebDataset's splitters read them."""
-    info = getattr(sys.modules.get("webdataset.utils"), "pytorch_worker_info", None)
-    if callable(info):
-        return tuple(info())
-    return tuple(os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS"))
 
 
 def calling_pipeline(frame: FrameType | None, stage: object) -> tuple[object, int] | None:
@@ -181,15 +173,23 @@ def forecast(steps: list[object]) -> OrderForecast:
     return OrderForecast(source, tuple(stages))
 
 
-def nodes_risk(steps: list[object]) -> str | None:
+def nodes_risk(steps: list[object], after: list[object] | None = None) -> str | None:
     """What makes the nodes of a data-parallel job read overlapping shares, or None: with
     several nodes (WORLD_SIZE as WebDataset reads it), a stage before `split_by_node` that
     may order the shards differently on each node (WebDataset's `shuffle` seeds itself from
-    the process id and the time), or no `split_by_node` at all."""
+    the process id and the time), or no `split_by_node` at all. `after` are the stages after
+    `prefetch_ahead`: a `split_by_node` there leaves each node planning and prefetching every
+    shard, though it reads only its share."""
     world_size = _world_size()
     if world_size <= 1:
         return None
     splits = [index for index, step in enumerate(steps) if describe(step) == "split_by_node"]
+    if not splits and any(describe(step) == "split_by_node" for step in after or []):
+        return (
+            "split_by_node comes after prefetch_ahead: each node plans and prefetches every "
+            "shard, though it reads only its share; place prefetch_ahead after split_by_node "
+            "and split_by_worker"
+        )
     if not splits:
         return (
             f"WORLD_SIZE is {world_size} but no split_by_node comes before prefetch_ahead: "
@@ -214,18 +214,28 @@ def nodes_risk(steps: list[object]) -> str | None:
 
 def _world_size() -> int:
     """WORLD_SIZE as WebDataset's `pytorch_worker_info` finds it (the environment, else
-    torch.distributed), asked of the WebDataset already imported; 1 when there is none."""
-    utils = sys.modules.get("webdataset.utils")
-    info = getattr(utils, "pytorch_worker_info", None)
-    if callable(info):
-        try:
-            return int(info()[1])
-        except Exception:  # a distributed backend in a bad state: no advice rather than a crash
-            return 1
+    torch.distributed); 1 when there is none."""
     try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
+        return int(str(_place()[1]))
+    except Exception:  # a distributed backend in a bad state: no advice rather than a crash
         return 1
+
+
+def _place() -> tuple[object, ...]:
+    """(rank, world size, worker, workers) as WebDataset's `pytorch_worker_info` finds them,
+    asked of the WebDataset already imported. Where torch is not imported, the environment
+    alone, as WebDataset would find it, without WebDataset importing torch to learn what it
+    already knows (a process that never used torch has no process group or DataLoader
+    worker; the import costs seconds and hundreds of MB in a loader of another framework)."""
+    info = getattr(sys.modules.get("webdataset.utils"), "pytorch_worker_info", None)
+    if callable(info) and "torch" in sys.modules:
+        return tuple(info())
+    env = os.environ
+    node = (env["RANK"], env["WORLD_SIZE"]) if {"RANK", "WORLD_SIZE"} <= env.keys() else (0, 1)
+    worker = (
+        (env["WORKER"], env["NUM_WORKERS"]) if {"WORKER", "NUM_WORKERS"} <= env.keys() else (0, 1)
+    )
+    return (*node, *worker)
 
 
 def in_fresh_dataloader_worker(epochs_seen: int) -> bool:

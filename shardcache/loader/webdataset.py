@@ -114,8 +114,9 @@ class _PrefetchStage:
         if found is None:
             return None
         pipeline, index = found
-        steps = list(getattr(pipeline, "pipeline", []))[:index]
-        risk = pipeline_order.nodes_risk(steps)
+        every_step = list(getattr(pipeline, "pipeline", []))
+        steps = every_step[:index]
+        risk = pipeline_order.nodes_risk(steps, every_step[index + 1 :])
         if risk is not None:
             _say_once(risk)
         try:

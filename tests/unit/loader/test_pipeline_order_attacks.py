@@ -5,6 +5,7 @@ as it is needed (no whole epoch computed and held for the few thousand names a p
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
 import json
 import os
@@ -241,3 +242,55 @@ def test_each_epoch_replays_one_new_epoch_and_the_plans_stay_right(
                 continue  # posted before the seed changed
             forecast = posted[epoch][60 * ahead : 60 * (ahead + 1)]
             assert forecast == read[epoch + ahead], (epoch, ahead)
+
+
+class TorchImports(importlib.abc.MetaPathFinder):
+    """Records each attempt to import torch (and finds nothing: torch is not installed here,
+    and where it is, the attempt is what costs)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[str] = []
+
+    def find_spec(self, fullname: str, path: object, target: object = None) -> None:
+        if fullname.split(".")[0] == "torch":
+            self.attempts.append(fullname)
+        return None
+
+
+def test_a_loader_that_never_imported_torch_is_not_made_to(
+    posted: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node, no RANK/WORLD_SIZE in the environment (a single-machine loader of another
+    framework): before, the overlap advice asked WebDataset's `pytorch_worker_info`, which
+    imports torch.distributed where torch is installed (seconds and hundreds of MB) at the
+    stage's first epoch, in a pipeline with no splitter that would have."""
+    for name in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS"):
+        monkeypatch.delenv(name)
+    for name in [module for module in sys.modules if module.split(".")[0] == "torch"]:
+        monkeypatch.delitem(sys.modules, name)
+    finder = TorchImports()
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(URLS), wds.detshuffle(100, seed=1), prefetch_ahead(2)
+    )
+    assert [len(_names(pipeline)) for _ in range(2)] == [12, 12]
+    assert finder.attempts == []
+    assert len(posted[1]) == 5 * 12  # and the next epochs were still planned
+
+
+def test_split_by_node_after_the_stage_is_named_for_what_it_does(
+    posted: list[list[str]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stage placed before split_by_node plans and prefetches every shard on every node.
+    Before, the advice said "no split_by_node comes before prefetch_ahead: every node reads
+    every shard", which is not what happens and does not say where the stage goes."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(URLS), wds.detshuffle(100, seed=1), prefetch_ahead(2),
+        wds.split_by_node,
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="shardcache.webdataset"):
+        assert len(_names(pipeline)) == 6
+    assert len(posted[0]) == 5 * 12  # every shard, this epoch and the next four
+    advice = [r.getMessage() for r in caplog.records if "split_by_node" in r.getMessage()]
+    assert advice and "after prefetch_ahead" in advice[0], advice
