@@ -15,7 +15,8 @@ dropped as quiet (then the heap is rebuilt at eviction's next ask), so that evic
 even beyond its batch of least recently used entries); an entry is pushed
 again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
-never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
+never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1,
+by the store's threads: never by a read on the event loop).
 Each plan indexes its own keys (a dict of first positions, ints only, and sorted positions for
 the few keys listed twice), so a plan costs a handful of objects the garbage collector tracks,
 not one per key: a post of a million keys must not make every later collection stall the event
@@ -200,6 +201,7 @@ class PlanBook:
                 refiled |= replaced.first.keys() & self._cached
             for key in refiled:
                 self._push(key)
+            self._rebuild_when_stale()
             return plan
 
     def check_room(self, job: str, keys: int, chars: int = 0) -> None:
@@ -283,6 +285,7 @@ class PlanBook:
                 self._cached.add(key)
                 self._count_ahead(key, +1)
             self._push(key)
+            self._rebuild_when_stale()
 
     def _count_ahead(self, key: str, change: int) -> None:
         for plan in self._plans.values():
@@ -294,6 +297,12 @@ class PlanBook:
         when = self._next_use(key)
         at = math.inf if when is None else self._clock() + when
         heapq.heappush(self._heap, (-at, key))
+
+    def _rebuild_when_stale(self) -> None:
+        """Rebuild the heap when stale entries outnumber live ones 4 to 1. Asked by the store's
+        threads only (a post, a fill, an eviction): a rebuild costs a look at every plan for
+        every cached key (100,000 cached x 61 plans: seconds), which a read on the event loop
+        (`on_request`, which pushes too) must never pay."""
         if len(self._heap) > 4 * len(self._cached) + 1024:
             self._rebuild()
 
@@ -401,6 +410,7 @@ class PlanBook:
             self._drop_quiet()
             if self._is_refile_due:
                 self._rebuild()
+            self._rebuild_when_stale()
             now = self._clock()
             skipped: list[tuple[float, str]] = []
             best: tuple[str, float] | None = None
