@@ -89,6 +89,11 @@ class _PrefetchStage:
         self.known_orders: dict[Hashable, list[Shard]] = {}  # later epochs', computed before
         self.reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
 
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (a DataLoader worker started by spawn) starts afresh
+        there: the later epochs' orders known here (up to FORECAST_WINDOW shards) stay."""
+        return {**self.__dict__, "known_orders": {}}
+
     def __call__(self, shards: Iterable[Shard]) -> Iterator[Shard]:
         if self.process != os.getpid():  # a copy in a worker (fork or spawn): a fresh start
             self.process, self.epochs_seen = os.getpid(), 0

@@ -9,6 +9,7 @@ import importlib.abc
 import itertools
 import json
 import os
+import pickle
 import random
 import sys
 import time
@@ -294,3 +295,21 @@ def test_split_by_node_after_the_stage_is_named_for_what_it_does(
     assert len(posted[0]) == 5 * 12  # every shard, this epoch and the next four
     advice = [r.getMessage() for r in caplog.records if "split_by_node" in r.getMessage()]
     assert advice and "after prefetch_ahead" in advice[0], advice
+
+
+def test_the_pipeline_pickles_without_the_orders_this_process_computed(
+    posted: list[list[str]],
+) -> None:
+    """torch's DataLoader with spawn pickles the dataset for each worker (each epoch, with
+    persistent_workers=False): the stage pickles, and without the later epochs' orders it
+    keeps for its own process (3,000 shards: 114 KB before any epoch, 268 KB after two)."""
+    urls = [f"http://127.0.0.1:9/lake/s_{n:05d}.tar" for n in range(3000)]
+    pipeline = wds.DataPipeline(
+        wds.SimpleShardList(urls), wds.detshuffle(100, seed=1), prefetch_ahead(2)
+    )
+    fresh = len(pickle.dumps(pipeline))
+    for _ in range(2):
+        assert len(_names(pipeline)) == 3000
+    copy = pickle.loads(pickle.dumps(pipeline))
+    assert len(pickle.dumps(pipeline)) < fresh * 1.1
+    assert _names(copy) == _names(pipeline)  # the copy reads on where the original is
