@@ -24,6 +24,7 @@ never imported (the pipeline that calls the stage has imported them already).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
 from collections.abc import Hashable, Iterable, Iterator
@@ -116,15 +117,23 @@ class OrderForecast:
                 shards = stage(shards)  # type: ignore[operator]
         return (dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards)
 
-    def signature(self, epochs_ahead: int) -> Hashable | None:
-        """What the order `epochs_ahead` epochs on depends on, or None where it cannot be told
-        cheaply (a plain list as the source): equal signatures, equal orders."""
+    @functools.cached_property
+    def _source_signature(self) -> tuple[object, ...] | None:
+        """The source's part of `signature`, once per forecast (a million URLs hashed: 0.15 s)."""
         if type(self.source) is list:
             return None
         urls, seed = _attribute(self.source, "urls"), _attribute(self.source, "seed")
         if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls[:1]):
             return None
-        parts: list[object] = [id(self.source), hash(tuple(urls)), seed, _place()]
+        return (id(self.source), hash(tuple(urls)), seed)
+
+    def signature(self, epochs_ahead: int) -> Hashable | None:
+        """What the order `epochs_ahead` epochs on depends on, or None where it cannot be told
+        cheaply (a plain list as the source): equal signatures, equal orders."""
+        source = self._source_signature
+        if source is None:
+            return None
+        parts: list[object] = [*source, _place()]
         for stage in self.stages:
             if _is_webdataset(stage, "detshuffle"):
                 settings = (_attribute(stage, name) for name in ("seed", "bufsize", "initial"))
