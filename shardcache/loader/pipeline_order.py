@@ -221,6 +221,29 @@ def nodes_risk(steps: list[object], after: list[object] | None = None) -> str | 
     return None
 
 
+def workers_risk(steps: list[object], after: list[object] | None = None) -> str | None:
+    """What makes a node's DataLoader workers read or plan overlapping shares, or None: with
+    several workers (NUM_WORKERS, or torch's worker info, as WebDataset reads them) and no
+    `split_by_worker` before `prefetch_ahead`."""
+    try:
+        workers = int(str(_place()[3]))
+    except Exception:  # no advice rather than a crash
+        return None
+    if workers <= 1 or any(describe(step) == "split_by_worker" for step in steps):
+        return None
+    if any(describe(step) == "split_by_worker" for step in after or []):
+        return (
+            f"split_by_worker comes after prefetch_ahead: each of the {workers} workers plans "
+            "and prefetches the node's whole share, though it reads only its own; place "
+            "prefetch_ahead after split_by_worker"
+        )
+    return (
+        f"{workers} DataLoader workers but no split_by_worker before prefetch_ahead: every "
+        "worker reads the node's whole share (each sample once per worker); add "
+        "wds.split_by_worker after split_by_node"
+    )
+
+
 def _world_size() -> int:
     """WORLD_SIZE as WebDataset's `pytorch_worker_info` finds it (the environment, else
     torch.distributed); 1 when there is none."""

@@ -42,7 +42,7 @@ PLAN_WINDOW = 2048  # shards a plan names at once: an endless source (ResampledS
 # node of four keeps at least 98% of the offline optimum's hits at 10-50% cache (10 epochs, six
 # seeds; with three, 93% at 50%; `benchmarks/trace_sim.py`), up to FORECAST_WINDOW names a post.
 PLAN_EPOCHS_AHEAD = 4
-FORECAST_WINDOW = 16384
+FORECAST_WINDOW = 8192  # 64 workers on one daemon (8 ranks x 8): half the daemon's key bound
 
 _said: set[str] = set()  # advice given once per process
 _CANNOT_REPLAY = "the next epochs' order could not be computed; plans name this epoch only"
@@ -121,9 +121,13 @@ class _PrefetchStage:
         pipeline, index = found
         every_step = list(getattr(pipeline, "pipeline", []))
         steps = every_step[:index]
-        risk = pipeline_order.nodes_risk(steps, every_step[index + 1 :])
-        if risk is not None:
-            _say_once(risk)
+        after = every_step[index + 1 :]
+        for risk in (
+            pipeline_order.nodes_risk(steps, after),
+            pipeline_order.workers_risk(steps, after),
+        ):
+            if risk is not None:
+                _say_once(risk)
         try:
             forecast = pipeline_order.forecast(steps)
         except pipeline_order.Unpredictable as exc:
@@ -185,6 +189,12 @@ class _Poster:
         """The shards' local paths, grouped by the daemon that serves them, in order."""
         by_daemon: dict[str, list[str]] = {}
         for shard in shards:
+            if not isinstance(shard, dict) or "url" not in shard:
+                raise TypeError(
+                    "prefetch_ahead takes shards ({'url': ...}) and got "
+                    f"{type(shard).__name__} without a 'url': place it before "
+                    "tarfile_to_samples, after the shard list is shuffled and split"
+                )
             url = str(shard["url"])
             base = self._daemon or client.daemon_of(url)
             try:
@@ -205,7 +215,15 @@ class _Poster:
             if base in self._planless:
                 continue
             try:
-                client.post_plan(job, epoch, paths, base)
+                try:
+                    client.post_plan(job, epoch, paths, base)
+                except client.ClientError as exc:
+                    # Too large, or the daemon's plans are at their bound: the next epochs are
+                    # the part to give up first, the window of this epoch is still worth it.
+                    if exc.status not in (413, 429) or len(paths) <= PLAN_WINDOW:
+                        raise
+                    log.debug("prefetch_ahead: %s; posting %d names only", exc, PLAN_WINDOW)
+                    client.post_plan(job, epoch, paths[:PLAN_WINDOW], base)
             except client.ClientError as exc:
                 if exc.status == 409:  # --eviction lru: plans are off by the operator's choice
                     self._planless.add(base)
