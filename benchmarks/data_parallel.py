@@ -17,7 +17,8 @@ Arms:
   first byte: per node and epoch the origin MiB against the share and the loader wait (time
   blocked in `next()` of the pipeline, its workers added), and the share of epoch 2-3 reads
   whose shard stayed cached since the node last read it, against the offline optimum
-  (`trace_sim.belady`) for the node's reads as they happened, at that cache size.
+  (`trace_sim.belady`) for the node's reads as they happened, at that cache size; and the
+  origin GETs no read of the node followed (the queue settled after the last epoch).
 Each arm runs with the default `--readahead 2` and with `--readahead 0`.
 """
 
@@ -152,6 +153,7 @@ def epochs_arm(work: Path, nodes: int, extra: list[str]) -> list[dict[str, Any]]
                 "kept": 1 - sum(later) / len(later),
                 "optimum": belady(trace, setup.cache_shards),
                 "unread": len(node.unread_gets()),
+                "after_end": sum(at > node.last_read for at, _ in node.unread_gets()),
             }
         )
     return rows
@@ -208,7 +210,7 @@ def _print_epochs(work: Path, nodes: int) -> None:
     print(
         "| `--readahead` | node | from origin, epochs 1/2/3 (MiB) | share (MiB) "
         "| loader wait, epochs 1/2/3 (s) | epochs 2-3 reads kept cached | optimum | of optimum "
-        "| fetched, never read |"
+        "| fetched, never read (of which after its last read) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for readahead in ("2", "0"):
@@ -219,7 +221,7 @@ def _print_epochs(work: Path, nodes: int) -> None:
             print(
                 f"| {readahead} | {rank} | {origin} | {row['share'][0]:.1f} | {wait} "
                 f"| {row['kept']:.3f} | {row['optimum']:.3f} "
-                f"| {row['kept'] / row['optimum']:.0%} | {row['unread']} |"
+                f"| {row['kept'] / row['optimum']:.0%} | {row['unread']} ({row['after_end']}) |"
             )
 
 

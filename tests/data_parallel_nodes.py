@@ -142,6 +142,11 @@ class Node:
     epoch_ends: list[float] = field(default_factory=list)
     log: str = ""
 
+    @property
+    def last_read(self) -> float:
+        """When the node's last read began (time.time())."""
+        return max(at for reads in self.reads for at, _ in reads)
+
     def origin_bytes(self, epoch: int) -> int:
         """What this node's daemon asked of the origin while epoch `epoch` ran (until every
         node finished it; the last epoch's span ends when the queue settled)."""
