@@ -275,13 +275,13 @@ class _Monitor:
             for node in self.nodes:
                 try:
                     node.samples.append(self.look(node, self.window))
-                except OSError as exc:  # a loaded machine: the next look
-                    self.errors.append(f"node {node.rank}: {exc}")
+                except (OSError, ValueError) as exc:  # a loaded machine: the next look
+                    self.errors.append(f"node {node.rank}: {exc!r}")
 
     def look(self, node: Node, window: int) -> Sample:
         at, alive = time.time(), self._alive() & set(node.pids)
-        prefetch = node.daemon.get_json("/_/prefetch")[1]
-        listing = node.daemon.get_json("/_/cache?origin=web")[1]
+        prefetch = _answer(node.daemon, "/_/prefetch")
+        listing = _answer(node.daemon, "/_/cache?origin=web")
         entries: list[dict[str, Any]] = listing["entries"]  # type: ignore[assignment]
         return Sample(
             at,
@@ -297,6 +297,14 @@ class _Monitor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(30)
+
+
+def _answer(daemon: Daemon, path: str) -> dict[str, object]:
+    """The daemon's JSON answer to `path`; ConnectionError for any status but 200."""
+    status, document = daemon.get_json(path)
+    if status != 200:
+        raise ConnectionError(f"{path}: {status} {document}")
+    return document
 
 
 def settle(daemon: Daemon, timeout_s: float = 60) -> dict[str, Any]:
@@ -319,7 +327,7 @@ def cache_size(setup: Setup, shard_bytes: int) -> int:
 
 
 def run(
-    setup: Setup, work: Path, start_daemon: Callable[..., Daemon], timeout_s: float = 120
+    setup: Setup, work: Path, start_daemon: Callable[..., Daemon], timeout_s: float = 240
 ) -> list[Node]:
     """Run `setup` under `work`; return each node's figures. Daemons come from `start_daemon`
     (as `tests/conftest.py`'s fixture: origins, *args, cache_dir=, cache_size=); the caller
