@@ -7,9 +7,9 @@ a token is optional; on any other address one is required (see `config.settings.
 Protected, when a token is configured: every `/_/` endpoint (prefetch, purge, origins, status),
 and with `require_for_reads` every other path except the probes and `/metrics`, which
 orchestrators and Prometheus call without credentials. There an S3 client's read signed (SigV4)
-by one of `s3_keys` stands for the token (`s3_api` checks it with `s3_signatures`). The token is compared as a SHA-256
-digest with `hmac.compare_digest`, so neither its bytes nor its length show in the timing, and
-it is never logged or echoed.
+by one of `s3_keys` stands for the token (`s3_api` checks it with `s3_signatures`). The token
+is compared as a SHA-256 digest with `hmac.compare_digest`, so neither its bytes nor its length
+show in the timing, and it is never logged or echoed.
 
 A browser cannot send a Bearer token, so the status page (`GET /_/`) and the document it polls
 (`GET /_/status`) also take the token as HTTP Basic's password (any user name): the browser asks
