@@ -4,7 +4,8 @@
     GET|HEAD /BUCKET/KEY              GetObject, HeadObject: the object path (`objects`), for
                                       the origin and key `s3_names` maps the names to
     GET  /BUCKET?list-type=2&…        ListObjectsV2;  GET /BUCKET (&marker=…): ListObjects (V1)
-    HEAD /BUCKET                      HeadBucket;  GET /BUCKET?location: GetBucketLocation
+    HEAD /BUCKET                      HeadBucket (an S3 origin's bucket asked once a minute:
+                                      `s3_buckets`);  GET /BUCKET?location: GetBucketLocation
     GET  /                            ListBuckets: the buckets the configured origins show
     anything else                     refused: MethodNotAllowed (writes), NotImplemented (ACLs,
                                       multipart, versions, `partNumber`, …)
@@ -25,6 +26,7 @@ What this module must not know: how an object is served (`objects`), how an orig
 from __future__ import annotations
 
 import datetime
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,6 +207,7 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
         raise UnknownOrigin(f"no configured origin shows a bucket named {bucket!r}")
     if not key:
         if request.method == "HEAD":
+            await _head_bucket(request, views)
             return web.Response(headers={"x-amz-bucket-region": "us-east-1"})
         if "location" in request.query:
             return _xml(f'<LocationConstraint xmlns="{NAMESPACE}"></LocationConstraint>')
@@ -216,6 +219,19 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
     if request.method == "HEAD":
         return await head_object(request)
     return await get_object(request)
+
+
+async def _head_bucket(request: web.Request, views: list[View]) -> None:
+    """HeadBucket: each S3 origin the bucket shows is asked whether its bucket is there and
+    readable (a one-key listing under its prefix, kept a minute: `s3_buckets`); a file or
+    HTTP origin's bucket is there while it is configured. Raises the origin's refusal."""
+    state, cache = request.app[STATE_KEY], request.app[CACHE_KEY]
+    one_key = ListQuery(ListVersion.V2, max_keys=1)
+    for view in views:
+        spec = state.origins.specs.get(view.origin)
+        if spec is not None and spec.scheme == "s3":
+            ask = functools.partial(cache.list_objects, view.origin, one_key)
+            await state.bucket_checks.check(view.origin, ask)
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,6 +69,7 @@ ORDER: dict[str, list[str]] = {
         "serving.targets",
         "serving.s3_names",
         "serving.s3_signatures",
+        "serving.s3_buckets",
         "serving",
     ],
     "prefetch": [
