@@ -7,16 +7,18 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping
 from unittest import mock
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import botocore.auth
 import botocore.awsrequest
 import botocore.credentials
 import botocore.crt.auth
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardcache.errors import SignatureRefused
-from shardcache.serving.s3_signatures import SignedRequest, is_signed, verify
+from shardcache.serving.s3_signatures import PRESIGNED_PARAMS, SignedRequest, is_signed, verify
 
 KEYS = {"AKIASHARDCACHE01": "s3cr3t/with+odd=chars", "reader": "another-secret-0000"}
 NOW = datetime.datetime(2026, 11, 28, 12, 0, 0, tzinfo=datetime.UTC)
@@ -261,3 +263,42 @@ def test_both_mechanisms_at_once_are_refused() -> None:
     method, url, _ = _signed("GET", f"{ENDPOINT}/my-bucket/a.tar", presign_s=60)
     _, _, headers = _signed("GET", f"{ENDPOINT}/my-bucket/a.tar")
     assert _refused((method, url, headers)) == ("InvalidArgument", 400)
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=200)
+_PIECES = st.sampled_from(
+    [
+        "AWS4-HMAC-SHA256 ",
+        "Credential=",
+        "AKIASHARDCACHE01/20261128/us-east-1/s3/aws4_request",
+        "SignedHeaders=",
+        "host;x-amz-date",
+        "Signature=",
+        ", ",
+        "=",
+        "/",
+        ";",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    authorization=st.lists(st.one_of(_PIECES, _TEXT), max_size=8).map("".join),
+    query=st.lists(
+        st.tuples(st.sampled_from([*PRESIGNED_PARAMS, "x", "AWSAccessKeyId"]), _TEXT), max_size=7
+    ),
+    amz_date=st.one_of(st.just("20261128T120000Z"), _TEXT),
+    path=_TEXT,
+)
+def test_any_garbage_is_refused_with_an_s3_code_and_nothing_else(
+    authorization: str, query: list[tuple[str, str]], amz_date: str, path: str
+) -> None:
+    headers = {"Host": "127.0.0.1:8470", "X-Amz-Date": amz_date, "X-Amz-Content-SHA256": "x"}
+    if authorization:
+        headers["Authorization"] = authorization
+    raw_query = urlencode(query)
+    sent = ("GET", f"{ENDPOINT}/{quote(path)}?{raw_query}", headers)
+    with pytest.raises(SignatureRefused) as caught:
+        _verify(sent)
+    assert caught.value.status in (400, 403) and caught.value.code.isalnum()
