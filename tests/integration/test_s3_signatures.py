@@ -99,6 +99,24 @@ def test_a_client_signing_with_a_configured_key_reads_lists_and_presigns(signed_
     fetched = curl(url)  # a presigned URL: any HTTP client, no SDK
     assert (fetched.status, fetched.sha256) == (200, sha256(data))
     assert fetched.headers["x-shardcache"] == "hit"
+    # curl's own SigV4 signer (libcurl's, not botocore's): another client's canonical request.
+    # curl 7.x does not send x-amz-content-sha256, which S3 requires: given, curl signs it.
+    by_curl = curl(
+        f"{daemon.url}/{BUCKET}/shards/a%20b%2Bc.tar",
+        *("--aws-sigv4", "aws:amz:eu-west-1:s3", "--user", f"{KEY_ID}:{SECRET}"),
+        "-H",
+        "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+    )
+    assert (by_curl.status, by_curl.sha256) == (200, sha256(data))
+    curl_signs = ("--aws-sigv4", "aws:amz:eu-west-1:s3", "--user", f"{KEY_ID}:{SECRET}")
+    # Sorted already: curl 7.88 signs the query in the order given (S3 sorts it: a mismatch).
+    listed = curl(
+        f"{daemon.url}/{BUCKET}?list-type=2&max-keys=5&prefix=shards%2F",
+        *curl_signs,
+        "-H",
+        "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+    )
+    assert listed.status == 200 and b"<Key>shards/a b+c.tar</Key>" in listed.body
     plain = curl(f"{daemon.url}/{BUCKET}/shards/a%20b%2Bc.tar", "--no-fail")
     assert plain.status == 401  # no signature, no token: refused as before
     by_token = ("-H", f"Authorization: Bearer {TOKEN}")
