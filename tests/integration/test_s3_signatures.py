@@ -122,6 +122,8 @@ def test_a_client_signing_with_a_configured_key_reads_lists_and_presigns(signed_
     by_token = ("-H", f"Authorization: Bearer {TOKEN}")
     bearer = curl(f"{daemon.url}/{BUCKET}/shards/a%20b%2Bc.tar", *by_token)
     assert bearer.sha256 == sha256(data)
+    stale = url.replace("X-Amz-Expires=300", "X-Amz-Expires=301")  # no longer its signature
+    assert curl(stale, *by_token).sha256 == sha256(data)  # the token stands on its own
     assert _fills(daemon) == 1
     log = daemon.log()
     assert SECRET not in log and SECRET[:12] not in log and TOKEN not in log
