@@ -620,3 +620,34 @@ async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_pat
         assert len(mirror.opens) == opens + 1
     finally:
         await cache.aclose()
+
+
+@pytest.mark.parametrize(
+    ("role", "home_md5", "accepted"),
+    [("mirror", True, True), ("mirror", False, False), ("tier", True, False)],
+)
+async def test_a_mirror_with_etags_of_its_own_is_judged_by_the_homes_checksum(
+    role: str, home_md5: bool, accepted: bool
+) -> None:
+    """A mirror is another store, with ETags of its own (SeaweedFS names a cached object its
+    own way): where the home publishes a checksum, the mirror's answer is kept and its bytes
+    are judged by that checksum. A tier member passes the origin's ETag on, and with no
+    checksum an ETag is all that tells versions apart: another one there is another version."""
+    clock = Clock()
+    data = os.urandom(4096)
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    home.put("k", data, with_md5=home_md5)
+    mirror.put("k", data, with_md5=False)
+    mirror.etags["k"] = '"seaweedfs-own"'
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock, role), upstream(home, clock, "home")], clock=clock
+    )
+    if accepted:
+        info = await failover.head("k")
+        assert [c.source for c in info.checksums] == ["fake (home)"]
+        assert dict((h.upstream, h.state) for _, h in failover.health())["mirror"] is (
+            BreakerState.CLOSED
+        )
+    else:
+        with pytest.raises(OriginChanged, match="ETag changed"):
+            await failover.head("k")
