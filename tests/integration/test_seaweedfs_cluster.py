@@ -30,7 +30,6 @@ from tests.fault_origin import Faults
 from tests.integration.helpers import curl, run_cli, wait_for
 from tests.s3_fault_proxy import S3FaultProxy
 from tests.s3_stores import (
-    SeaweedFSCloudDrive,
     client_for,
     env_for,
     moto_server,
@@ -129,14 +128,14 @@ def cloud(tmp_path: Path) -> Iterator[tuple[str, list[Path]]]:
 
 
 def _nodes(
-    start_daemon: Callable[..., Daemon], tmp_path: Path, drive: SeaweedFSCloudDrive, home: str
+    start_daemon: Callable[..., Daemon], tmp_path: Path, mirror: str, home: str
 ) -> list[Daemon]:
-    """Three node daemons: SeaweedFS's S3 endpoint first, the cloud bucket the home. Read-ahead
-    is off so that what each node fetches, and when, is what its loader asks for."""
+    """Three node daemons: SeaweedFS's S3 endpoint (`mirror`) first, the cloud bucket the home.
+    Read-ahead is off so that what each node fetches, and when, is what its loader asks for."""
     config = tmp_path / "node.toml"
     config.write_text(
         f"[origins.{PREFIX}]\n"
-        f'urls = ["{drive.endpoint}/{PREFIX}", "s3://{BUCKET}/{PREFIX}"]\n'
+        f'urls = ["{mirror}/{PREFIX}", "s3://{BUCKET}/{PREFIX}"]\n'
         f'endpoint_url = "{home}"\n'
     )
     with concurrent.futures.ThreadPoolExecutor(NODES) as pool:
@@ -260,7 +259,8 @@ def test_nodes_over_seaweedfs_streaming_with_an_empty_etag(
     and answers `ETag: ""`. The nodes read every shard through it, each checked against the
     home's checksum, and keep using it (before, each first read aborted one byte short, the
     mirror was marked down and the nodes read the cloud themselves). The price of streaming:
-    the cloud sends each object once per node."""
+    the cloud sends each object once per node. With no version to resume against, a body that
+    SeaweedFS cuts short fails its read visibly and is fetched again whole from the home."""
     moto, paths = cloud
     direct = _samples(paths)
     sizes = {f"{BUCKET}/{PREFIX}/{p.name}": p.stat().st_size for p in paths}
@@ -269,11 +269,12 @@ def test_nodes_over_seaweedfs_streaming_with_an_empty_etag(
         _counting_proxy(moto) as drive_cloud,
         _counting_proxy(moto) as node_cloud,
         seaweedfs_cloud_drive(tmp_path / "weed") as drive,
+        _counting_proxy(drive.endpoint) as cutter,  # passes SeaweedFS's answers on, or cuts one
     ):
         drive.mount(drive_cloud.url, f"{BUCKET}/{PREFIX}", f"/buckets/{PREFIX}", "-cacheWait=0")
         streamed = curl(f"{drive.endpoint}/{PREFIX}/{paths[0].name}")
         assert (streamed.status, streamed.headers["etag"]) == (200, '""')
-        nodes = _nodes(start_daemon, tmp_path, drive, node_cloud.url)
+        nodes = _nodes(start_daemon, tmp_path, cutter.url, node_cloud.url)
         assert _epoch(nodes) == [direct] * NODES
         for node in nodes:
             mirror = _mirror(node)
@@ -283,3 +284,15 @@ def test_nodes_over_seaweedfs_streaming_with_an_empty_etag(
         # No copy shared: every node's read went to the cloud (a large object's more than once:
         # SeaweedFS streams it in overlapping chunk reads).
         assert all(drive_cloud.get_bytes[k] >= NODES * size for k, size in sizes.items())
+
+        # The price of no proof of version: a body cut short is not resumed on the home.
+        big, node = paths[-1], nodes[0]
+        _purge(node)
+        cutter.injector.faults = Faults(short_body=1.0)
+        cut = curl(f"{node.url}/{PREFIX}/{big.name}")
+        assert cut.exit_code == 18, cut  # visible: the last byte is held until it verifies
+        assert _mirror(node)["state"] == "down"
+        again = curl(f"{node.url}/{PREFIX}/{big.name}")
+        assert (again.exit_code, again.body) == (0, big.read_bytes())
+        key = f"{BUCKET}/{PREFIX}/{big.name}"
+        assert node_cloud.get_bytes[key] == sizes[key]  # fetched again whole, once
