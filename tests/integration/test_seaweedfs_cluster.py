@@ -171,7 +171,7 @@ def test_nodes_over_seaweedfs_read_through_cache(
         # Fleet-wide warming: the cluster layer fetches each object from the cloud once.
         drive.shell(f"remote.cache -dir=/buckets/{PREFIX}")
         assert dict(drive_cloud.get_bytes) == sizes
-        nodes = _nodes(start_daemon, tmp_path, drive, node_cloud.url)
+        nodes = _nodes(start_daemon, tmp_path, drive.endpoint, node_cloud.url)
 
         # Epoch 1: every node misses every shard and reads it from SeaweedFS, checked against
         # the home's checksum (one HEAD to the cloud per fill, no GET).
