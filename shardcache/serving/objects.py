@@ -330,13 +330,13 @@ async def _asked(
 
 async def _confirmed(lease: Lease) -> None:
     """Return once the validators of `lease` may answer a 304 or 412: at once, unless a tier
-    member or mirror sent its fill's first answer; then when the home's HEAD agreed. Raises
-    the fill's error when it disagreed (the fill failed): a stale mirror's ETag is no
-    validator of the object."""
+    member or mirror sent its fill's first answer; then once its body verified. Raises the
+    fill's error when it did not (the fill failed): a stale mirror's ETag is no validator of
+    the object, and a mirror's ETags may be its own (then only the home's checksum tells)."""
     fill = lease.fill
     if fill is None or fill.info is None or fill.info.sent_by is None:
         return
-    await fill.wait_checksums()
+    await fill.wait_finished()
     if fill.state is FillState.FAILED and fill.error is not None:
         raise fill.error
 
