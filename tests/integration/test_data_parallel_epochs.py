@@ -23,6 +23,8 @@ from trace_sim import Read, belady  # noqa: E402
 
 PER_NODE = 24  # shards each node reads an epoch (12 a worker)
 CACHE_SHARDS = 8  # a third of a node's share: eviction decides what the next epoch finds
+LOOKAHEAD_SHARDS = CACHE_SHARDS // 4  # --prefetch-max-bytes: a quarter of the cache
+KEPT_OF_OPTIMUM_IN_ROOM = 0.85  # 96-100% (mean; a node 100-108%) measured after 3f4f3ad
 KEPT_OF_OPTIMUM = 0.6  # of the optimum's, mean over nodes: see the test's docstring
 
 
@@ -92,10 +94,14 @@ def test_the_readme_pipeline_over_three_epochs_fetches_each_nodes_share_only(
         reads = collections.Counter(key for node in ran for key in node.keys[epoch])
         assert reads == collections.Counter(every_key.keys()), f"epoch {epoch + 1}: {reads}"
 
-    ratios = []
+    ratios, in_room_ratios = [], []
     for node in ran:
         kept, optimum = _kept_and_optimum(node)
         ratios.append(kept / optimum)
+        # The optimum in the room the look-ahead budget leaves (what the daemon keeps besides
+        # the shards prefetched for the loader): the 95% bar, met at 96-100% here.
+        in_room = belady([Read(e, k) for e, k in node.trace()], CACHE_SHARDS - LOOKAHEAD_SHARDS)
+        in_room_ratios.append(kept / in_room)
         stale: set[str] = set()
         for epoch in range(setup.epochs):
             assert sorted(node.orders[epoch]) == sorted(s for _, s in node.reads[epoch])
@@ -110,7 +116,8 @@ def test_the_readme_pipeline_over_three_epochs_fetches_each_nodes_share_only(
             + f" for shares of {node.share_bytes(0) / 2**20:.2f}; loader wait (s) "
             + ", ".join(f"{wait:.2f}" for wait in node.wait_s)
             + f"; epochs 2-3 kept {kept:.3f} of reads, the optimum {optimum:.3f}"
-            + f" ({kept / optimum:.0%}); fetched and never read {len(node.unread_gets())}"
+            + f" ({kept / optimum:.0%}; in the room look-ahead leaves {in_room:.3f})"
+            + f"; fetched and never read {len(node.unread_gets())}"
             + f" (stale: {sorted(stale)}); answers {[dict(r) for r in node.results()]}"
         )
         first = collections.Counter(s for at, s in node.gets if at < node.epoch_ends[0])
@@ -120,3 +127,6 @@ def test_the_readme_pipeline_over_three_epochs_fetches_each_nodes_share_only(
         assert "bound" not in node.samples[-1].pins_ended, node.samples[-1].pins_ended
     print(f"kept / optimum, mean over nodes: {sum(ratios) / len(ratios):.0%}")
     assert sum(ratios) / len(ratios) >= KEPT_OF_OPTIMUM
+    mean_in_room = sum(in_room_ratios) / len(in_room_ratios)
+    print(f"kept / optimum in the room look-ahead leaves, mean over nodes: {mean_in_room:.0%}")
+    assert mean_in_room >= KEPT_OF_OPTIMUM_IN_ROOM
