@@ -24,7 +24,7 @@ from trace_sim import Read, belady  # noqa: E402
 PER_NODE = 24  # shards each node reads an epoch (12 a worker)
 CACHE_SHARDS = 8  # a third of a node's share: eviction decides what the next epoch finds
 LOOKAHEAD_SHARDS = CACHE_SHARDS // 4  # --prefetch-max-bytes: a quarter of the cache
-KEPT_OF_OPTIMUM_IN_ROOM = 0.85  # 96-100% (mean; a node 100-108%) measured after 3f4f3ad
+KEPT_OF_OPTIMUM_IN_ROOM = 0.85  # 96-100% mean over nodes, measured after 3f4f3ad
 KEPT_OF_OPTIMUM = 0.6  # of the optimum's, mean over nodes: see the test's docstring
 
 
