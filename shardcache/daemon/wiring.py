@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import resource
+import socket
+import urllib.parse
 from pathlib import Path
 
 from shardcache.cache.admission import ScanResistantAdmission
@@ -45,6 +48,7 @@ def build_origins(
     )
     origins: dict[str, Origin] = {}
     for spec in settings.origins:
+        refuse_own_endpoint(settings, spec)
         if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
             origins[spec.name] = existing[spec.name]
             continue
@@ -53,6 +57,47 @@ def build_origins(
             raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
         origins[spec.name] = origin
     return origins
+
+
+_SAME_MACHINE = {"localhost", "0.0.0.0", "::", "::1", "ip6-localhost"}
+
+
+def refuse_own_endpoint(settings: Settings, spec: OriginSpec) -> None:
+    """Raise ConfigError when an S3 origin's endpoint is this daemon's own address: S3 clients
+    are pointed at the daemon with `AWS_ENDPOINT_URL`, and a daemon started in that shell
+    reads the variable too (boto3's chain), then asks itself for every object and every read
+    stalls until its timeout."""
+    if not any(url.startswith("s3://") for url in spec.urls):
+        return
+    for source, endpoint in (
+        ("endpoint_url", spec.endpoint_url),
+        ("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL_S3")),
+        ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL")),
+    ):
+        if not endpoint:
+            continue
+        try:
+            parts = urllib.parse.urlsplit(endpoint)
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return  # boto3 says what is wrong with it
+        host = (parts.hostname or "").lower()
+        same_host = (
+            host in _SAME_MACHINE
+            or host.startswith("127.")
+            or host == settings.listen_host.lower()
+            or settings.listen_host in ("0.0.0.0", "::")
+            and host == socket.gethostname().lower()
+        )
+        if same_host and port == settings.listen_port:
+            raise ConfigError(
+                f"origin {spec.name!r}: its S3 endpoint {endpoint} ({source}) is this daemon's "
+                f"own address {settings.listen}: it would ask itself for every object. "
+                "AWS_ENDPOINT_URL is for the loaders' S3 clients; give the daemon the object "
+                "store's endpoint as the origin's `endpoint_url` in the TOML file, or start it "
+                "without AWS_ENDPOINT_URL"
+            )
+        return  # the first source set is the one boto3 uses
 
 
 def configure_origins(
