@@ -11,6 +11,7 @@ sends each byte once."""
 from __future__ import annotations
 
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -220,3 +221,59 @@ def test_s3fs_cat_open_with_seeks_ls_and_glob(lake) -> None:
     with pytest.raises(FileNotFoundError):
         fs.cat(f"{BUCKET}/{UNDER}nope.tar")
     assert _fills(daemon) == len(shards)
+
+
+def test_hugging_face_datasets_streams_a_glob_of_shards_through_s3fs(
+    lake, s3_client, tmp_path, monkeypatch
+) -> None:
+    """`load_dataset("webdataset", data_files="s3://…/shards_*.tar", streaming=True,
+    storage_options=…)`: s3fs lists the glob and reads the shards from the daemon; two
+    epochs, the second all hits.
+
+    The storage options carry an aiobotocore session: datasets opens each tar with
+    `block_size=0` among the filesystem's options, and an s3fs that makes its own session
+    hands that to aiobotocore's (TypeError, against S3 too); given one, s3fs makes none."""
+    import aiobotocore.session
+    import datasets
+
+    from shardcache.loader.sample import write_sample_shards
+
+    daemon, _ = lake
+    shards = write_sample_shards(tmp_path / "wds", shards=3, samples_per_shard=10)
+    for path in shards:
+        s3_client.upload_file(str(path), BUCKET, f"{UNDER}wds/{path.name}")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the packaged webdataset builder: no hub
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    storage_options = {
+        "session": aiobotocore.session.AioSession(),
+        "key": "testing",
+        "secret": "testing",
+        "endpoint_url": daemon.url,
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+
+    def epoch() -> list[tuple[str, str, str]]:
+        dataset = datasets.load_dataset(
+            "webdataset",
+            data_files={"train": f"s3://{BUCKET}/{UNDER}wds/shards_*.tar"},
+            split="train",
+            streaming=True,
+            storage_options=storage_options,
+        )
+        return [(s["__key__"], s["txt"], sha256(s["bin"])) for s in dataset]
+
+    first = epoch()
+    hits = daemon.metric("shardcache_requests_total", origin="lake", result="hit")
+    second = epoch()  # datasets reads the first shard twice an epoch (features, then rows)
+    assert len(first) == 30 and first == second
+    expected = []  # the samples as the shards hold them
+    for path in shards:
+        with tarfile.open(path) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+        for name in sorted(n for n in members if n.endswith(".bin")):
+            stem = name.removesuffix(".bin")
+            expected.append((stem, members[f"{stem}.txt"].decode(), sha256(members[name])))
+    assert first == expected
+    assert daemon.metric("shardcache_requests_total", origin="lake", result="miss") == 3
+    assert daemon.metric("shardcache_requests_total", origin="lake", result="hit") - hits == 4
+    assert _fills(daemon) == 3
