@@ -6,6 +6,7 @@
     ├── BadRequest                      400     bad_request  a malformed request body
     ├── InvalidKey                      400     invalid_key  a malformed key or origin name
     ├── Unauthorized                    401     unauthorized no or a wrong admin token
+    │   └── SignatureRefused            403     unauthorized a client's SigV4 signature did not hold
     ├── CrossSite                       403     cross_site   an admin change a web page sent
     ├── RequestTimeout                  408     client_timeout  the client sent its body too slowly
     ├── UnknownOrigin                   404     unknown_origin
@@ -84,6 +85,23 @@ class InvalidKey(ShardcacheError):
 class Unauthorized(ShardcacheError):
     status = 401
     kind = "unauthorized"
+
+
+class SignatureRefused(Unauthorized):
+    """An S3 client's SigV4 signature that does not let it read (`serving.s3_signatures`): S3's
+    error `code` (`SignatureDoesNotMatch`, `RequestTimeTooSkewed`, …), its status (403, or 400
+    for a malformed one) and the fields S3's `<Error>` carries for it. Never a secret."""
+
+    status = 403
+    kind = "unauthorized"
+
+    def __init__(
+        self, code: str, message: str, status: int = 403, fields: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.fields = fields or {}
 
 
 class CrossSite(ShardcacheError):

@@ -63,6 +63,9 @@ class S3FaultProxy:
         self.injector = FaultInjector(faults, seed)
         self.on_change = on_change
         self.requests: Counter[str] = Counter()  # object requests by method
+        self.gets: Counter[str] = Counter()  # object GETs by bucket/key
+        self.heads: Counter[str] = Counter()  # object HEADs by bucket/key and query
+        self.get_bytes: Counter[str] = Counter()  # body bytes the store sent, by bucket/key
         # A lying store: key → headers set on its HEAD and GET answers (200/206) as given.
         self.rewrite_headers: dict[str, dict[str, str]] = {}
         self.port = 0
@@ -142,6 +145,12 @@ class S3FaultProxy:
             stripped = headers.pop("If-Match")
             self.requests["If-Match stripped"] += 1
         status, answer_headers, body = await self._upstream(request, headers, data)
+        if is_head:
+            query = f"?{request.query_string}" if request.query_string else ""
+            self.heads[f"{bucket}/{key}{query}"] += 1
+        else:
+            self.gets[f"{bucket}/{key}"] += 1
+            self.get_bytes[f"{bucket}/{key}"] += len(body)
         if status in (200, 206):
             answer_headers.update(self.rewrite_headers.get(key, {}))
         if stripped is not None and answer_headers.get("ETag") not in (None, stripped):

@@ -55,6 +55,37 @@ def client_for(endpoint: str, **config: object):  # type: ignore[no-untyped-def]
     )
 
 
+def _weed_argv(directory: Path, ports: dict[str, tuple[int, int]], extra: list[str]) -> list[str]:
+    """`weed server` with master, volume, filer and S3 gateway on `ports` (role: HTTP, gRPC)."""
+    argv = ["weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={directory}", "-s3"]
+    for role, (http, grpc) in ports.items():
+        argv += [f"-{role}.port={http}", f"-{role}.port.grpc={grpc}"]
+    return [
+        *argv,
+        # Listeners on by default at fixed ports: off (0 disables them), so runs never collide.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-metricsPort=0",
+        # Unix sockets default to /tmp/seaweedfs-<role>-<port>.sock: keep ours in `directory`.
+        f"-s3.localSocket={directory}/s3.sock",
+        f"-filer.localSocket={directory}/filer.sock",
+        "-master.telemetry=false",
+        # Each bucket is a collection that grows 7 volumes at its first write, and a bucket with
+        # none writable fails every upload (InternalError): room for 20 buckets. Volume files
+        # grow with their data, so many small ones cost nothing.
+        "-volume.max=140",
+        "-master.volumeSizeLimitMB=64",
+        *extra,
+    ]
+
+
+def _remove_grpc_sockets(ports: dict[str, tuple[int, int]]) -> None:
+    """The gRPC listeners' unix sockets have no flag: remove the ones named by `ports`."""
+    for role, (_, grpc) in ports.items():
+        with contextlib.suppress(FileNotFoundError):  # removed by a graceful stop
+            Path(f"/tmp/seaweedfs-{role}-grpc-{grpc}.sock").unlink()
+
+
 def _wait_ready(process: subprocess.Popen[bytes], url: str, what: str, log: Path | None) -> None:
     """Return once GET `url` answers 200; stop `process` and raise with the log's tail if it
     exits or START_TIMEOUT_S passes first."""
@@ -97,25 +128,7 @@ def seaweedfs_server(directory: Path, s3_config: Path | None = None) -> Iterator
     yields the S3 endpoint. Without `s3_config` (SeaweedFS's identities JSON) no IAM
     configuration: any credentials are accepted; with it, only its identities'."""
     ports = {role: (free_port(), free_port()) for role in _WEED_ROLES}
-    argv = ["weed", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={directory}", "-s3"]
-    for role, (http, grpc) in ports.items():
-        argv += [f"-{role}.port={http}", f"-{role}.port.grpc={grpc}"]
-    argv += [
-        # Listeners on by default at fixed ports: off (0 disables them), so runs never collide.
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        "-metricsPort=0",
-        # Unix sockets default to /tmp/seaweedfs-<role>-<port>.sock: keep ours in `directory`.
-        f"-s3.localSocket={directory}/s3.sock",
-        f"-filer.localSocket={directory}/filer.sock",
-        "-master.telemetry=false",
-        # Each bucket is a collection that grows 7 volumes at its first write, and a bucket with
-        # none writable fails every upload (InternalError): room for 20 buckets. Volume files
-        # grow with their data, so many small ones cost nothing.
-        "-volume.max=140",
-        "-master.volumeSizeLimitMB=64",
-        *([f"-s3.config={s3_config}"] if s3_config else []),
-    ]
+    argv = _weed_argv(directory, ports, [f"-s3.config={s3_config}"] if s3_config else [])
     log = directory / "weed.log"
     with log.open("wb") as output:
         process = subprocess.Popen(argv, stdout=output, stderr=subprocess.STDOUT, cwd=directory)
@@ -126,7 +139,99 @@ def seaweedfs_server(directory: Path, s3_config: Path | None = None) -> Iterator
         yield url
     finally:
         _stop(process, grace_s=1)  # weed's graceful stop hangs on its gRPC servers: kill it
-        # The gRPC listeners' unix sockets have no flag: remove the ones named by our ports.
-        for role, (_, grpc) in ports.items():
-            with contextlib.suppress(FileNotFoundError):  # removed by a graceful stop
-                Path(f"/tmp/seaweedfs-{role}-grpc-{grpc}.sock").unlink()
+        _remove_grpc_sockets(ports)
+
+
+# SeaweedFS refuses to read a remote bucket on a loopback or link-local endpoint (an SSRF
+# guard) unless each server that fetches from it is told to (`weed server -h`, 4.x).
+_UNTRUSTED_REMOTES = (
+    "-filer.allowUntrustedRemoteEndpoints",
+    "-s3.allowUntrustedRemoteEndpoints",
+    "-volume.allowUntrustedRemoteEndpoints",
+)
+
+
+class SeaweedFSCloudDrive:
+    """`weed server` over `directory` with a remote S3 bucket mounted read-through (SeaweedFS's
+    "cloud drive": `remote.configure`, `remote.mount`), on ports fixed at construction so it can
+    be killed (SIGKILL) and started again where its clients expect it, with its data and mounts.
+
+    `mount` points a directory of the filer at the remote bucket; the S3 gateway serves it as
+    the bucket named by the directory (`/buckets/laion` is `http://S3/laion/…`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.ports = {role: (free_port(), free_port()) for role in _WEED_ROLES}
+        self.endpoint = f"http://127.0.0.1:{self.ports['s3'][0]}"
+        self.log = directory / "weed.log"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def master(self) -> str:
+        """The master as `weed shell -master` takes it off the default ports: HOST:PORT.GRPC."""
+        http, grpc = self.ports["master"]
+        return f"127.0.0.1:{http}.{grpc}"
+
+    def start(self) -> None:
+        """Start it and return once its S3 gateway answers ListBuckets."""
+        _remove_grpc_sockets(self.ports)  # a killed server leaves them, and they block a bind
+        for name in ("s3.sock", "filer.sock"):
+            with contextlib.suppress(FileNotFoundError):  # none after a clean stop
+                (self.directory / name).unlink()
+        # A restarted master waits out its election timeout (10 s) before it leads again.
+        argv = _weed_argv(
+            self.directory, self.ports, [*_UNTRUSTED_REMOTES, "-master.electionTimeout=1s"]
+        )
+        with self.log.open("ab") as output:
+            self._process = subprocess.Popen(
+                argv, stdout=output, stderr=subprocess.STDOUT, cwd=self.directory
+            )
+        _wait_ready(self._process, self.endpoint + "/", "SeaweedFS", self.log)
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye to its clients, its listeners gone at once."""
+        assert self._process is not None
+        self._process.kill()
+        self._process.wait(10)
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            _stop(self._process, grace_s=1)
+        _remove_grpc_sockets(self.ports)
+
+    def shell(self, *commands: str, timeout_s: float = 120) -> str:
+        """Run `commands` in `weed shell` and return what it printed; raise AssertionError
+        naming the output when a command reports an error. The shell waits for the master's
+        cluster to form, so a fresh server may take a while to answer: `timeout_s` bounds it."""
+        script = "\n".join((*commands, "exit")) + "\n"
+        done = subprocess.run(
+            ["weed", "shell", f"-master={self.master}"],
+            input=script.encode(),
+            capture_output=True,
+            timeout=timeout_s,
+            cwd=self.directory,
+        )
+        output = (done.stdout + done.stderr).decode(errors="replace")
+        if done.returncode != 0 or "error" in output.lower():
+            raise AssertionError(f"weed shell {commands} failed ({done.returncode}):\n{output}")
+        return output
+
+    def mount(self, remote_endpoint: str, bucket: str, directory: str, *options: str) -> None:
+        """Mount `bucket` of the S3 store at `remote_endpoint` at `directory`, read through;
+        `options` go to `remote.mount` (`-cacheWait=0`)."""
+        self.shell(
+            "remote.configure -name=cloud1 -type=s3 -s3.access_key=testing "
+            f"-s3.secret_key=testing -s3.region=us-east-1 -s3.endpoint={remote_endpoint}",
+            " ".join(["remote.mount", f"-dir={directory}", f"-remote=cloud1/{bucket}", *options]),
+        )
+
+
+@contextlib.contextmanager
+def seaweedfs_cloud_drive(directory: Path) -> Iterator[SeaweedFSCloudDrive]:
+    """A started `SeaweedFSCloudDrive` over `directory`, stopped on exit."""
+    drive = SeaweedFSCloudDrive(directory)
+    drive.start()
+    try:
+        yield drive
+    finally:
+        drive.stop()

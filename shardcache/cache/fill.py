@@ -406,8 +406,9 @@ class Fill:
             log.info("%s (%d bytes) is over the cache size: streamed", self.cache_key, size_bytes)
             return False
         try:
+            read_now = self.is_prefetch and self._holders > 0  # a read joined it
             self._reservation = await asyncio.to_thread(
-                self._store.reserve, size_bytes, self.cache_key
+                self._store.reserve, size_bytes, self.cache_key, read_now
             )
         except NotAdmitted as exc:  # the steady state of a dataset larger than the cache
             log.debug("%s streamed through uncached: %s", self.cache_key, exc)

@@ -10,11 +10,13 @@ of a key is the soonest, over every plan that reads it again, of (index - cursor
 Eviction with plans (`Store`): first the entries no plan reads again, then the one whose next
 planned use is furthest (Belady's rule). One max-heap holds the cached keys by the predicted
 time of their next use (a clock time: a plan's positions move with its reads, the times do
-not; infinity for a key no plan reads again, a plan moved past it or was replaced, so that
-eviction finds it even beyond its batch of least recently used entries); an entry is pushed
+not; infinity for a key no plan reads again, a plan moved past it, was replaced or was
+dropped as quiet (then the heap is rebuilt at eviction's next ask), so that eviction finds it
+even beyond its batch of least recently used entries); an entry is pushed
 again when a read or a post changes it, and the top is rechecked and
 re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
-never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1).
+never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1,
+by the store's threads: never by a read on the event loop).
 Each plan indexes its own keys (a dict of first positions, ints only, and sorted positions for
 the few keys listed twice), so a plan costs a handful of objects the garbage collector tracks,
 not one per key: a post of a million keys must not make every later collection stall the event
@@ -165,6 +167,9 @@ class PlanBook:
         # (-predicted time of next use, key) for cached keys; stale entries are rechecked.
         self._heap: list[tuple[float, str]] = []
         self._pending: collections.deque[tuple[str, bool, float]] = collections.deque()
+        # A plan was dropped as quiet: what only it read is read by none now, filed too soon.
+        # `_drop_quiet` runs on the event loop too: the heap is rebuilt at eviction's next ask.
+        self._is_refile_due = False
 
     # -- what loaders and the cache tell it ---------------------------------------------------
 
@@ -196,6 +201,7 @@ class PlanBook:
                 refiled |= replaced.first.keys() & self._cached
             for key in refiled:
                 self._push(key)
+            self._rebuild_when_stale()
             return plan
 
     def check_room(self, job: str, keys: int, chars: int = 0) -> None:
@@ -286,6 +292,7 @@ class PlanBook:
                 self._cached.add(key)
                 self._count_ahead(key, +1)
             self._push(key)
+            self._rebuild_when_stale()
 
     def _count_ahead(self, key: str, change: int) -> None:
         for plan in self._plans.values():
@@ -297,12 +304,19 @@ class PlanBook:
         when = self._next_use(key)
         at = math.inf if when is None else self._clock() + when
         heapq.heappush(self._heap, (-at, key))
+
+    def _rebuild_when_stale(self) -> None:
+        """Rebuild the heap when stale entries outnumber live ones 4 to 1. Asked by the store's
+        threads only (a post, a fill, an eviction): a rebuild costs a look at every plan for
+        every cached key (100,000 cached x 61 plans: seconds), which a read on the event loop
+        (`on_request`, which pushes too) must never pay."""
         if len(self._heap) > 4 * len(self._cached) + 1024:
             self._rebuild()
 
     def _rebuild(self) -> None:
         now = self._clock()
         self._heap = []
+        self._is_refile_due = False  # every cached key is filed again below
         for key in self._cached:
             when = self._next_use(key)
             self._heap.append((-math.inf if when is None else -(now + when), key))
@@ -400,6 +414,10 @@ class PlanBook:
         """The cached key whose next planned use is furthest, skipping `excluded` ones (pinned,
         being settled), with that use's time; None when no plan reads a cached key again."""
         with self._locked():
+            self._drop_quiet()
+            if self._is_refile_due:
+                self._rebuild()
+            self._rebuild_when_stale()
             now = self._clock()
             skipped: list[tuple[float, str]] = []
             best: tuple[str, float] | None = None
@@ -438,6 +456,7 @@ class PlanBook:
         quiet = [p for p in self._plans.values() if now - p.active_since() > self.quiet_after_s]
         for plan in quiet:
             del self._plans[plan.job]
+        self._is_refile_due |= bool(quiet)
 
     def forget_cached(self, keys: Iterable[str]) -> None:
         """Start over with these keys as the cached set (the store's index at start)."""

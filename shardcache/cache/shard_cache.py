@@ -214,7 +214,9 @@ class ShardCache:
         Without `wants_checksums` (validators are all the caller needs: a conditional GET),
         a fill in flight answers at once, without waiting to learn the object's checksums,
         unless a tier member or mirror sent its first answer: those validators are the
-        object's only once the home's HEAD agreed (a stale mirror's are not), so it waits.
+        object's only once its body verified and was kept (a stale mirror's are not, and a
+        mirror's ETags may be its own, which only the home's checksum can judge), so it waits;
+        one streamed through uncached leaves the answer to the origin's HEAD.
         A fill that failed meanwhile answers nothing: the entry or the origin does."""
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
@@ -224,10 +226,15 @@ class ShardCache:
                 return Result.COALESCED, info
             fill.hold()  # it waits for the fill like a reader: no one may stop it meanwhile
             try:
-                checksums = await fill.wait_checksums()
+                if wants_checksums:
+                    checksums = await fill.wait_checksums()
+                    vouched = fill.state is not FillState.FAILED
+                else:  # a mirror's ETag may be its own: only a body that verified vouches
+                    vouched = await fill.wait_finished() is FillState.COMMITTED
+                    checksums = fill.checksums
             finally:
                 fill.let_go()
-            if fill.state is not FillState.FAILED:
+            if vouched:
                 return Result.COALESCED, dataclasses.replace(info, checksums=checksums)
         meta = await self._peek(url)
         if meta is not None:

@@ -229,16 +229,22 @@ class Store:
 
     # -- fills ---------------------------------------------------------------------------
 
-    def reserve(self, size_bytes: int, key: str | None = None) -> Reservation:
+    def reserve(
+        self, size_bytes: int, key: str | None = None, read_now: bool = False
+    ) -> Reservation:
         """Make room for `size_bytes` by evicting LRU unpinned entries, and open a partial file.
 
-        `key` pinned already (a look-ahead prefetch) makes the fill transient. Raises
+        `key` pinned already (a look-ahead prefetch) makes the fill transient, and so does
+        `read_now` (a prefetch a client's read joined: streamed through, the reader would fetch
+        the object again). Raises
         NotAdmitted when admission spares the entries eviction would take, CacheFull when
         reservations and pinned entries leave no room, CacheError when the directory is
         unusable; the caller should then stream the object through uncached. The caller must
         `commit()` or `abort()`.
         """
-        transient = key is not None and self._is_transient(key)
+        transient = key is not None and (
+            self._is_transient(key) or (read_now and self.admission is not None)
+        )
         with self._lock, map_store_errors("cannot make room"):
             if problem := cannot_fit(size_bytes, self._room(), self._reserved_bytes):
                 raise CacheFull(problem)  # before anything is evicted for it

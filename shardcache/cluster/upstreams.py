@@ -134,9 +134,13 @@ class FailoverOrigin:
         if upstream is self._chain[-1]:
             return info
         own = _named(info.checksums, upstream.role)
-        behind, home_answered, home_error = await self._checksums_from_behind(key, info, upstream)
+        behind, home_answered, home_error, vouched = await self._checksums_from_behind(
+            key, info, upstream
+        )
         if behind:
-            return dataclasses.replace(info, checksums=behind)
+            # A mirror's ETag of its own is no validator of the object: no 304 is answered
+            # from it, and a fill's GET from the mirror is still compared by length.
+            return dataclasses.replace(info, checksums=behind, etag=info.etag if vouched else None)
         if home_answered or own:
             return dataclasses.replace(info, checksums=own)
         raise OriginUnavailable(
@@ -146,11 +150,13 @@ class FailoverOrigin:
 
     async def _checksums_from_behind(
         self, key: str, info: ObjectInfo, answered: Upstream
-    ) -> tuple[tuple[Checksum, ...], bool, OriginError | None]:
+    ) -> tuple[tuple[Checksum, ...], bool, OriginError | None, bool]:
         """The checksums of the first upstream after `answered` that publishes any for the
         version `info` describes, each named by where it came from (`X-Shardcache-Verified`);
-        whether the home answered its HEAD; and the home's error when it did not. Raise
-        OriginChanged when an upstream describes another version than `answered`."""
+        whether the home answered its HEAD; the home's error when it did not; and whether
+        `info`'s ETag is the object's (False for a mirror's ETag of its own). Raise
+        OriginChanged when an upstream describes another version than `answered` (a mirror's
+        ETag of its own aside, where checksums will judge its bytes)."""
         order = await self.order(key)
         home = self._chain[-1]
         behind = order[order.index(answered) + 1 :] if answered in order else order
@@ -186,6 +192,9 @@ class FailoverOrigin:
                 continue
             self.note_success(upstream, sent_at)
             change = info.differs_from(other)
+            is_own_etag = change is not None and _etags_are_its_own(answered, info, other)
+            if is_own_etag:
+                change = None  # `other`'s checksums judge the mirror's bytes
             if change is not None:
                 disagree = OriginChanged(
                     f"{key}: the {answered.role} and the {upstream.role} disagree: {change}"
@@ -194,8 +203,13 @@ class FailoverOrigin:
                     self.note_failure(answered, disagree, self._clock())
                 raise disagree
             if other.checksums:
-                return _named(other.checksums, upstream.role), upstream is home, None
-        return (), home_error is None, home_error
+                return (
+                    _named(other.checksums, upstream.role),
+                    upstream is home,
+                    None,
+                    not is_own_etag,
+                )
+        return (), home_error is None, home_error, True
 
     @staticmethod
     async def _headers_of_get(origin: Origin, key: str) -> ObjectInfo:
@@ -306,6 +320,18 @@ class FailoverOrigin:
 def _named(checksums: tuple[Checksum, ...], role: str) -> tuple[Checksum, ...]:
     """`checksums`, each saying which upstream published it ("Content-MD5 (home)")."""
     return tuple(dataclasses.replace(c, source=f"{c.source} ({role})") for c in checksums)
+
+
+def _etags_are_its_own(answered: Upstream, info: ObjectInfo, other: ObjectInfo) -> bool:
+    """Whether `info` (a mirror's answer) differs from `other` (an upstream behind it) in its
+    ETag alone while `other` publishes checksums. A mirror is another store, and its ETags are
+    its own: SeaweedFS gives a remote-mounted object its own ETag once it has cached it. Its
+    bytes are then judged by `other`'s checksums (a stale copy fails them and is counted as
+    bytes that did not verify), not refused for a name. A tier member passes the origin's ETag
+    on, so another one from it is another version; so is any ETag where no checksum can tell."""
+    if answered.role != "mirror" or not other.checksums:
+        return False
+    return info.differs_from(dataclasses.replace(other, etag=None)) is None
 
 
 def _is_upstream_failure(exc: OriginError) -> bool:

@@ -325,6 +325,15 @@ OPTIONS: tuple[Option, ...] = (
         reloads=False,
     ),
     Option(
+        "s3_access_keys_file",
+        parse_optional_path,
+        "",
+        "S3 access keys (one `KEY_ID SECRET` a line) whose SigV4 signature lets an S3 client "
+        "read where reads need the token",
+        "FILE",
+        reloads=False,
+    ),
+    Option(
         "insecure_no_token",
         parse_switch,
         False,

@@ -61,6 +61,8 @@ class Settings:
     admin_token_file: Path | None  # the setting as given (read into admin_token if it wins)
     require_token_for_reads: bool
     insecure_no_token: bool
+    s3_access_keys_file: Path | None  # the setting as given (read into s3_access_keys)
+    s3_access_keys: Mapping[str, str] = field(repr=False)  # key id -> secret, never shown
     scrub_rate: int  # bytes/s, 0: off
     verify_hits: bool  # hits checked per block before their last byte
     verify_hits_window: float  # seconds a checked block counts as checked (0: every hit)
@@ -179,6 +181,10 @@ def load_settings(
         (values.pop("admin_token"), *sources["admin_token"]),
         (values["admin_token_file"], *sources["admin_token_file"]),
     )
+    keys_file = values["s3_access_keys_file"]
+    values["s3_access_keys"] = (
+        read_access_keys(keys_file, sources["s3_access_keys_file"][1]) if keys_file else {}
+    )
     settings = Settings(
         listen_host=host,
         listen_port=port,
@@ -192,7 +198,13 @@ def load_settings(
 
 
 def _check_access(settings: Settings) -> None:
-    """Refuse a daemon that anyone on the network could drive with the node's credentials."""
+    """Refuse a daemon that anyone on the network could drive with the node's credentials,
+    and S3 access keys that would check nothing (reads open to all without them)."""
+    if settings.s3_access_keys and not settings.require_token_for_reads:
+        raise ConfigError(
+            "--s3-access-keys-file: S3 signatures are checked only where reads need the "
+            "token; add --require-token-for-reads (and an admin token)"
+        )
     if settings.admin_token is not None:
         return
     if settings.require_token_for_reads:
@@ -244,3 +256,40 @@ def settings_needing_restart(old: Settings, new: Settings) -> list[str]:
         for option in OPTIONS
         if not option.reloads and getattr(new, option.name) != getattr(old, option.name)
     ]
+
+
+ACCESS_KEYS_MAX_BYTES = 1 << 20
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def read_access_keys(path: Path, where: str) -> dict[str, str]:
+    """The S3 access keys in `path`: one `KEY_ID SECRET` a line (blank lines and `#` comments
+    skipped), key ids unique. A message names the line, never a secret."""
+    try:
+        with path.open("rb") as stream:
+            data = stream.read(ACCESS_KEYS_MAX_BYTES + 1)
+        text = data.decode("ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not ASCII text"
+        raise ConfigError(f"{where}: cannot read {path}: {reason}") from None
+    if len(data) > ACCESS_KEYS_MAX_BYTES:
+        raise ConfigError(f"{where}: {path} is larger than 1 MiB: not a key file")
+    keys: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) != 2 or not _KEY_ID.fullmatch(words[0]):
+            raise ConfigError(
+                f"{where} {path} line {number}: expected `KEY_ID SECRET` (a key id of letters, "
+                "digits, `_.-`, then its secret, no spaces)"
+            )
+        key_id, secret = words
+        if not all(33 <= ord(c) < 127 for c in secret):
+            raise ConfigError(f"{where} {path} line {number}: the secret is not printable ASCII")
+        if key_id in keys:
+            raise ConfigError(f"{where} {path} line {number}: key id {key_id} is given twice")
+        keys[key_id] = secret
+    if not keys:
+        raise ConfigError(f"{where}: {path} holds no access key")
+    return keys

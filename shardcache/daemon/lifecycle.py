@@ -242,7 +242,10 @@ class Daemon:
         self.metrics.watch_cache(readouts.cache_gauges)
         self.metrics.watch_scrub(readouts.scrub_gauges)
         access = AccessPolicy(
-            settings.admin_token, settings.require_token_for_reads, settings.is_loopback
+            settings.admin_token,
+            settings.require_token_for_reads,
+            settings.is_loopback,
+            settings.s3_access_keys,
         )
         app = make_app(cache, prefetch, self.metrics, self.state, access, self.guard)
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
@@ -415,6 +418,8 @@ def _access_summary(settings: Settings) -> str:
     if settings.admin_token is None:
         return "no admin token" + (": INSECURE" if not settings.is_loopback else "")
     reads = " and reads" if settings.require_token_for_reads else ""
+    if settings.s3_access_keys:
+        reads += f" (or an S3 signature by one of {len(settings.s3_access_keys)} access keys)"
     return f"admin token required for /_/{reads}"
 
 

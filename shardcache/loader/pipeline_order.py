@@ -11,9 +11,11 @@ run the stages before `prefetch_ahead` again, with `detshuffle` moved on by that
 
 Only stages whose output is known to depend on nothing but their input, the epoch and the
 worker's place are replayed: `SimpleShardList` or a plain list as the source, `detshuffle`,
-`split_by_node`, `split_by_worker`, `single_node_only`. Anything else (an unseeded
-`wds.shuffle`, `ResampledShards`, a function of the user's) makes the order unpredictable: the
-stage says so once in the loader's log and plans the current epoch only, as before.
+`split_by_node`, `split_by_worker`, `single_node_only` (a subclass only where it keeps the
+class's own `__iter__`, `run` and `epoch`: a replay must not move on a state of the user's).
+Anything else (an unseeded `wds.shuffle`, `ResampledShards`, a function of the user's) makes
+the order unpredictable: the stage says so once in the loader's log and plans the current
+epoch only, as before.
 
 Stdlib only, like the rest of `loader/`: WebDataset's classes are recognised by module and name,
 never imported (the pipeline that calls the stage has imported them already).
@@ -22,9 +24,10 @@ never imported (the pipeline that calls the stage has imported them already).
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -47,20 +50,47 @@ def _is_webdataset(thing: object, *names: str) -> bool:
     )
 
 
+def _is_replayable(thing: object, name: str, *members: str) -> bool:
+    """Whether `thing` is WebDataset's class `name` itself, or a subclass that keeps its
+    `members`: a subclass that draws its order otherwise (its own `run`, `__iter__` or `epoch`
+    property) may read its epoch elsewhere or keep state that a replay would move on."""
+    cls = type(thing)
+    return _is_webdataset(thing, name) and not any(
+        member in vars(klass) for klass in cls.__mro__[: _depth_of(cls, name)] for member in members
+    )
+
+
+def _depth_of(cls: type, name: str) -> int:
+    """The place of WebDataset's class `name` in `cls`'s method resolution order."""
+    for depth, klass in enumerate(cls.__mro__):
+        if klass.__name__ == name and klass.__module__.split(".")[0] == "webdataset":
+            return depth
+    return len(cls.__mro__)
+
+
+def _attribute(thing: object, name: str) -> Any:
+    """`thing.name`, or None: a stage may answer attribute access with any error (a dict whose
+    `__getattr__` is `__getitem__` raises KeyError), and advice must never fail an epoch."""
+    try:
+        return getattr(thing, name, None)
+    except Exception:
+        return None
+
+
 def _is_splitter(step: object) -> bool:
     return (
         callable(step)
-        and getattr(step, "__module__", "") == "webdataset.shardlists"
-        and getattr(step, "__name__", "") in _SPLITTERS
+        and _attribute(step, "__module__") == "webdataset.shardlists"
+        and _attribute(step, "__name__") in _SPLITTERS
     )
 
 
 def describe(step: object) -> str:
     """A stage as the user wrote it, near enough: `wds.shuffle`, `my_filter`, `ResampledShards`."""
-    inner = getattr(step, "f", None)  # WebDataset's curried filters keep the function as `f`
+    inner = _attribute(step, "f")  # WebDataset's curried filters keep the function as `f`
     function = inner if callable(inner) else step
-    name = getattr(function, "__name__", None) or type(step).__name__
-    return name.lstrip("_")
+    name = _attribute(function, "__name__")
+    return (name if isinstance(name, str) and name else type(step).__name__).lstrip("_")
 
 
 @dataclass(frozen=True)
@@ -70,10 +100,11 @@ class OrderForecast:
     source: object
     stages: tuple[object, ...]
 
-    def order(self, epochs_ahead: int) -> list[Shard]:
+    def order(self, epochs_ahead: int) -> Iterator[Shard]:
         """This worker's shards, in order, `epochs_ahead` (1 or more) epochs after the current
-        one. Each `detshuffle` runs as a copy, its epoch moved on, so the pipeline's own state
-        is untouched."""
+        one, computed as they are taken (a plan takes the first few thousand of a million).
+        Each `detshuffle` runs as a copy, its epoch moved on, so the pipeline's own state is
+        untouched."""
         if epochs_ahead < 1:
             raise ValueError("epochs_ahead must be at least 1")
         shards: Iterable[Any] = iter(self.source)  # type: ignore[call-overload]
@@ -84,7 +115,36 @@ class OrderForecast:
                 shards = ahead.run(shards)  # type: ignore[attr-defined]
             else:
                 shards = stage(shards)  # type: ignore[operator]
-        return [dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards]
+        return (dict(shard) if isinstance(shard, dict) else {"url": shard} for shard in shards)
+
+    @functools.cached_property
+    def _source_signature(self) -> tuple[object, ...] | None:
+        """The source's part of `signature`, once per forecast (a million URLs hashed: 0.15 s)."""
+        if type(self.source) is list:
+            return None
+        urls, seed = _attribute(self.source, "urls"), _attribute(self.source, "seed")
+        if not isinstance(urls, list) or not all(isinstance(url, str) for url in urls[:1]):
+            return None
+        return (id(self.source), hash(tuple(urls)), seed)
+
+    def signature(self, epochs_ahead: int) -> Hashable | None:
+        """What the order `epochs_ahead` epochs on depends on, or None where it cannot be told
+        cheaply (a plain list as the source): equal signatures, equal orders."""
+        source = self._source_signature
+        if source is None:
+            return None
+        parts: list[object] = [*source, _place()]
+        for stage in self.stages:
+            if _is_webdataset(stage, "detshuffle"):
+                settings = (_attribute(stage, name) for name in ("seed", "bufsize", "initial"))
+                parts.append((id(stage), *settings, stage.epoch + epochs_ahead))  # type: ignore[attr-defined]
+            else:
+                parts.append(id(stage))
+        try:
+            hash(tuple(parts))
+        except TypeError:  # an unhashable seed
+            return None
+        return tuple(parts)
 
 
 def calling_pipeline(frame: FrameType | None, stage: object) -> tuple[object, int] | None:
@@ -109,26 +169,36 @@ def forecast(steps: list[object]) -> OrderForecast:
     if not steps:
         raise Unpredictable("prefetch_ahead is the pipeline's first stage")
     source, *stages = steps
-    if not (_is_webdataset(source, "SimpleShardList") or isinstance(source, list)):
+    if not (_is_replayable(source, "SimpleShardList", "__iter__") or type(source) is list):
         raise Unpredictable(f"the shard source {describe(source)} is not a fixed list")
     for stage in stages:
         if _is_webdataset(stage, "detshuffle"):
-            if not isinstance(getattr(stage, "epoch", None), int):
+            if not _is_replayable(stage, "detshuffle", "run", "epoch"):
+                raise Unpredictable(f"{describe(stage)} draws its order its own way")
+            if type(_attribute(stage, "epoch")) is not int:
                 raise Unpredictable("detshuffle has no epoch number")
         elif not _is_splitter(stage):
             raise Unpredictable(f"stage {describe(stage)} is not one prefetch_ahead can replay")
     return OrderForecast(source, tuple(stages))
 
 
-def nodes_risk(steps: list[object]) -> str | None:
+def nodes_risk(steps: list[object], after: list[object] | None = None) -> str | None:
     """What makes the nodes of a data-parallel job read overlapping shares, or None: with
     several nodes (WORLD_SIZE as WebDataset reads it), a stage before `split_by_node` that
     may order the shards differently on each node (WebDataset's `shuffle` seeds itself from
-    the process id and the time), or no `split_by_node` at all."""
+    the process id and the time), or no `split_by_node` at all. `after` are the stages after
+    `prefetch_ahead`: a `split_by_node` there leaves each node planning and prefetching every
+    shard, though it reads only its share."""
     world_size = _world_size()
     if world_size <= 1:
         return None
     splits = [index for index, step in enumerate(steps) if describe(step) == "split_by_node"]
+    if not splits and any(describe(step) == "split_by_node" for step in after or []):
+        return (
+            "split_by_node comes after prefetch_ahead: each node plans and prefetches every "
+            "shard, though it reads only its share; place prefetch_ahead after split_by_node "
+            "and split_by_worker"
+        )
     if not splits:
         return (
             f"WORLD_SIZE is {world_size} but no split_by_node comes before prefetch_ahead: "
@@ -142,7 +212,7 @@ def nodes_risk(steps: list[object]) -> str | None:
                 "overlapping shares, some shards twice and others never; use "
                 "wds.detshuffle(seed=...) before split_by_node"
             )
-    source_seed = getattr(steps[0], "seed", None)
+    source_seed = _attribute(steps[0], "seed")
     if isinstance(source_seed, float):  # SimpleShardList(seed=True) takes the time
         return (
             "the shard list is shuffled with a seed from the clock (seed=True), different on "
@@ -151,20 +221,53 @@ def nodes_risk(steps: list[object]) -> str | None:
     return None
 
 
+def workers_risk(steps: list[object], after: list[object] | None = None) -> str | None:
+    """What makes a node's DataLoader workers read or plan overlapping shares, or None: with
+    several workers (NUM_WORKERS, or torch's worker info, as WebDataset reads them) and no
+    `split_by_worker` before `prefetch_ahead`."""
+    try:
+        workers = int(str(_place()[3]))
+    except Exception:  # no advice rather than a crash
+        return None
+    if workers <= 1 or any(describe(step) == "split_by_worker" for step in steps):
+        return None
+    if any(describe(step) == "split_by_worker" for step in after or []):
+        return (
+            f"split_by_worker comes after prefetch_ahead: each of the {workers} workers plans "
+            "and prefetches the node's whole share, though it reads only its own; place "
+            "prefetch_ahead after split_by_worker"
+        )
+    return (
+        f"{workers} DataLoader workers but no split_by_worker before prefetch_ahead: every "
+        "worker reads the node's whole share (each sample once per worker); add "
+        "wds.split_by_worker after split_by_node"
+    )
+
+
 def _world_size() -> int:
     """WORLD_SIZE as WebDataset's `pytorch_worker_info` finds it (the environment, else
-    torch.distributed), asked of the WebDataset already imported; 1 when there is none."""
-    utils = sys.modules.get("webdataset.utils")
-    info = getattr(utils, "pytorch_worker_info", None)
-    if callable(info):
-        try:
-            return int(info()[1])
-        except Exception:  # a distributed backend in a bad state: no advice rather than a crash
-            return 1
+    torch.distributed); 1 when there is none."""
     try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
+        return int(str(_place()[1]))
+    except Exception:  # a distributed backend in a bad state: no advice rather than a crash
         return 1
+
+
+def _place() -> tuple[object, ...]:
+    """(rank, world size, worker, workers) as WebDataset's `pytorch_worker_info` finds them,
+    asked of the WebDataset already imported. Where torch is not imported, the environment
+    alone, as WebDataset would find it, without WebDataset importing torch to learn what it
+    already knows (a process that never used torch has no process group or DataLoader
+    worker; the import costs seconds and hundreds of MB in a loader of another framework)."""
+    info = getattr(sys.modules.get("webdataset.utils"), "pytorch_worker_info", None)
+    if callable(info) and "torch" in sys.modules:
+        return tuple(info())
+    env = os.environ
+    node = (env["RANK"], env["WORLD_SIZE"]) if {"RANK", "WORLD_SIZE"} <= env.keys() else (0, 1)
+    worker = (
+        (env["WORKER"], env["NUM_WORKERS"]) if {"WORKER", "NUM_WORKERS"} <= env.keys() else (0, 1)
+    )
+    return (*node, *worker)
 
 
 def in_fresh_dataloader_worker(epochs_seen: int) -> bool:
@@ -179,7 +282,29 @@ def in_fresh_dataloader_worker(epochs_seen: int) -> bool:
     return callable(get_worker_info) and get_worker_info() is not None
 
 
-def chained(forecast_: OrderForecast, epochs: int) -> Iterator[Shard]:
-    """The next `epochs` epochs' shards, one after the other, each computed when reached."""
+def chained(
+    forecast_: OrderForecast, epochs: int, known: dict[Hashable, list[Shard]] | None = None
+) -> Iterator[Shard]:
+    """The next `epochs` epochs' shards, one after the other, each computed when reached.
+
+    With `known` (kept by the caller from one epoch to the next), an epoch's order computed
+    whole an epoch earlier, when it was one epoch further ahead, is taken from there: each
+    replay walks the whole shard list (a million shards split 512 ways: four replays held
+    the epoch's first shard 6-13 s, against 1.7 s for the pipeline's own pass). `known` is
+    left holding the orders of this call's epochs only."""
+    remembered = dict(known or {})
+    if known is not None:
+        known.clear()
     for ahead in range(1, epochs + 1):
-        yield from forecast_.order(ahead)
+        signature = forecast_.signature(ahead) if known is not None else None
+        order = remembered.get(signature) if signature is not None else None
+        if order is not None:
+            known[signature] = order  # type: ignore[index]
+            yield from order
+            continue
+        taken: list[Shard] = []  # at most what the plan takes: the iteration stops there
+        for shard in forecast_.order(ahead):
+            taken.append(shard)
+            yield shard
+        if signature is not None:
+            known[signature] = taken  # type: ignore[index]

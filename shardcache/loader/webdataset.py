@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -42,9 +42,10 @@ PLAN_WINDOW = 2048  # shards a plan names at once: an endless source (ResampledS
 # node of four keeps at least 98% of the offline optimum's hits at 10-50% cache (10 epochs, six
 # seeds; with three, 93% at 50%; `benchmarks/trace_sim.py`), up to FORECAST_WINDOW names a post.
 PLAN_EPOCHS_AHEAD = 4
-FORECAST_WINDOW = 16384
+FORECAST_WINDOW = 8192  # 64 workers on one daemon (8 ranks x 8): half the daemon's key bound
 
 _said: set[str] = set()  # advice given once per process
+_CANNOT_REPLAY = "the next epochs' order could not be computed; plans name this epoch only"
 
 
 def _say_once(message: str) -> None:
@@ -83,10 +84,20 @@ class _PrefetchStage:
         self.daemon = daemon
         self.plan = plan
         self.number = next(_stage_numbers)
-        self.epochs_seen = 0
+        self.epochs_seen = 0  # by this process: a DataLoader worker's copy starts again
+        self.process = os.getpid()
+        self.known_orders: dict[Hashable, list[Shard]] = {}  # later epochs', computed before
         self.reach = max(PLAN_WINDOW, k + 1) if plan else k + 1
 
+    def __getstate__(self) -> dict[str, object]:
+        """A copy for another process (a DataLoader worker started by spawn) starts afresh
+        there: the later epochs' orders known here (up to FORECAST_WINDOW shards) stay."""
+        return {**self.__dict__, "known_orders": {}}
+
     def __call__(self, shards: Iterable[Shard]) -> Iterator[Shard]:
+        if self.process != os.getpid():  # a copy in a worker (fork or spawn): a fresh start
+            self.process, self.epochs_seen = os.getpid(), 0
+            self.known_orders = {}
         # Asked now, not when the generator starts: the caller's frame is the pipeline's.
         later = self._later_epochs(sys._getframe(1)) if self.plan else None
         epoch = self.epochs_seen
@@ -95,15 +106,28 @@ class _PrefetchStage:
 
     def _later_epochs(self, caller: FrameType | None) -> Iterator[Shard] | None:
         """The next epochs' shards for this worker (computed when first needed), or None when
-        the calling pipeline's order cannot be computed (said once in the log)."""
+        the calling pipeline's order cannot be computed (said once in the log). A stage that
+        fails to be looked at or replayed costs the forecast, never the epoch."""
+        try:
+            return self._forecast(caller)
+        except Exception as exc:
+            _say_once(f"{_CANNOT_REPLAY} ({type(exc).__name__}: {exc})")
+            return None
+
+    def _forecast(self, caller: FrameType | None) -> Iterator[Shard] | None:
         found = pipeline_order.calling_pipeline(caller, self)
         if found is None:
             return None
         pipeline, index = found
-        steps = list(getattr(pipeline, "pipeline", []))[:index]
-        risk = pipeline_order.nodes_risk(steps)
-        if risk is not None:
-            _say_once(risk)
+        every_step = list(getattr(pipeline, "pipeline", []))
+        steps = every_step[:index]
+        after = every_step[index + 1 :]
+        for risk in (
+            pipeline_order.nodes_risk(steps, after),
+            pipeline_order.workers_risk(steps, after),
+        ):
+            if risk is not None:
+                _say_once(risk)
         try:
             forecast = pipeline_order.forecast(steps)
         except pipeline_order.Unpredictable as exc:
@@ -112,7 +136,7 @@ class _PrefetchStage:
             return None
         if pipeline_order.in_fresh_dataloader_worker(self.epochs_seen):
             return None  # the next epoch may start from the first order again
-        return pipeline_order.chained(forecast, PLAN_EPOCHS_AHEAD)
+        return pipeline_order.chained(forecast, PLAN_EPOCHS_AHEAD, self.known_orders)
 
     def _hand_on(
         self, source: Iterator[Shard], epoch: int, later: Iterator[Shard] | None
@@ -125,10 +149,15 @@ class _PrefetchStage:
         def upcoming(count: int) -> list[Shard]:
             """The next `count` shards: this epoch's, then (once this epoch's source is
             exhausted, at most FORECAST_WINDOW in all) the next epochs'."""
+            nonlocal later
             exhausted = len(ahead) < self.reach
             short = min(count, FORECAST_WINDOW) - len(ahead) - len(following)
             if later is not None and exhausted and short > 0:
-                following.extend(itertools.islice(later, short))
+                try:
+                    following.extend(itertools.islice(later, short))
+                except Exception as exc:  # a replayed stage failed: this epoch reads on
+                    _say_once(f"{_CANNOT_REPLAY} ({type(exc).__name__}: {exc})")
+                    later = None
             return list(itertools.islice(itertools.chain(ahead, following), count))
 
         plan_size = PLAN_WINDOW if later is None else FORECAST_WINDOW
@@ -160,6 +189,12 @@ class _Poster:
         """The shards' local paths, grouped by the daemon that serves them, in order."""
         by_daemon: dict[str, list[str]] = {}
         for shard in shards:
+            if not isinstance(shard, dict) or "url" not in shard:
+                raise TypeError(
+                    "prefetch_ahead takes shards ({'url': ...}) and got "
+                    f"{type(shard).__name__} without a 'url': place it before "
+                    "tarfile_to_samples, after the shard list is shuffled and split"
+                )
             url = str(shard["url"])
             base = self._daemon or client.daemon_of(url)
             try:
@@ -180,7 +215,15 @@ class _Poster:
             if base in self._planless:
                 continue
             try:
-                client.post_plan(job, epoch, paths, base)
+                try:
+                    client.post_plan(job, epoch, paths, base)
+                except client.ClientError as exc:
+                    # Too large, or the daemon's plans are at their bound: the next epochs are
+                    # the part to give up first, the window of this epoch is still worth it.
+                    if exc.status not in (413, 429) or len(paths) <= PLAN_WINDOW:
+                        raise
+                    log.debug("prefetch_ahead: %s; posting %d names only", exc, PLAN_WINDOW)
+                    client.post_plan(job, epoch, paths[:PLAN_WINDOW], base)
             except client.ClientError as exc:
                 if exc.status == 409:  # --eviction lru: plans are off by the operator's choice
                     self._planless.add(base)

@@ -120,6 +120,18 @@ def header_text(value: str | None) -> str | None:
     return value
 
 
+def entity_tag(value: str | None) -> str | None:
+    """An origin's ETag as `header_text` passes it on, or None when it is empty (`""`,
+    `W/""`). RFC 9110 §8.8.3 allows an empty opaque-tag, but a store that sends one for every
+    object (SeaweedFS for a remote-mounted bucket) names no version with it: read as an ETag it
+    would prove a resume, answer If-None-Match for every object, and differ from the home's
+    real one. Read as none, such an upstream's bytes are verified by the home's checksum."""
+    text = header_text(value)
+    if text is None or text.strip() in ('""', 'W/""'):
+        return None
+    return text
+
+
 @dataclass(slots=True)
 class SpeedFloor:
     """The least a body must deliver: `min_bytes_per_s` on average over every window of

@@ -31,7 +31,7 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.keys import ERROR_KIND_HEADER
-from shardcache.origins.base import ObjectInfo, header_text
+from shardcache.origins.base import ObjectInfo, entity_tag, header_text
 from shardcache.origins.pool import Site
 from shardcache.origins.threads import Aborted
 
@@ -183,7 +183,7 @@ def info_from(headers: CIMultiDictProxy[str], status: int, url: str) -> ObjectIn
             raise OriginUnavailable(f"{url}: origin sent no Content-Length")
         size = int(length)
         found = checksums.from_headers(headers)
-    etag = header_text(headers.get("ETag"))
+    etag = entity_tag(headers.get("ETag"))
     if "x-amz-request-id" in headers and status == 200:
         sse = headers.get("x-amz-server-side-encryption")
         if (md5 := checksums.from_s3_etag(etag, sse)) is not None:

@@ -39,7 +39,7 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.origins import s3_checksums
-from shardcache.origins.base import ObjectInfo, Timeouts, header_text
+from shardcache.origins.base import ObjectInfo, Timeouts, entity_tag, header_text
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 from shardcache.origins.listing import (
     ListedObject,
@@ -113,7 +113,7 @@ def _info(response: Mapping[str, Any], found: tuple[checksums.Checksum, ...]) ->
     modified = response.get("LastModified")
     return ObjectInfo(
         size,
-        header_text(response.get("ETag")),
+        entity_tag(response.get("ETag")),
         found,
         header_text(response.get("ContentType")),
         accepts_ranges=True,

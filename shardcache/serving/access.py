@@ -6,9 +6,10 @@ a token is optional; on any other address one is required (see `config.settings.
 
 Protected, when a token is configured: every `/_/` endpoint (prefetch, purge, origins, status),
 and with `require_for_reads` every other path except the probes and `/metrics`, which
-orchestrators and Prometheus call without credentials. The token is compared as a SHA-256
-digest with `hmac.compare_digest`, so neither its bytes nor its length show in the timing, and
-it is never logged or echoed.
+orchestrators and Prometheus call without credentials. There an S3 client's read signed (SigV4)
+by one of `s3_keys` stands for the token (`s3_api` checks it with `s3_signatures`). The token
+is compared as a SHA-256 digest with `hmac.compare_digest`, so neither its bytes nor its length
+show in the timing, and it is never logged or echoed.
 
 A browser cannot send a Bearer token, so the status page (`GET /_/`) and the document it polls
 (`GET /_/status`) also take the token as HTTP Basic's password (any user name): the browser asks
@@ -34,6 +35,7 @@ import binascii
 import hashlib
 import hmac
 import ipaddress
+from collections.abc import Mapping
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 ADMIN_PREFIX = "/_/"
@@ -51,11 +53,17 @@ class AccessPolicy:
     """Decides whether a request's `Authorization` header lets it reach a path."""
 
     def __init__(
-        self, token: str | None, require_for_reads: bool = False, loopback_only: bool = False
+        self,
+        token: str | None,
+        require_for_reads: bool = False,
+        loopback_only: bool = False,
+        s3_keys: Mapping[str, str] | None = None,
     ) -> None:
         self._digest = _digest(token) if token is not None else None
         self.require_for_reads = require_for_reads and token is not None
         self.loopback_only = loopback_only  # listening on loopback: refuse foreign Host names
+        # S3 access key id -> secret: a read signed by one (SigV4) needs no token.
+        self.s3_keys: Mapping[str, str] = dict(s3_keys or {})
 
     @property
     def is_enabled(self) -> bool:

@@ -8,7 +8,8 @@ handlers share through the application.
                        failures are told without the origin's location to a client without
                        the admin token; credentials in messages are masked
     admit_request      refuses an encoded body (415) and a protected path without the admin
-                       token (401), before anything is done for the request
+                       token (401) or an S3 signature checked before (`SIGNER_KEY`), before
+                       anything is done for the request
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ STATE_KEY = web.AppKey("state", ServerState)
 ACCESS_KEY = web.AppKey("access", AccessPolicy)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 FAILURES_KEY = web.AppKey("failures", FailureLog)
+# The access key id an S3 client's request was validly signed with (`s3_api`): it stands for
+# the token where reads need one.
+SIGNER_KEY = web.RequestKey("s3_signer", str)
 
 
 def json_error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -131,7 +135,7 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
     ):
         request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
         raise CrossSite("a change to the daemon sent by a web page of another site is refused")
-    if access.is_protected(request.path):
+    if access.is_protected(request.path) and SIGNER_KEY not in request:
         basic = access.takes_basic(request.method, request.path)  # the status page
         if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):
             request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()

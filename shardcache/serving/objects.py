@@ -68,6 +68,7 @@ from shardcache.serving.ranges import ByteRange, parse_range
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
+CHECKSUM_MODE_HEADER = "x-amz-checksum-mode"
 
 
 def _abort(request: web.Request, discard_unsent: bool = False) -> None:
@@ -237,13 +238,15 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
         if start == end:  # an empty object (ranges of it are 416)
             await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY].read_timeout_s)
+        is_hit = lease.result is Result.HIT
+        published = lease.checksums if is_hit else await _asked(request, lease, byte_range)
         response = object_response(
             lease.result,
             lease.size_bytes,
             lease.etag,
             lease.content_type,
             byte_range,
-            lease.checksums if lease.result is Result.HIT else (),
+            published,
             lease.verified_by,
             lease.last_modified,
         )
@@ -309,15 +312,31 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         await lease.aclose()
 
 
+async def _asked(
+    request: web.Request, lease: Lease, byte_range: ByteRange | None
+) -> tuple[Checksum, ...]:
+    """The checksums a miss or a join publishes: none (the daemon verifies the body before
+    its last byte), unless the client asked as S3 clients ask (`x-amz-checksum-mode:
+    ENABLED`, boto3's default): then the fill's, once learned from the origin (its first
+    answer, or a HEAD beside the GET), so the client checks the body as it does against S3.
+    Only those the fill verifies against: one the daemon set aside is never published."""
+    mode = request.headers.get(CHECKSUM_MODE_HEADER)
+    if byte_range is not None or lease.fill is None or mode is None:
+        return ()  # a range publishes none (`object_response`)
+    if mode.strip().upper() != "ENABLED":
+        return ()
+    return await lease.fill.wait_checksums()
+
+
 async def _confirmed(lease: Lease) -> None:
     """Return once the validators of `lease` may answer a 304 or 412: at once, unless a tier
-    member or mirror sent its fill's first answer; then when the home's HEAD agreed. Raises
-    the fill's error when it disagreed (the fill failed): a stale mirror's ETag is no
-    validator of the object."""
+    member or mirror sent its fill's first answer; then once its body verified. Raises the
+    fill's error when it did not (the fill failed): a stale mirror's ETag is no validator of
+    the object, and a mirror's ETags may be its own (then only the home's checksum tells)."""
     fill = lease.fill
     if fill is None or fill.info is None or fill.info.sent_by is None:
         return
-    await fill.wait_checksums()
+    await fill.wait_finished()
     if fill.state is FillState.FAILED and fill.error is not None:
         raise fill.error
 

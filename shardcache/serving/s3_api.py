@@ -4,7 +4,8 @@
     GET|HEAD /BUCKET/KEY              GetObject, HeadObject: the object path (`objects`), for
                                       the origin and key `s3_names` maps the names to
     GET  /BUCKET?list-type=2&…        ListObjectsV2;  GET /BUCKET (&marker=…): ListObjects (V1)
-    HEAD /BUCKET                      HeadBucket;  GET /BUCKET?location: GetBucketLocation
+    HEAD /BUCKET                      HeadBucket (an S3 origin's bucket asked once a minute:
+                                      `s3_buckets`);  GET /BUCKET?location: GetBucketLocation
     GET  /                            ListBuckets: the buckets the configured origins show
     anything else                     refused: MethodNotAllowed (writes), NotImplemented (ACLs,
                                       multipart, versions, `partNumber`, …)
@@ -12,8 +13,9 @@
 Path-style (`/BUCKET/KEY`) and virtual-hosted (`Host: BUCKET.localhost:8470`) alike. An S3
 client's request (`s3_errors.is_s3_request`) is served here whatever route aiohttp matched
 (a virtual-hosted `/KEY` names no origin in its path); anyone else's goes its route as before,
-with only its `/BUCKET/KEY` names mapped when BUCKET names no origin. A client's SigV4
-signature is not checked: the daemon fetches with its own credentials.
+with only its `/BUCKET/KEY` names mapped when BUCKET names no origin. The daemon fetches with
+its own credentials; a client's SigV4 signature is checked only where reads need the token and
+S3 access keys are configured (`s3_signatures`), else it is not looked at.
 
 Listing is asked of the origin each time (`ShardCache.list_objects`), never cached: objects
 come and go at the origin, and a stale page would hide new shards or list deleted ones.
@@ -24,13 +26,21 @@ What this module must not know: how an object is served (`objects`), how an orig
 from __future__ import annotations
 
 import datetime
+import functools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 from aiohttp import web
 
-from shardcache.errors import BadRequest, NotSupported, OriginNotFound, UnknownOrigin
+from shardcache.errors import (
+    BadRequest,
+    NotSupported,
+    OriginNotFound,
+    SignatureRefused,
+    UnknownOrigin,
+)
 from shardcache.keys import MAX_KEY_BYTES
 from shardcache.origins.listing import (
     MAX_KEYS,
@@ -39,7 +49,15 @@ from shardcache.origins.listing import (
     ListVersion,
     rolled_up,
 )
-from shardcache.serving.middleware import CACHE_KEY, STATE_KEY, Handler, admit_request
+from shardcache.serving.middleware import (
+    ACCESS_KEY,
+    CACHE_KEY,
+    METRICS_KEY,
+    SIGNER_KEY,
+    STATE_KEY,
+    Handler,
+    admit_request,
+)
 from shardcache.serving.objects import get_object, head_object
 from shardcache.serving.s3_errors import (
     NAMESPACE,
@@ -50,6 +68,7 @@ from shardcache.serving.s3_errors import (
     new_s3_request,
 )
 from shardcache.serving.s3_names import View, buckets_of, object_view, views_of
+from shardcache.serving.s3_signatures import SignedRequest, is_signed, verify
 
 READS = ("GET", "HEAD")
 MAX_TOKEN_CHARS = 4096
@@ -108,9 +127,37 @@ async def s3_requests(request: web.Request, handler: Handler) -> web.StreamRespo
     async def admitted(request: web.Request) -> web.StreamResponse:
         if request.method not in READS:  # a write is refused alike, whatever its body holds
             raise web.HTTPMethodNotAllowed(request.method, list(READS))
+        _check_signature(request)
         return await admit_request(request, serve_s3)
 
     return await answer_as_s3(request, s3, admitted)
+
+
+def _check_signature(request: web.Request) -> None:
+    """Where reads need the token and S3 access keys are configured, a signed request's SigV4
+    signature: valid, it stands for the token (`SIGNER_KEY`); else S3's error. An unsigned
+    request, or one with the token, is left to `admit_request`."""
+    access = request.app[ACCESS_KEY]
+    if not access.s3_keys or not access.is_protected(request.path):
+        return
+    headers = request.headers
+    authorization = headers.get("Authorization")
+    if not is_signed(authorization, list(request.query.keys())):
+        return
+    if authorization is not None and access.is_authorized(authorization):
+        return  # the token, beside a presigned URL's query
+    signed = SignedRequest(
+        request.method,
+        request.rel_url.raw_path,
+        request.rel_url.raw_query_string,
+        lambda name: headers.getall(name, []),
+        list(headers.keys()),
+    )
+    try:
+        request[SIGNER_KEY] = verify(signed, access.s3_keys, time.time())
+    except SignatureRefused:
+        request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
+        raise
 
 
 def _map_names(request: web.Request) -> None:
@@ -163,6 +210,7 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
         raise UnknownOrigin(f"no configured origin shows a bucket named {bucket!r}")
     if not key:
         if request.method == "HEAD":
+            await _head_bucket(request, views)
             return web.Response(headers={"x-amz-bucket-region": "us-east-1"})
         if "location" in request.query:
             return _xml(f'<LocationConstraint xmlns="{NAMESPACE}"></LocationConstraint>')
@@ -174,6 +222,19 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
     if request.method == "HEAD":
         return await head_object(request)
     return await get_object(request)
+
+
+async def _head_bucket(request: web.Request, views: list[View]) -> None:
+    """HeadBucket: each S3 origin the bucket shows is asked whether its bucket is there and
+    readable (a one-key listing under its prefix, kept a minute: `s3_buckets`); a file or
+    HTTP origin's bucket is there while it is configured. Raises the origin's refusal."""
+    state, cache = request.app[STATE_KEY], request.app[CACHE_KEY]
+    one_key = ListQuery(ListVersion.V2, max_keys=1)
+    for view in views:
+        spec = state.origins.specs.get(view.origin)
+        if spec is not None and spec.scheme == "s3":
+            ask = functools.partial(cache.list_objects, view.origin, one_key)
+            await state.bucket_checks.check(view.origin, ask)
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from shardcache.errors import (
     RangeNotSatisfiable,
     RequestTimeout,
     ShuttingDown,
+    SignatureRefused,
     Unauthorized,
     UnknownOrigin,
 )
@@ -169,6 +170,8 @@ def _text(value: str) -> str:
 
 def code_of(exc: BaseException) -> tuple[int, str]:
     """S3's status and code for `exc`; an unexpected one is an InternalError (a bug)."""
+    if isinstance(exc, SignatureRefused):
+        return exc.status, exc.code
     for cls, status, code in _CODES:
         if isinstance(exc, cls):
             return status, code
@@ -178,10 +181,17 @@ def code_of(exc: BaseException) -> tuple[int, str]:
 
 
 def s3_error(
-    s3: S3Request, status: int, code: str, message: str, answered: web.Response
+    s3: S3Request,
+    status: int,
+    code: str,
+    message: str,
+    answered: web.Response,
+    extra: dict[str, str] | None = None,
 ) -> web.Response:
-    """The XML answer to an S3 client for an error `answered` as JSON (its headers kept)."""
+    """The XML answer to an S3 client for an error `answered` as JSON (its headers kept);
+    `extra`: the fields S3 adds for the code (`StringToSign`, `ServerTime`, …)."""
     fields = {"BucketName": s3.bucket or ""} if code == "NoSuchBucket" else {"Key": s3.key}
+    fields.update(extra or {})
     body = error_xml(code, message, s3.request_id, **fields)
     headers = {name: answered.headers[name] for name in _KEPT_HEADERS if name in answered.headers}
     if code == "SlowDown" and "Retry-After" not in headers:
@@ -228,7 +238,8 @@ async def answer_as_s3(request: web.Request, s3: S3Request, handler: Handler) ->
         if not isinstance(answered, web.Response):
             return answered
         status, code = code_of(exc)
-        return s3_error(s3, status, code, _message_of(answered), answered)
+        extra = exc.fields if isinstance(exc, SignatureRefused) else None
+        return s3_error(s3, status, code, _message_of(answered), answered, extra)
     if is_json_error(response):
         assert isinstance(response, web.Response)
         code = _BY_STATUS.get(response.status, "InternalError")

@@ -16,6 +16,7 @@ from typing import Any
 from shardcache.cache.hit_check import HitChecker
 from shardcache.cache.scrub import Scrubber
 from shardcache.fetch.origin_table import OriginTable
+from shardcache.serving.s3_buckets import BucketChecks
 
 
 class InFlight:
@@ -63,3 +64,4 @@ class ServerState:
     add_bucket: Callable[[str], Awaitable[bool]] | None = None
     # The one field the handlers write: origins whose tier loop was logged (once each).
     tier_loops_logged: set[str] = field(default_factory=set)
+    bucket_checks: BucketChecks = field(default_factory=BucketChecks)  # HeadBucket's answers

@@ -1,6 +1,6 @@
-"""docs/beyond-one-node.md: "Nodes over an S3-compatible cluster store", over SeaweedFS.
+"""docs/beyond-one-node.md: SeaweedFS as the nodes' only origin ("Nodes over SeaweedFS").
 
-Laid out as that page says: every node daemon has the same TOML origin, `url =
+Every node daemon has the same TOML origin, `url =
 "s3://bucket/laion"` with the store's `endpoint_url`, and the store's credentials from the
 environment (whose `AWS_ENDPOINT_URL` points nowhere: the file's endpoint must win). The shards
 are uploaded as users upload them (s3transfer: multipart above its threshold). A real

@@ -239,3 +239,33 @@ def test_the_stage_plans_the_next_two_epochs_and_prefetches_across_the_epochs_en
     fetched = {key for key in keys if origin.gets[key]}
     assert set(orders[1][:2]) <= fetched, (orders[1][:2], fetched)
     assert fetched <= set(orders[0]) | set(orders[1][:2]), fetched
+
+
+def test_a_read_that_joins_its_look_ahead_prefetch_fetches_the_shard_once(
+    origin: OriginServer, start_daemon, tmp_path
+) -> None:
+    """The loader reads a shard while its look-ahead prefetch waits for the origin's first
+    byte: the read ends the pin, and the plans need what the fill would evict. Before, the
+    fill was then streamed through and the joined reader fetched the shard a second time
+    (2 GETs for one read); a fill a read joined is kept for that read (transient)."""
+    size = 200 * KiB
+    for name in "ABC":
+        origin.put(f"{name}.tar", os.urandom(size))
+    origin.put("X.tar", os.urandom(size), delay_s=1.0)
+    daemon = start_daemon(
+        {"web": origin.url},
+        "--readahead",
+        "0",
+        "--eviction",
+        "auto",
+        cache_size=str(640 * KiB + 3 * (size + 8 * KiB)),
+    )
+    client.post_plan("job", 0, [f"/web/{n}.tar" for n in "ABCXABC"], daemon.url)
+    for name in "ABC":
+        assert curl(f"{daemon.url}/web/{name}.tar").status == 200
+    client.prefetch(["/web/X.tar"], daemon.url)
+    wait_for("the prefetch's GET", lambda: origin.gets["X.tar"] >= 1)
+    answer = curl(f"{daemon.url}/web/X.tar")
+    assert answer.status == 200 and answer.headers["x-shardcache"] == "coalesced", answer
+    _settle(daemon)
+    assert origin.gets["X.tar"] == 1, origin.gets

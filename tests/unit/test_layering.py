@@ -68,6 +68,8 @@ ORDER: dict[str, list[str]] = {
         "serving.access",
         "serving.targets",
         "serving.s3_names",
+        "serving.s3_signatures",
+        "serving.s3_buckets",
         "serving",
     ],
     "prefetch": [

@@ -31,7 +31,9 @@ class UnopenableIndexStore(Store):
     def lookup(self, key: str) -> Entry | None:
         raise CacheError("cannot read the index: unable to open database file")
 
-    def reserve(self, size_bytes: int, key: str | None = None) -> Reservation:
+    def reserve(
+        self, size_bytes: int, key: str | None = None, read_now: bool = False
+    ) -> Reservation:
         raise CacheError("cannot make room: unable to open database file")
 
 

@@ -620,3 +620,68 @@ async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_pat
         assert len(mirror.opens) == opens + 1
     finally:
         await cache.aclose()
+
+
+@pytest.mark.parametrize(
+    ("role", "home_md5", "accepted"),
+    [("mirror", True, True), ("mirror", False, False), ("tier", True, False)],
+)
+async def test_a_mirror_with_etags_of_its_own_is_judged_by_the_homes_checksum(
+    role: str, home_md5: bool, accepted: bool
+) -> None:
+    """A mirror is another store, with ETags of its own (SeaweedFS names a cached object its
+    own way): where the home publishes a checksum, the mirror's answer is kept and its bytes
+    are judged by that checksum. A tier member passes the origin's ETag on, and with no
+    checksum an ETag is all that tells versions apart: another one there is another version."""
+    clock = Clock()
+    data = os.urandom(4096)
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    home.put("k", data, with_md5=home_md5)
+    mirror.put("k", data, with_md5=False)
+    mirror.etags["k"] = '"seaweedfs-own"'
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock, role), upstream(home, clock, "home")], clock=clock
+    )
+    if accepted:
+        info = await failover.head("k")
+        assert [c.source for c in info.checksums] == ["fake (home)"]
+        assert dict((h.upstream, h.state) for _, h in failover.health())["mirror"] is (
+            BreakerState.CLOSED
+        )
+    else:
+        with pytest.raises(OriginChanged, match="ETag changed"):
+            await failover.head("k")
+
+
+@pytest.mark.parametrize("cache_mib", [16, 1], ids=["cached", "streamed-through"])
+async def test_a_mirrors_own_etag_answers_no_conditional_before_its_body_verified(
+    cache_mib: int, tmp_path: Path
+) -> None:
+    """The validators a conditional GET is answered from, while a fill from a mirror with ETags
+    of its own is in flight: the mirror's ETag only once the body verified and was kept; an
+    object streamed through uncached leaves it to the HEAD, which names no ETag for it."""
+    clock = Clock()
+    data = os.urandom(2 * MiB)
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    home.put("k", data)
+    mirror.put("k", data, with_md5=False)
+    mirror.etags["k"] = '"seaweedfs-own"'
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+    )
+    store = Store(tmp_path / "c", cache_mib * MiB)
+    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    cache = ShardCache(store, {"o": failover}, policy, NullObserver())
+    try:
+        lease = await cache.open("o", "k")
+        asked = asyncio.create_task(cache.head("o", "k", wants_checksums=False))
+        assert await read_all(lease) == data
+        result, info = await asked
+        if cache_mib == 16:  # the fill in flight, or its entry once kept
+            assert result in (Result.COALESCED, Result.HIT)
+            assert info.etag == '"seaweedfs-own"'
+        else:
+            assert (result, info.etag) == (Result.MISS, None)
+        assert store.check() == []
+    finally:
+        await cache.aclose()

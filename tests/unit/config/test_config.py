@@ -241,3 +241,59 @@ def test_origin_min_speed_reads_a_floor_or_zero(value: object, expected: int) ->
 def test_origin_min_speed_refuses_what_no_floor_can_be(value: str) -> None:
     with pytest.raises(ConfigError, match="origin.min.speed"):
         load_settings({"origin_min_speed": value}, {})
+
+
+def test_s3_access_keys_are_read_from_their_file_and_never_shown(tmp_path: Path) -> None:
+    keys = tmp_path / "s3-keys"
+    keys.write_text("# jobs\nAKIAJOBS00000001  secret/one+x=\n\nreader secret-two\n")
+    flags = {
+        "s3_access_keys_file": str(keys),
+        "require_token_for_reads": True,
+        "admin_token": "token-from-a-flag-000",
+    }
+    settings = load_settings(flags, {})
+    assert settings.s3_access_keys == {"AKIAJOBS00000001": "secret/one+x=", "reader": "secret-two"}
+    assert "secret" not in repr(settings)
+    from_env = load_settings(
+        {"require_token_for_reads": True, "admin_token": "token-from-a-flag-000"},
+        {"SHARDCACHE_S3_ACCESS_KEYS_FILE": str(keys)},
+    )
+    assert from_env.s3_access_keys == settings.s3_access_keys
+    assert load_settings({}, {}).s3_access_keys == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("AKIA1 secret extra\n", "line 1: expected `KEY_ID SECRET`"),
+        ("AKIA1\n", "line 1: expected `KEY_ID SECRET`"),
+        ("# only a comment\n", "holds no access key"),
+        ("AKIA1 s1\nAKIA1 s2\n", "line 2: key id AKIA1 is given twice"),
+        ("AKIA/1 s1\n", "line 1: expected"),
+        ("AKIA1 s\u00e9cret\n", "not ASCII text"),
+    ],
+)
+def test_a_bad_s3_access_keys_file_is_one_line_without_the_secret(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    keys = tmp_path / "s3-keys"
+    keys.write_text(text)
+    flags = {
+        "s3_access_keys_file": str(keys),
+        "require_token_for_reads": True,
+        "admin_token": "token-from-a-flag-000",
+    }
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        load_settings(flags, {})
+    assert "s1" not in str(caught.value) and "s2" not in str(caught.value)
+    assert "--s3-access-keys-file" in str(caught.value)
+
+
+def test_s3_access_keys_need_reads_behind_the_token(tmp_path: Path) -> None:
+    keys = tmp_path / "s3-keys"
+    keys.write_text("AKIA1 s1\n")
+    with pytest.raises(ConfigError, match="--require-token-for-reads"):
+        token = "token-from-a-flag-000"
+        load_settings({"s3_access_keys_file": str(keys), "admin_token": token}, {})
+    with pytest.raises(ConfigError, match="does not exist|cannot read"):
+        load_settings({"s3_access_keys_file": str(tmp_path / "missing")}, {})

@@ -27,8 +27,9 @@ from shardcache.serving.connections import ConnectionLimits
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 # Settings fields that are not an option of the same name: `listen` is split in two, origins
-# have their own table, `config` names the file read.
-NOT_OPTIONS = {"listen_host", "listen_port", "origins", "config"}
+# have their own table, `config` names the file read, `s3_access_keys` is read from
+# `s3_access_keys_file`.
+NOT_OPTIONS = {"listen_host", "listen_port", "origins", "config", "s3_access_keys"}
 
 
 def _defaults() -> Settings:

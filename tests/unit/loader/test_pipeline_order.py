@@ -127,3 +127,26 @@ def test_prefetch_ahead_says_once_why_it_plans_one_epoch(
     assert sum("overlapping shares" in line for line in lines) == 1, lines
     assert sum("plans name this epoch only" in line for line in lines) == 1, lines
     assert PLAN_EPOCHS_AHEAD >= 4  # what the simulation needs to reach 95% of the optimum
+
+
+@pytest.mark.parametrize(
+    ("stages", "after", "advice"),
+    [
+        ([], [], "no split_by_worker before prefetch_ahead"),
+        ([], [wds.split_by_worker], "split_by_worker comes after prefetch_ahead"),
+        ([wds.split_by_worker], [], None),
+    ],
+)
+def test_workers_that_would_read_or_plan_one_share_are_named(
+    monkeypatch: pytest.MonkeyPatch, stages: list[object], after: list[object], advice: str | None
+) -> None:
+    _place(monkeypatch, 0, 1, 0, 2)
+    risk = pipeline_order.workers_risk([wds.SimpleShardList(URLS), *stages], after)
+    assert (risk is None) if advice is None else (risk is not None and advice in risk), risk
+
+
+def test_the_stage_placed_after_the_samples_says_where_it_goes() -> None:
+    """`wds.WebDataset(...).compose(prefetch_ahead(4))` hands it samples, not shards."""
+    stage = prefetch_ahead(2, daemon="http://127.0.0.1:9")
+    with pytest.raises(TypeError, match="place it before tarfile_to_samples"):
+        list(stage(iter([{"__key__": "a", "jpg": b""}])))

@@ -67,3 +67,23 @@ def test_an_origin_header_with_control_characters_is_not_passed_on() -> None:
         '"a"',
         "x/y; a=b",
     )
+
+
+@pytest.mark.parametrize("etag", ['""', 'W/""', ' "" '])
+def test_an_empty_etag_is_no_etag(etag: str) -> None:
+    """SeaweedFS answers `ETag: ""` for every object of a remote-mounted bucket (issue 37): the
+    same value for every object and version identifies none of them. Read as no ETag, a mirror
+    that sends it is checked by the home's checksum and never resumed against, instead of being
+    found to disagree with the home (whose ETag is the MD5) after its whole body was sent."""
+    from multidict import CIMultiDict, CIMultiDictProxy
+
+    from shardcache.origins.responses import info_from
+    from shardcache.origins.s3 import _info
+
+    headers = {"Content-Length": "4", "ETag": etag, "x-amz-request-id": "1"}
+    mirror = info_from(CIMultiDictProxy(CIMultiDict(headers)), 200, "http://seaweedfs/k")
+    assert (mirror.etag, mirror.strong_etag, mirror.checksums) == (None, None, ())
+    home = ObjectInfo(4, '"0123456789abcdef0123456789abcdef"', (MD5,))
+    assert home.differs_from(mirror) is None
+    assert mirror.proves_same_version(mirror) is not None  # resumed against: nothing proves it
+    assert _info({"ContentLength": 4, "ETag": etag}, ()).etag is None
