@@ -1,0 +1,61 @@
+"""Attacks on the S3 API's pure rules: bare ETags in preconditions (S3 compares them quoted or
+not), and the listing parameters' edge values."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardcache.errors import BadRequest
+from shardcache.serving.conditionals import Outcome, Validators, evaluate, quoting_bare_etags
+from shardcache.serving.s3_api import parse_list_params
+
+ETAG = '"9b2cf535f27731c974343645a3985328"'
+BARE = ETAG.strip('"')
+
+
+@pytest.mark.parametrize(
+    ("fields", "outcome"),
+    [
+        ({"If-Match": BARE}, Outcome.PROCEED),
+        ({"If-Match": f"other, {BARE}"}, Outcome.PROCEED),
+        ({"If-Match": "other"}, Outcome.PRECONDITION_FAILED),
+        ({"If-None-Match": BARE}, Outcome.NOT_MODIFIED),
+        ({"If-None-Match": f" {BARE} "}, Outcome.NOT_MODIFIED),
+        ({"If-None-Match": ETAG}, Outcome.NOT_MODIFIED),
+        ({"If-None-Match": "*"}, Outcome.NOT_MODIFIED),
+        ({"If-Match": "a\x01b"}, Outcome.PRECONDITION_FAILED),  # no ETag holds that
+    ],
+)
+def test_bare_etags_are_compared_as_s3_compares_them(
+    fields: dict[str, str], outcome: Outcome
+) -> None:
+    validators = Validators(ETAG, None)
+    assert evaluate(quoting_bare_etags(fields), validators) is outcome
+
+
+def test_a_bare_etag_stays_no_entity_tag_for_a_plain_client() -> None:
+    assert evaluate({"If-Match": BARE}, Validators(ETAG, None)) is Outcome.PRECONDITION_FAILED
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"max-keys": "-1"},
+        {"max-keys": "1e9"},
+        {"max-keys": "99999999999"},
+        {"max-keys": "١٢"},  # digits, but not ASCII ones
+        {"list-type": "1"},
+        {"encoding-type": "base64"},
+        {"list-type": "2", "continuation-token": ""},
+        {"prefix": "a\x00b"},
+        {"delimiter": "x" * 1025},
+    ],
+)
+def test_malformed_list_parameters_are_invalid_argument(query: dict[str, str]) -> None:
+    with pytest.raises(BadRequest):
+        parse_list_params(query)
+
+
+@pytest.mark.parametrize(("raw", "kept"), [("0", 0), ("1001", 1000), ("0000000005", 5)])
+def test_max_keys_is_capped_at_s3s_page(raw: str, kept: int) -> None:
+    assert parse_list_params({"max-keys": raw}).max_keys == kept
