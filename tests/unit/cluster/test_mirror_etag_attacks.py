@@ -20,6 +20,7 @@ from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import entity_tag
 from shardcache.origins.responses import info_from
+from shardcache.origins.s3 import _listing as s3_listing
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.cluster.test_upstreams import Clock, upstream
 from tests.unit.fakes import FakeOrigin
@@ -173,3 +174,16 @@ def test_a_blank_etag_header_is_no_etag(header: str) -> None:
     info = info_from(headers, 200, "http://mirror/k")
     assert info.etag is None and info.strong_etag is None
     assert entity_tag(header) is None
+
+
+def test_a_listed_empty_etag_is_no_etag() -> None:
+    """SeaweedFS lists a remote-mounted object with `ETag: ""` as it answers its HEAD: the
+    listing shows no ETag rather than an empty one the HEAD would not show."""
+    response = {
+        "Contents": [
+            {"Key": "p/a.tar", "Size": 3, "ETag": '""'},
+            {"Key": "p/b.tar", "Size": 3, "ETag": '"9b2c"'},
+        ]
+    }
+    listing = s3_listing(response, "p/")
+    assert [(o.key, o.etag) for o in listing.objects] == [("a.tar", None), ("b.tar", '"9b2c"')]
