@@ -3,9 +3,14 @@ not), and the listing parameters' edge values."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shardcache.errors import BadRequest
+from shardcache.origins.file import _info as file_info
+from shardcache.origins.file_listing import list_directory
+from shardcache.origins.listing import ListQuery, ListVersion
 from shardcache.serving.conditionals import Outcome, Validators, evaluate, quoting_bare_etags
 from shardcache.serving.s3_api import parse_list_params
 
@@ -59,3 +64,22 @@ def test_malformed_list_parameters_are_invalid_argument(query: dict[str, str]) -
 @pytest.mark.parametrize(("raw", "kept"), [("0", 0), ("1001", 1000), ("0000000005", 5)])
 def test_max_keys_is_capped_at_s3s_page(raw: str, kept: int) -> None:
     assert parse_list_params({"max-keys": raw}).max_keys == kept
+
+
+def test_a_file_origin_whose_root_is_a_link_lists_its_keys(tmp_path: Path) -> None:
+    """The root an operator configured may be a link (`/data/current -> dataset-v3`): its
+    GETs are served, so its listing must not be empty. Links beneath it are still not
+    followed (a link out of the root lists nothing)."""
+    real = tmp_path / "dataset-v3"
+    (real / "shards").mkdir(parents=True)
+    (real / "shards" / "a.tar").write_bytes(b"abc")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"x")
+    (real / "escape").symlink_to(outside)
+    root = tmp_path / "current"
+    root.symlink_to(real)
+    listing = list_directory(str(root), ListQuery(ListVersion.V2), file_info)
+    assert [o.key for o in listing.objects] == ["shards/a.tar"]
+    escaped = list_directory(str(root), ListQuery(ListVersion.V2, prefix="escape/"), file_info)
+    assert escaped.objects == () and escaped.common_prefixes == ()
