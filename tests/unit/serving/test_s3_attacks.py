@@ -3,6 +3,7 @@ not), and the listing parameters' edge values."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,51 @@ def test_a_file_origin_whose_root_is_a_link_lists_its_keys(tmp_path: Path) -> No
     assert [o.key for o in listing.objects] == ["shards/a.tar"]
     escaped = list_directory(str(root), ListQuery(ListVersion.V2, prefix="escape/"), file_info)
     assert escaped.objects == () and escaped.common_prefixes == ()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="each page reads and sorts the whole directory: listing a directory of N files in "
+    "pages of 1,000 reads N * N / 1,000 entries (200,000 files: 0.8 s a page, ~160 s in all)",
+)
+def test_listing_a_large_directory_page_by_page_reads_each_entry_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aws s3 ls` of one directory of many shards: every page should not read it all again."""
+    files = 3_000
+    (tmp_path / "many").mkdir()
+    for n in range(files):
+        (tmp_path / "many" / f"{n:06d}.tar").write_bytes(b"")
+    read = 0
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, fd: int) -> None:
+            self._scan = scandir(fd)
+
+        def __enter__(self) -> Counted:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._scan.close()
+
+        def __iter__(self) -> Counted:
+            return self
+
+        def __next__(self) -> os.DirEntry[str]:
+            nonlocal read
+            entry = next(self._scan)
+            read += 1
+            return entry
+
+    monkeypatch.setattr(os, "scandir", Counted)
+    token, listed = None, 0
+    while True:
+        query = ListQuery(ListVersion.V2, prefix="many/", max_keys=100, token=token)
+        page = list_directory(str(tmp_path), query, file_info)
+        listed += len(page.objects)
+        if not page.is_truncated:
+            break
+        token = page.next_token
+    assert listed == files
+    assert read <= 4 * files  # 30 pages: each reading all 3,000 is 90,000
