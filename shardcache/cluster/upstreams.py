@@ -32,6 +32,7 @@ It knows nothing of the cache: it is an `Origin` built from other origins.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -66,6 +67,9 @@ STALL_SHARE = 0.9
 # One request's failover stops asking tier members and mirrors after this many read timeouts
 # (the home is always asked): with every member hung, a request must not wait on each in turn.
 FAILOVER_BUDGET = 2
+# (key, a mirror's ETag of its own) -> the home's ETag of the version the home's checksums
+# vouch for, remembered for this many objects (the oldest forgotten first).
+MAX_OWN_ETAGS = 4096
 
 
 class FailoverOrigin:
@@ -91,6 +95,7 @@ class FailoverOrigin:
         self._read_timeout_s = read_timeout_s
         self._min_bytes_per_s = min_bytes_per_s
         self._clock = clock
+        self._home_etags: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
     @property
     def home(self) -> Origin:
@@ -203,6 +208,8 @@ class FailoverOrigin:
                     self.note_failure(answered, disagree, self._clock())
                 raise disagree
             if other.checksums:
+                if is_own_etag and upstream is home:
+                    self._remember_home_etag(key, info, other)
                 return (
                     _named(other.checksums, upstream.role),
                     upstream is home,
@@ -210,6 +217,18 @@ class FailoverOrigin:
                     not is_own_etag,
                 )
         return (), home_error is None, home_error, True
+
+    def _remember_home_etag(self, key: str, info: ObjectInfo, home: ObjectInfo) -> None:
+        """`info` (a mirror's answer) carries an ETag of its own and the home's checksums (of
+        `home`, its HEAD) judge its bytes: a fill of it that resumes from the home asks
+        If-Match on the home's ETag, not the mirror's (which the home would refuse as another
+        version, failing the reader where the home could finish the object)."""
+        if info.strong_etag is None or home.strong_etag is None:
+            return
+        self._home_etags[(key, info.strong_etag)] = home.strong_etag
+        self._home_etags.move_to_end((key, info.strong_etag))
+        while len(self._home_etags) > MAX_OWN_ETAGS:
+            self._home_etags.popitem(last=False)
 
     @staticmethod
     async def _headers_of_get(origin: Origin, key: str) -> ObjectInfo:
@@ -225,10 +244,21 @@ class FailoverOrigin:
     ) -> OriginStream:
         """Open from the first upstream that answers. A tier member's or mirror's answer
         loses the checksums it carries: the fill asks `head`, where the home's win."""
-        upstream, stream, sent_at = await self._first_answer(
-            key, lambda origin: origin.open(key, start, end, if_match)
-        )
+        home = self._chain[-1]
+        home_etag = self._home_etags.get((key, if_match)) if if_match is not None else None
+
+        def ask(origin: Origin) -> Awaitable[OriginStream]:
+            if home_etag is not None and origin is home.origin:
+                return origin.open(key, start, end, home_etag)
+            return origin.open(key, start, end, if_match)
+
+        upstream, stream, sent_at = await self._first_answer(key, ask)
         watched = WatchedStream(stream, upstream, self, sent_at)
+        if upstream is home and home_etag is not None:
+            # A resume of a mirror's answer (its ETag its own) from the home, asked If-Match
+            # on the home's ETag of the version whose checksums judge the whole body: the
+            # same version, shown under the ETag the first answer carried.
+            watched.info = dataclasses.replace(watched.info, etag=if_match)
         if upstream is not self._chain[-1] and watched.info.checksums:
             watched.info = dataclasses.replace(watched.info, checksums=())
         return watched

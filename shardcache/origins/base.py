@@ -122,12 +122,13 @@ def header_text(value: str | None) -> str | None:
 
 def entity_tag(value: str | None) -> str | None:
     """An origin's ETag as `header_text` passes it on, or None when it is empty (`""`,
-    `W/""`). RFC 9110 §8.8.3 allows an empty opaque-tag, but a store that sends one for every
-    object (SeaweedFS for a remote-mounted bucket) names no version with it: read as an ETag it
-    would prove a resume, answer If-None-Match for every object, and differ from the home's
-    real one. Read as none, such an upstream's bytes are verified by the home's checksum."""
+    `W/""`, or a blank header). RFC 9110 §8.8.3 allows an empty opaque-tag, but a store that
+    sends one for every object (SeaweedFS for a remote-mounted bucket) names no version with
+    it: read as an ETag it would prove a resume, answer If-None-Match for every object, and
+    differ from the home's real one. Read as none, such an upstream's bytes are verified by
+    the home's checksum."""
     text = header_text(value)
-    if text is None or text.strip() in ('""', 'W/""'):
+    if text is None or text.strip() in ("", '""', 'W/""'):
         return None
     return text
 

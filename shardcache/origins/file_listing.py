@@ -8,10 +8,11 @@ the resume point are read at all, and a page stops before the next directory onc
 the last name it passed, as S3 may answer fewer keys than asked). A directory is read whole
 (its order is known only then), up to MAX_DIRECTORY_ENTRIES.
 
-Nothing outside the root is listed: every directory is opened beneath its parent without
-following a link (`O_NOFOLLOW`, by descriptor), so a link swapped in during the walk cannot
-lead out. Links are not listed (a link to a file inside the root is still served by name), nor
-are names that are no valid key (`keys.validate_key`).
+Nothing outside the root is listed: every directory beneath the root (which may itself be a
+link the operator configured) is opened beneath its parent without following a link
+(`O_NOFOLLOW`, by descriptor), so a link swapped in during the walk cannot lead out. Links are
+not listed (a link to a file inside the root is still served by name), nor are names that are
+no valid key (`keys.validate_key`).
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def _keys(root: str, prefix: str, after: str, walk: _Walk) -> Iterator[tuple[str
             validate_key(base)
         except InvalidKey:
             return  # no such directory can be under the root: nothing to list
-    try:
-        fd = os.open(root, _DIR_FLAGS)
+    try:  # the root itself may be a link the operator configured: only links beneath stop
+        fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)
     except OSError:
         return
     try:

@@ -134,7 +134,7 @@ def _listing(response: Mapping[str, Any], under: str) -> Listing:
             ListedObject(
                 key[len(under) :],
                 int(item.get("Size", 0)),
-                header_text(item.get("ETag")),
+                entity_tag(item.get("ETag")),
                 modified.timestamp() if modified is not None else None,
             )
         )

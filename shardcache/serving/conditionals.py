@@ -134,6 +134,26 @@ def fields_of(headers: Mapping[str, str]) -> Mapping[str, str]:
     return fields
 
 
+_BARE_TAG = re.compile(r"[\x21\x23-\x2b\x2d-\x7e]+")
+_ETAG_FIELDS = ("If-Match", "If-None-Match", "If-Range")
+
+
+def quoting_bare_etags(fields: Mapping[str, str]) -> Mapping[str, str]:
+    """`fields` with each bare entity-tag of If-Match, If-None-Match and If-Range quoted, as
+    S3 compares them (quoted or not: the AWS Java SDK v1 sends `If-Match: 3858f6…` bare).
+    For S3 clients only: RFC 9110 has no bare tags, and a plain client keeps its strict rule.
+    A field with any quote in it, `*`, or a character no ETag holds is left as it is."""
+    quoted = dict(fields)
+    for name in _ETAG_FIELDS:
+        value = fields.get(name)
+        if value is None or '"' in value or value.strip() == "*":
+            continue
+        members = [member.strip() for member in value.split(",") if member.strip()]
+        if members and all(_BARE_TAG.fullmatch(member) for member in members):
+            quoted[name] = ", ".join(f'"{member}"' for member in members)
+    return quoted
+
+
 def is_conditional(headers: Mapping[str, str]) -> bool:
     """True when `headers` carry a precondition that may turn the answer into a 304 or 412."""
     return any(name in headers for name in PRECONDITION_HEADERS)

@@ -106,13 +106,16 @@ async def track_connection(request: web.Request, handler: Handler) -> web.Stream
 
 
 @web.middleware
-async def admit_request(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def admit_request(
+    request: web.Request, handler: Handler, path: str | None = None
+) -> web.StreamResponse:
     """Refuse, before anything else is done for it, a request with an encoded body (none is
     taken; the daemon runs aiohttp with auto_decompress off, so nothing inflates one meanwhile)
     one a loopback daemon gets under a foreign Host name (DNS rebinding), a change a web page
     of another site sent (`access.is_cross_site`), and one for a protected path without the
     admin token. One middleware: each layer costs every request, and 64 KiB hits are counted
-    in requests per second."""
+    in requests per second. `path`: the path whose protection applies, when it is not the
+    request's own (a virtual-hosted S3 request's `/metrics` is an object, not the probe)."""
     encoding = request.headers.get("Content-Encoding")
     if encoding is not None and encoding.strip().lower() not in ("", "identity"):
         response = json_error(415, f"request bodies may not be encoded ({encoding[:40]!r})")
@@ -135,7 +138,7 @@ async def admit_request(request: web.Request, handler: Handler) -> web.StreamRes
     ):
         request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
         raise CrossSite("a change to the daemon sent by a web page of another site is refused")
-    if access.is_protected(request.path) and SIGNER_KEY not in request:
+    if access.is_protected(path or request.path) and SIGNER_KEY not in request:
         basic = access.takes_basic(request.method, request.path)  # the status page
         if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):
             request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()

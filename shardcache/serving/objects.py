@@ -18,7 +18,7 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 
 from aiohttp import web
 
@@ -53,6 +53,7 @@ from shardcache.serving.conditionals import (
     fields_of,
     http_date,
     is_conditional,
+    quoting_bare_etags,
     range_applies,
 )
 from shardcache.serving.middleware import (
@@ -65,6 +66,7 @@ from shardcache.serving.middleware import (
     json_error,
 )
 from shardcache.serving.ranges import ByteRange, parse_range
+from shardcache.serving.s3_errors import S3_KEY
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -132,7 +134,7 @@ def _precondition_response(
 
     A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
     body; a 412 is a JSON error like any other."""
-    outcome = evaluate(fields_of(request.headers), validators)
+    outcome = evaluate(_conditional_fields(request), validators)
     if outcome is Outcome.PROCEED:
         return None
     headers = {"X-Shardcache": result.value}
@@ -146,12 +148,18 @@ def _precondition_response(
     return json_error(412, "a precondition of the request does not hold", headers)
 
 
+def _conditional_fields(request: web.Request) -> Mapping[str, str]:
+    """The request's conditional fields; an S3 client's bare ETags quoted, as S3 reads them."""
+    fields = fields_of(request.headers)
+    return quoting_bare_etags(fields) if request.get(S3_KEY) is not None else fields
+
+
 def _wanted_range(
     request: web.Request, validators: Validators, size_bytes: int
 ) -> ByteRange | None:
     """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
     does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
-    if not range_applies(fields_of(request.headers), validators):
+    if not range_applies(_conditional_fields(request), validators):
         return None
     return parse_range(request.headers.get("Range"), size_bytes)
 

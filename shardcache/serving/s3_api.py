@@ -124,21 +124,25 @@ async def s3_requests(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     request[S3_KEY] = s3
 
+    # Protected as the path-style request it stands for: a virtual-hosted `/metrics` is the
+    # object `metrics`, which needs the token like any other, never the open probe.
+    path = f"/{s3.bucket}{request.path}" if s3.is_virtual_host else request.path
+
     async def admitted(request: web.Request) -> web.StreamResponse:
         if request.method not in READS:  # a write is refused alike, whatever its body holds
             raise web.HTTPMethodNotAllowed(request.method, list(READS))
-        _check_signature(request)
-        return await admit_request(request, serve_s3)
+        _check_signature(request, path)
+        return await admit_request(request, serve_s3, path)
 
     return await answer_as_s3(request, s3, admitted)
 
 
-def _check_signature(request: web.Request) -> None:
+def _check_signature(request: web.Request, path: str) -> None:
     """Where reads need the token and S3 access keys are configured, a signed request's SigV4
     signature: valid, it stands for the token (`SIGNER_KEY`); else S3's error. An unsigned
     request, or one with the token, is left to `admit_request`."""
     access = request.app[ACCESS_KEY]
-    if not access.s3_keys or not access.is_protected(request.path):
+    if not access.s3_keys or not access.is_protected(path):
         return
     headers = request.headers
     authorization = headers.get("Authorization")

@@ -1,0 +1,75 @@
+"""Attacks on the S3-compatible read API with real clients (boto3, curl) against a daemon over a
+file origin: what S3 accepts must be accepted here, what it refuses refused as S3 refuses it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import botocore.exceptions
+import pytest
+
+from tests.integration.helpers import curl
+from tests.s3_stores import client_for
+
+S3_HEADERS = ("-H", "x-amz-date: 20260101T000000Z")  # what makes curl an S3 client here
+
+
+@pytest.fixture
+def bucket(start_daemon, tmp_path: Path):  # type: ignore[no-untyped-def]
+    root = tmp_path / "bkt"
+    (root / "dir").mkdir(parents=True)
+    data = os.urandom(10_000)
+    (root / "dir" / "a.tar").write_bytes(data)
+    daemon = start_daemon({"bkt": f"file://{root}"})
+    return daemon, data
+
+
+def test_an_unquoted_etag_in_if_match_and_if_none_match_is_s3s_etag(bucket) -> None:  # type: ignore[no-untyped-def]
+    """S3 compares precondition ETags quoted or not (the AWS Java SDK v1 sends them bare): an
+    unquoted If-Match of the object's ETag is a match (200, not 412), an unquoted
+    If-None-Match of it a 304."""
+    daemon, data = bucket
+    client = client_for(daemon.url)
+    etag = client.head_object(Bucket="bkt", Key="dir/a.tar")["ETag"]
+    bare = etag.strip('"')
+    got = client.get_object(Bucket="bkt", Key="dir/a.tar", IfMatch=bare)
+    assert got["Body"].read() == data
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        client.get_object(Bucket="bkt", Key="dir/a.tar", IfNoneMatch=bare)
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 304
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        client.get_object(Bucket="bkt", Key="dir/a.tar", IfMatch="not-its-etag")
+    assert caught.value.response["Error"]["Code"] == "PreconditionFailed"
+    # A plain (non-S3) client keeps RFC 9110's strict rule: a bare tag is no entity-tag.
+    plain = curl(f"{daemon.url}/bkt/dir/a.tar", "-H", f"If-Match: {bare}")
+    assert plain.status == 412
+
+
+@pytest.mark.parametrize("name", ["metrics", "healthz", "readyz"])
+def test_a_virtual_hosted_key_named_like_a_probe_still_needs_the_token(
+    name: str, start_daemon, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Reads behind the token on 0.0.0.0: `Host: bkt.localhost` and `GET /metrics` names the
+    object `metrics` of bucket `bkt`, not the probe. It needs the token (or a signature)
+    like any other object: the open paths are open only as the daemon's own endpoints."""
+    root = tmp_path / "bkt"
+    root.mkdir()
+    (root / name).write_bytes(b"secret bytes")
+    token = "t" * 32
+    daemon = start_daemon(
+        {"bkt": root.as_uri()},
+        "--require-token-for-reads",
+        listen_host="0.0.0.0",
+        env={"SHARDCACHE_ADMIN_TOKEN": token},
+        token=token,
+    )
+    refused = curl(f"{daemon.url}/{name}", "-H", "Host: bkt.localhost")
+    assert refused.status == 403 and b"secret bytes" not in refused.body, refused
+    assert daemon.metric("shardcache_origin_requests_total", origin="bkt", status="ok") == 0
+    granted = curl(
+        f"{daemon.url}/{name}", "-H", "Host: bkt.localhost", "-H", f"Authorization: Bearer {token}"
+    )
+    assert (granted.status, granted.body) == (200, b"secret bytes")
+    probe = curl(f"{daemon.url}/{name}")  # the daemon's own endpoint stays open
+    assert probe.status == 200 and b"secret bytes" not in probe.body
