@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 
 from tests.daemon_process import Daemon
 from tests.integration.helpers import run_cli, wait_for
@@ -92,6 +93,23 @@ def test_a_look_ahead_wait_says_why_and_emptying_the_queue_releases_it(
     assert daemon.log().count("prefetch waits for the look-ahead budget") == 1
 
 
+def _as_a_shell_starts_it() -> None:
+    """The command's SIGINT as a terminal's shell leaves it: handled, not blocked. A child
+    inherits its parent's ignored signals and signal mask, and in the whole suite (not alone)
+    the command started with SIGINT held off and never saw the Ctrl-C (twice, 60 s)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def _signal_state(pid: int) -> str:
+    """The process's blocked, ignored and caught signals, as the kernel shows them."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return f"no status: {exc}"
+    return "; ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -> None:
     _put_shards(origin, 8)
     daemon: Daemon = start_daemon(
@@ -104,11 +122,14 @@ def test_ctrl_c_drops_what_is_still_queued(origin: OriginServer, start_daemon) -
         stderr=subprocess.PIPE,
         text=True,
         env=environ,
+        preexec_fn=_as_a_shell_starts_it,
     )
     wait_for("the budget wait", lambda: daemon.get_json("/_/prefetch")[1]["waiting_for"])
     waiting.send_signal(signal.SIGINT)
     try:  # a loaded CI machine: the cancel is a round trip to the daemon
         _, stderr = waiting.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"Ctrl-C did not stop it: {_signal_state(waiting.pid)}") from None
     finally:
         if waiting.poll() is None:  # never leak it into the next test's garbage collection
             waiting.kill()
