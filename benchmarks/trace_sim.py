@@ -38,7 +38,8 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardcache.cache.admission import ScanResistantAdmission  # noqa: E402
-from shardcache.cache.plans import PlanBook, choose_victim  # noqa: E402
+from shardcache.cache.eviction import choose_victim  # noqa: E402
+from shardcache.cache.plans import PlanBook  # noqa: E402
 from shardcache.loader.webdataset import PLAN_EPOCHS_AHEAD  # noqa: E402
 
 LRU_CANDIDATES = 64  # as the store's batch: eviction looks at this many LRU entries at a time

@@ -22,12 +22,12 @@ store supplies the candidates from its index; nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from shardcache.cache.admission import ScanResistantAdmission
-from shardcache.cache.plans import PlanBook, choose_victim
+from shardcache.cache.plans import PlanBook
 from shardcache.errors import NotAdmitted
 
 
@@ -114,3 +114,35 @@ def ordinary_policy(admission: ScanResistantAdmission | None) -> EvictionPolicy:
 
 def _never(key: str) -> bool:
     return False
+
+
+def choose_victim(
+    candidates: Iterable[str],
+    fill_key: str | None,
+    plans: PlanBook,
+    is_protected: Callable[[str], bool],
+    excluded: Callable[[str], bool],
+) -> tuple[str | None, bool]:
+    """Plan-aware eviction: return (victim, admit) for a fill of `fill_key`.
+
+    `candidates` are evictable keys, least recently used first (a bounded batch). The victim is
+    the first that no plan reads again and admission does not protect; else the first no plan
+    reads again (protected: only a fill some plan reads again may take its place); else the one
+    whose next planned use is furthest, which a fill may take only when it is needed sooner.
+    `admit` False means: stream the fill through. (None, False) when nothing is evictable.
+    """
+    unplanned_protected: str | None = None
+    for key in candidates:
+        if plans.next_use_s(key) is None:
+            if not is_protected(key):
+                return key, True
+            if unplanned_protected is None:
+                unplanned_protected = key
+    fill_use = plans.next_use_s(fill_key) if fill_key is not None else None
+    if unplanned_protected is not None:
+        return unplanned_protected, fill_use is not None
+    furthest = plans.furthest(excluded)
+    if furthest is None:
+        return None, False
+    victim, victim_use = furthest
+    return victim, fill_use is not None and fill_use < victim_use

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.plans import PlanBook, PlanRefused, choose_victim
+from shardcache.cache.eviction import choose_victim
+from shardcache.cache.plans import PlanBook, PlanRefused
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 

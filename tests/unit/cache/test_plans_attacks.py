@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from shardcache.cache.plans import PlanBook, choose_victim
+from shardcache.cache.eviction import choose_victim
+from shardcache.cache.plans import PlanBook
 
 
 class Clock:
