@@ -16,6 +16,7 @@ from shardcache.cache.fill import Fill, FillState
 from shardcache.cache.flights import Flights
 from shardcache.cache.store import Store
 from shardcache.cache.unread import Unread
+from shardcache.errors import CacheError
 from shardcache.observer import Observer
 from shardcache.origins.base import Origin
 
@@ -74,3 +75,17 @@ async def purge_entries(
         await fill.wait_finished()
     deleted = await asyncio.to_thread(lambda: [url for url in urls if store.delete(url)])
     return Purged(deleted, not_kept)
+
+
+async def drop_damaged(store: Store, url: str, fd: int) -> bool:
+    """Drop the entry of cache key `url` a hit found damaged (short, or failing its block
+    check) if it is still the version the hit holds open as `fd`, and return whether it was
+    dropped. A fill in flight (the refetch) and a version committed since are left alone; a
+    cache dir that cannot be written is a warning (the hit's client sees its failure either
+    way). Never raises: an error after a response's headers would be written as its last
+    bytes."""
+    try:
+        return await asyncio.to_thread(store.walks.drop_if_open, url, fd)
+    except CacheError as exc:
+        store.warnings.warning(log, "drop", "cannot drop damaged %s: %s", url, exc)
+        return False

@@ -21,7 +21,7 @@ from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill, FillState
 from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
-from shardcache.cache.purge import Purged, purge_entries
+from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
 from shardcache.cache.unread import Unread
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
@@ -263,20 +263,13 @@ class ShardCache:
         return purged
 
     async def drop_damaged(self, origin_name: str, key: str, entry: Entry) -> bool:
-        """Drop the entry of `key` a hit found damaged (short, or failing its block check) if
-        it is still the version `entry` holds open, and return whether it was dropped. A fill
-        in flight (the refetch) and a version committed since are left alone; a cache dir that
-        cannot be written is a warning (the hit's client sees its failure either way). Never
-        raises: an error after a response's headers would be written as its last bytes."""
+        """Drop the entry of `key` a hit found damaged if `entry` still holds that version
+        open (`purge.drop_damaged`); return whether it was dropped. Never raises."""
         try:
             _, url = self.cache_key(origin_name, key)
         except UnknownOrigin:  # reloaded away meanwhile: its entries are not served any more
             return False
-        try:
-            return await asyncio.to_thread(self.store.walks.drop_if_open, url, entry.fd)
-        except CacheError as exc:
-            self.store.warnings.warning(log, "drop", "cannot drop damaged %s: %s", url, exc)
-            return False
+        return await drop_damaged(self.store, url, entry.fd)
 
     async def purge_entries(self, origin: Origin, urls: list[str]) -> Purged:
         """Delete the entries of cache keys `urls` and keep none of their fills in flight
@@ -286,11 +279,6 @@ class ShardCache:
         )
 
     # -- prefetch --------------------------------------------------------------------------
-
-    def needed_in_s(self, url: str) -> float | None:
-        """Seconds until a loader will read cache key `url`, by the plans; None when no plan
-        names it. May wait for the plans' lock: call it from a worker thread."""
-        return self.store.next_use_s(url)
 
     @property
     def unread_bytes(self) -> int:

@@ -177,7 +177,7 @@ class PrefetchQueue:
         cached = {url for url in urls if self.cache.store.peek(url) is not None}
         if warm:
             return urls, cached, {}
-        needed = {url: self.cache.needed_in_s(url) for url in urls if url not in cached}
+        needed = {url: self.cache.store.next_use_s(url) for url in urls if url not in cached}
         return urls, cached, {url: s for url, s in needed.items() if s is not None}
 
     def on_client_read(self, origin: str, key: str) -> None:
