@@ -1,31 +1,9 @@
 """Scan-resistant admission: which cached entries a new fill may not evict (pure, no I/O).
 
-With a dataset larger than the cache, read once per epoch in a fresh order, least-recently-used
-eviction throws away the shards the next epoch needs and keeps few hits (0.12-0.14 at a cache of
-half the dataset, where C/N = 0.50 is possible). The rule here: an entry read recently, in reads
-rather than seconds, is *protected*; when the eviction candidate is protected, the new fill is
-not admitted (it streams through uncached) instead of evicting it.
-
-"Recently" is `passes` re-reference distances: an entry is protected while fewer requests have
-passed since its last request than `passes` times the larger of its own last re-reference
-distance and the typical one (the 75th percentile of recent re-reads' distances); an entry never
-re-read uses the number of distinct keys requested so far. Two passes keep a reshuffled or
-sequential epoch's resident set, since every key comes back within two passes over the working
-set. A shorter horizon ("a cache's worth of other bytes twice over") lets the next miss evict
-what the epoch still needs.
-
-A workload that moves to another dataset: the resident set stops serving. Once the cache has
-served hits, a typical re-reference distance of requests with no hit at all (and at least 16
-times the usual spacing between hits) means the entries
-are no longer the working set: entries not read since that last hit lose their protection for
-good (what is admitted after it, and any of them read again, keep the usual one) (measured in
-`benchmarks/trace_sim.py --switch`: the new dataset's share is cached during its second pass,
-hits from its third; per-entry ageing alone took until the fifth). In a working steady state,
-a whole pass without one hit does not happen unless the cache holds almost nothing.
-
-The store consults it (`Store(admission=...)`); `benchmarks/trace_sim.py` replays traces
-through it against LRU and the offline optimum.
-"""
+An entry read within `passes` re-reference distances is protected: a fill whose eviction
+candidate is protected is not admitted (it streams through uncached). Once a whole pass brings
+no hit, the entries not read since the last hit lose their protection for good (a new dataset).
+How the distances are judged, and the figures: docs/architecture.md."""
 
 from __future__ import annotations
 

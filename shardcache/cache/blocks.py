@@ -1,12 +1,7 @@
-"""Per-block digests of an entry: a CRC-32C for each BLOCK_BYTES of its file, kept at commit
-from the spans of blocks the landings hashed as they wrote (`cache.body_check`), so a hit
-(whole or a range) checks only the blocks it sends. Pure but for `check_blocks`, which reads
-a file (blocking: call it on a worker thread).
-
-Block size: 1 MiB (Mountpoint's cache block). A range checks at most two blocks more than it
-sends (2 MiB of CRC-32C, ~0.25 ms at 8 GB/s from the page cache), and the digests cost 4 bytes
-a MiB: a 4 GiB shard keeps 16 KiB (22 KiB as base64 in its index row).
-"""
+"""Per-block digests of an entry: a CRC-32C for each BLOCK_BYTES (1 MiB) of its file, kept at commit
+from the spans the landings hashed as they wrote, so a hit (whole or a range) checks only the
+blocks it sends. Pure but for `check_blocks`, which reads a file (blocking: call it on a worker
+thread)."""
 
 from __future__ import annotations
 

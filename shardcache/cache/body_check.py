@@ -1,22 +1,8 @@
 """`BodyCheck`: what a fill's body is checked against and hashed into before it is committed.
 
-- The published checksums (`learn`): from the first response when it was the whole object,
-  else from a HEAD (with the fill's retries); when the HEAD fails for good, so does the fill:
-  "no checksums" is only believed from an origin that answered and published none (then the
-  length is all that is checked). All usable ones are kept for a second opinion.
-- The in-order pass (`run`, beside the download): the contiguous prefix is read back and
-  hashed with the cheapest published checksum as it grows; a body failing it gets a second
-  opinion (`second_opinion`). An object with no checksum is not read back at all.
-- The digests kept with the entry (`keep`): the verified checksum's, or else the CRC-32C the
-  landings took as they wrote (`shardcache verify`'s), and the CRC-32C per block a hit is
-  checked against (`blocks`), combined from the spans the landings took as they wrote
-  (`crc_spans`). A block the spans do not tile exactly (a landing that failed inside it and
-  was resumed, a stream that takes none) is read back from the file, and all of them are when
-  the blocks do not combine into the landings' whole-body CRC-32C: a digest kept always
-  describes the bytes committed, and a miss reads nothing back for them.
-
-It knows the fill's file descriptor and its download, not the fill's readers or lifecycle.
-"""
+Its parts: the published checksums (`learn`), the in-order pass beside the download (`run`),
+and the digests kept with the entry (`keep`); a digest kept always describes the bytes committed.
+It knows the fill's file descriptor and its download, not the fill's readers or lifecycle."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """What the cache holds for one origin, listed by glob in bounded pages (`GET /_/cache`,
 `DELETE /_/cache`; `shardcache ls` and `shardcache purge` page through them).
 
-Cache keys are origin URLs (`Origin.url_for`); an origin's keys share a prefix (and, for an S3
-origin with its own endpoint, a suffix), so one origin's entries are one range of the index's
-key order. A page is one range scan of at most SCAN_ROWS index rows, run by the caller on a
-worker thread: however large the cache, a request costs that much and answers with a cursor to
-go on from. This module knows nothing of HTTP; it must not delete (purging is `ShardCache`'s).
-"""
+A page is one range scan of at most SCAN_ROWS index rows, run by the caller on a worker thread,
+answered with a cursor. Knows nothing of HTTP; it must not delete (purging is `ShardCache`'s)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The cache directory on disk: its layout, its lock, partial files, and its health.
-
-Layout: `<dir>/v1/lock` (flock'd by the one daemon using it), `v1/index/` (the index, see
-`cache.index`) and `v1/partial/` (fills in progress, swept at start-up: a crash or kill
-interrupted them). Health: whether the directory is still the one opened (deleted and back,
-unmounted), writable, and not full. Knows nothing of entries, eviction, HTTP or origins.
-All methods block.
-"""
+"""The cache directory on disk: its layout (`v1/lock`, `v1/index/`, `v1/partial/`), its lock,
+partial files (swept at start-up), and its health (still the one opened, writable, not full).
+Knows nothing of entries, eviction, HTTP or origins. All methods block."""
 
 from __future__ import annotations
 

@@ -1,24 +1,8 @@
 """Eviction policies as objects behind one interface: which entry goes first to make room for a
-fill, and whether the fill is worth it.
+fill, and whether the fill is worth it (`LeastRecentlyUsed`, `ScanResistant`, `PlanAware`).
 
-`EvictionPolicy.choose(candidates, for_key, protect, is_spared)` gets the evictable keys, least
-recently used first, and returns the one to evict (None: nothing may go); with `protect`, it
-raises `NotAdmitted` when the policy keeps that entry over a fill of `for_key` (the fill then
-streams through uncached). The policies:
-
-- `LeastRecentlyUsed`: plain LRU (`--eviction lru`);
-- `ScanResistant` (the default): when the entry LRU would take is still in use
-  (`ScanResistantAdmission.is_protected`), the fill is not admitted instead of throwing away
-  what the next epoch reads;
-- `PlanAware`: while a loader's plan is active, what no plan reads again (LRU among those,
-  sparing what admission protects), then what the plans read furthest away, admitting a fill
-  only when it is needed before that victim (`shardcache.cache.plans.choose_victim`). A look-ahead
-  prefetch is then an ordinary fill (the plans rank it as needed soon): no transient area is
-  kept free (`cache.transient`).
-
-The store asks `PlanAware` while a plan is active and its ordinary policy otherwise. Pure: the
-store supplies the candidates from its index; nothing here does I/O.
-"""
+`choose` returns the key to evict (None: nothing may go), or raises `NotAdmitted` when the policy
+keeps that entry over the fill. Pure: the store supplies the candidates from its index."""
 
 from __future__ import annotations
 

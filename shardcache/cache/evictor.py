@@ -1,12 +1,8 @@
-"""The evictor: makes room for fills, by the eviction policy, and owns what eviction must spare.
+"""The evictor: makes room for fills, by the eviction policy, and owns what eviction must spare:
+the pins, the transient area, the batched access times that order LRU.
 
-It owns the pins (look-ahead prefetches nobody has read yet), the transient area
-(`cache.transient`), the batched access times that order LRU, and the choice of victim
-(`cache.eviction`: the plans' policy while a plan is active, else the ordinary one). The store
-owns the space (capacity, what is used and reserved) and calls in here with its lock held; every
-method but `pin` and `unpin` must be called so. Knows nothing of reservations' files, HTTP or
-origins.
-"""
+The store owns the space and calls in here with its lock held; every method but `pin` and
+`unpin` must be called so. Knows nothing of reservations' files, HTTP or origins."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
 """`Fill`: one download of one object into a partial file, that any number of readers tail.
-Lifecycle: `fill_state` (the diagram and the transition table).
+Lifecycle: `fill_state`; what the body is checked against: `body_check`.
 
-Who wants it: a fill fetches for the readers that hold it (`hold`, from the moment each joins
-or starts it, to the end of its response) and, when the prefetch queue started or joined it
-(`keep_unread`), for the cache. When the last holder lets go while the body is still being
-fetched (STARTING or FILLING) and no prefetch wants it, it stops unless nearly done
-(`ShardCache`'s rule): FAILED, `FillAbandoned`; its partial file, reservation and origin
-connections go. Admission letting a client's miss into the store does not keep it: that said
-the object may be cached if fetched for a reader, not that it is worth fetching for nobody;
-an object admission refuses streams through (PASSTHROUGH) and stops with its one reader.
-A body already complete (VERIFIED) is committed whoever is left. A purge (`do_not_keep`)
-lets a fill still fetching finish for its readers, then not commit it (DISCARDED). The cache
-(`ShardCache`) takes it out of the flights at the moment it is given up, so no reader can
-join it after.
-
-Integrity: readers may send bytes as soon as they are on disk *except the last byte of their
-response*, which waits for VERIFIED: full length, every later response proven the first one's
-version (the same strong ETag or checksum: `ObjectInfo.proves_same_version`), and every
-published checksum matched. A fill that fails therefore never completes anyone's response,
-whole object or range: a reader that gets an error aborts its connection (a failed transfer).
-What the body is checked against, and the digests kept with it: `body_check`. Bytes:
-`segments.SegmentedDownload` (parallel ranged connections, each segment resuming on its own).
-"""
+Invariant: a reader's last byte waits for VERIFIED, so a fill that fails never completes
+anyone's response. Who keeps a fill going, and when it stops: docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Single-flight: at most one `Fill` per cache key is in flight; later requests join it.
 
-`join_or_start` is synchronous (no await between the lookup and the insert), which is what makes
-it atomic on the event loop. An entry leaves the map when its fill finishes, before any
-follow-up request could start a duplicate: the order is (1) commit to the store, (2) `finish()`.
-A purged fill is `detach`ed: no request joins it any more (the next one starts afresh), but it
-is still iterated (shutdown cancels it) until it finishes.
-"""
+`join_or_start` has no await between lookup and insert (atomic on the event loop). The order
+at a fill's end is (1) commit to the store, (2) `finish()`; a purged fill is `detach`ed: no
+request joins it any more, but shutdown still cancels it."""
 
 from __future__ import annotations
 

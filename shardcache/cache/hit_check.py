@@ -1,19 +1,9 @@
 """`HitChecker`: a hit's bytes checked against the block digests kept at commit, before its
 last byte leaves (the serving side holds it back; `serving.body.send_checked`).
 
-Cost bound: each block of an entry version is read and hashed at most once per `window_s`
-(the `verify_hits_window` setting, 2 s), however many readers send it: a block checked since
-`window_s` before a read began counts for that read, and a block another read is checking
-now is waited for, not read again (single flight, one future per batch). So N readers of one
-hot shard cost what one does, once a window; the price is that a block rotting after its
-check can be served clean within that window. Blocks are read `BATCH_BLOCKS` at a time, one
-worker-thread hop per batch, from the page cache the hit's sendfile reads too.
-
-Entries committed before block digests existed (a whole-object digest only) are checked whole
-on their first hit: that one read computes their block digests as well, kept in memory, so
-later hits and ranges check only their blocks (until the daemon restarts or the entry falls
-out of the MAX_RECORDS memory). An entry with no digest at all is served as before.
-"""
+Each block of an entry version is read at most once per `window_s` however many readers send
+it (single flight per batch); the price: a block rotting after its check can be served clean
+within that window. Entries with a whole-object digest only are checked whole on a first hit."""
 
 from __future__ import annotations
 

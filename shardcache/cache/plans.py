@@ -1,35 +1,9 @@
 """Loaders' plans: which cached entries each job reads next, and when (pure, no I/O).
 
-A plan is the ordered list of cache keys one job (one loader worker) will read: this epoch's
-remaining order after its node and worker split, optionally followed by the next epoch's
-(`POST /_/plan`). The book tracks each plan's position from the job's own reads of its keys (no
-extra calls: a read of the key at or after the cursor moves the cursor past it) and its pace
-(seconds per shard, a moving average), so that a position becomes a time: the next planned use
-of a key is the soonest, over every plan that reads it again, of (index - cursor) x pace.
-
-Eviction with plans (`Store`): first the entries no plan reads again, then the one whose next
-planned use is furthest (Belady's rule). One max-heap holds the cached keys by the predicted
-time of their next use (a clock time: a plan's positions move with its reads, the times do
-not; infinity for a key no plan reads again, a plan moved past it, was replaced or was
-dropped as quiet (then the heap is rebuilt at eviction's next ask), so that eviction finds it
-even beyond its batch of least recently used entries); an entry is pushed
-again when a read or a post changes it, and the top is rechecked and
-re-pushed when stale, so the furthest entry costs O(log C) amortised for C cached entries,
-never a scan of the cache (the heap is rebuilt when stale entries outnumber live ones 4 to 1,
-by the store's threads: never by a read on the event loop).
-Each plan indexes its own keys (a dict of first positions, ints only, and sorted positions for
-the few keys listed twice), so a plan costs a handful of objects the garbage collector tracks,
-not one per key: a post of a million keys must not make every later collection stall the event
-loop. A read is matched against each plan (at most MAX_PLANS dict lookups). Memory: about 45
-bytes per planned key besides the key string (tracemalloc, 100,000 keys; the positions are int
-objects shared by all plans), and the key strings are interned, so plans of one dataset share
-them (ten plans of the same 100,000 keys: 63 MB, against 159 MB). A plan's keys are a tuple:
-one of strings only, which the collector stops tracking, so that full collections (on the
-event loop too) do not walk a million planned keys. Posts are refused beyond MAX_PLANNED_KEYS
-keys or MAX_PLANNED_KEY_CHARS characters in all, finished plans giving way first. A plan whose
-job posted nothing and read none of its keys for `quiet_after_s` is dropped; a job that posts
-again replaces its plan.
-"""
+A plan is one job's ordered keys; its cursor moves with the job's own reads and its pace turns a
+position into a time. Eviction takes what no plan reads again, then the furthest next use
+(Belady), from a max-heap: O(log C) amortised, never a scan, never rebuilt on the event loop.
+Memory and garbage-collector bounds: docs/architecture.md."""
 
 from __future__ import annotations
 

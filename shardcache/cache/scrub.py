@@ -1,16 +1,9 @@
 """The online scrub: re-reads cached entries at a bounded rate and drops those whose bytes no
-longer match the digest kept at commit, so bit rot becomes a miss (refetched) instead of a hit.
+longer match the digest kept at commit, so bit rot becomes a miss instead of a hit.
 
-Pieces: `Pacer` (the rate bound: sleeps to keep the average) and `check_entry` (one entry, read
-in chunks with `pread`, blocking) in `scrub_check`; here `Scrubber` (the background pass and the
-on-demand full-speed pass behind `POST /_/verify`) and `_Runner` (its thread). Invariants: one
-dedicated, low-priority thread does every read, so at most one entry's read is in flight and
-the event loop and the shared workers never wait on it; entries are walked in index (rowid)
-order, resuming after the last one, and those committed since the pass began are skipped
-(they were verified as they streamed in); an entry is dropped only if it is still the version
-that was read (`Walks.drop_if_unchanged`). Hits are untouched: they stay zero-copy. This
-module knows nothing of HTTP or metrics; the daemon reads `stats`.
-"""
+One dedicated low-priority thread does every read; entries are walked in rowid order; an entry
+is dropped only if it is still the version read (`Walks.drop_if_unchanged`). Knows nothing of
+HTTP or metrics; the daemon reads `stats`."""
 
 from __future__ import annotations
 
@@ -111,8 +104,8 @@ class Scrubber:
         self._stopping = threading.Event()
         # An on-demand pass under way: the background pass steps aside (its entry's read
         # stops, its pacing sleep ends) so that `verify` runs at full speed and alone, and
-        # every damaged entry is in its report (issue 24 review: a paced pass held it to the
-        # rate, and one it dropped meanwhile was missing from the report).
+        # every damaged entry is in its report (a background pass dropping one meanwhile
+        # would leave it out).
         self._verifying = threading.Event()
         self._wake = threading.Event()  # set by stop() and by an on-demand pass
         self._sleep = sleep or self._wake.wait  # the pacer's: returns early on either

@@ -1,13 +1,8 @@
 """The transient area: look-ahead prefetches held under admission until they are read once.
 
-A look-ahead prefetch (a key pinned before its reservation, that no plan reads) may evict to
-make room within an area that grows to what prefetch has held (at most `max_bytes`) and that
-ordinary fills leave free. Once read, the store settles it at its next reservation: kept if
-admission would admit it as an ordinary fill, else dropped. This object only keeps the books
-(bytes held and reserved, which entries were read, the area, what was kept and dropped); the
-store decides, under its lock. `unpinned` runs on the event loop without that lock: set and dict
-operations are atomic under the GIL (the store's pin note says why no ordering is lost).
-"""
+This object only keeps the books (bytes held and reserved, which entries were read, what was
+kept and dropped); the store decides, under its lock. `unpinned` runs on the event loop without
+that lock: its set and dict operations are atomic under the GIL."""
 
 from __future__ import annotations
 

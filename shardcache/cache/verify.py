@@ -1,14 +1,8 @@
 """Offline verification of a cache directory (`shardcache verify`): each entry's length and
-digest, and the index against the files on disk.
+digest kept at commit, and the index against the files on disk; `repair` drops what is damaged.
 
-Digests are the ones kept at commit time (`EntryMeta.digests`, computed while the bytes streamed
-in, so checking costs one read of each file) and the verified checksums an entry republishes;
-an entry committed before digests were kept is checked for its length only. The store's lock
-keeps a running daemon and this check apart: with one running, `verify_cache` raises CacheInUse
-and `cli` asks the daemon's scrub instead (`POST /_/verify`, `cache.scrub`). `repair` drops
-what is damaged (entries, orphan files, rows without files) and the partial files of
-interrupted fills (listed, not counted as damage: the daemon sweeps them at start).
-"""
+With a daemon holding the store's lock, `verify_cache` raises CacheInUse (`cli` then asks the
+daemon's scrub, `POST /_/verify`)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The store's walks: reading the index whole rather than one key at a time.
-
-For the online scrub, a stable walk in rowid order and dropping a damaged version only if it is
-still the one stored; for listing (`GET /_/cache`, `shardcache ls`), one bounded key range and
-why eviction spares a key; for `shardcache verify`, every entry, the partial files and
-diskcache's own check. All block: callers run them on a worker thread. What this module must not
-know: space, reservations and commit (`store`), which entry eviction takes (`evictor` and the
-policies), HTTP.
-"""
+"""The store's walks: reading the index whole (the scrub's rowid walk, listing's key ranges,
+`shardcache verify`'s every entry) rather than one key at a time. All block: callers run them
+on a worker thread. Must not know: space, reservations and commit (`store`), which entry
+eviction takes (`evictor`, the policies), HTTP."""
 
 from __future__ import annotations
 
