@@ -1,12 +1,8 @@
 """The backlog: what the prefetch queue holds, by lane, by key and by batch.
 
-The two lanes' pending entries (look-ahead in deadline order, warming in the order queued), the
-(origin, key) pairs queued or running (so a key is queued once), the order that breaks ties
-between deadlines, and the batches by id: an unfinished batch stays in the table while any entry
-of it is pending, so an entry's batch id always finds it; finished ones are kept to a bound.
-What this module must not know: fills, the cache, the look-ahead budget, slots, how an item is
-started (the queue's dispatchers take entries from the lanes and turn them into items here).
-"""
+A key is queued once; an unfinished batch stays in the table while any entry of it is pending,
+so an entry's batch id always finds it. Must not know: fills, the cache, the look-ahead budget,
+slots, how an item is started."""
 
 from __future__ import annotations
 

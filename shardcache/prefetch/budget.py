@@ -1,12 +1,8 @@
 """The look-ahead budget: how many prefetched, unread bytes the queue may have ahead of loaders.
 
-A look-ahead item starts its fill only once its size (from a HEAD) fits `max_unread_bytes` on
-top of what is unread (the cache's pins) and what items admitted before it hold until their
-fills pin their shards; admission follows the queue's order, whichever HEAD answers first.
-It owns those held bytes, the wait's message (`waiting_for`) and the count of items waiting
-(`waiters`); it reads the cache's unread ledger and the look-ahead lane's starting items, and
-knows nothing of dispatchers, slots or warming (warming pins nothing and never asks it).
-"""
+A look-ahead item starts only once its size fits `max_unread_bytes` on top of the cache's pins
+and what earlier admitted items hold, in the queue's order. It owns those held bytes and the
+wait's reason; it knows nothing of dispatchers, slots or warming."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""The dispatchers: each prefetch from its lane to its fill's end.
+"""The dispatchers: each prefetch from its lane to its fill's end (size, budget, start, pin,
+follow, say how it ended), one dispatcher per lane, one task per item.
 
-One dispatcher per lane takes the lane's earliest item once a slot of the lane's is free, and
-starts it in a task of its own: size the object (HEAD), wait for look-ahead budget (warming
-needs none: it pins nothing), start the fill, pin what look-ahead fetched (`pins`), follow the
-fill to its end, and say how the item ended. An item dropped meanwhile is let go, uncounted.
-What this module must not know: the order items are queued in or why (`queue`, `backlog`), how
-an ending is counted or what a missing read-ahead key means (the queue's `finish`), HTTP.
-"""
+Must not know: the order items are queued in or why (`queue`, `backlog`), how an ending is
+counted (the queue's `finish`), HTTP."""
 
 from __future__ import annotations
 

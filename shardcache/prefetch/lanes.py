@@ -1,13 +1,8 @@
 """What the prefetch queue holds: batches (one post's work), items, and the lanes they wait in.
 
-A lane keeps its pending keys as tuples of floats, ints, strings and bools only, which CPython's
-garbage collector stops tracking at the first collection that sees them, and names an item's
-batch by its id: the queue holds 200,000 keys, and as (deadline, order, Item) entries, each
-Item a dataclass referencing its Batch, they were 400,000 tracked objects that every full
-collection walked on the event loop (28-135 ms each, several per post of 100,000 keys, measured
-with `gc.callbacks`). An `Item` is built when a dispatcher takes its entry. Knows nothing of
-fills, the look-ahead budget or the cache.
-"""
+A lane's pending entries are tuples of atoms only (floats, ints, strings, bools), which the
+garbage collector stops tracking, naming their batch by id: 200,000 queued keys must not be
+objects every full collection walks on the event loop. Knows nothing of fills or the budget."""
 
 from __future__ import annotations
 

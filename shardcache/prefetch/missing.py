@@ -1,12 +1,8 @@
-"""Keys that read-ahead found missing at their origin, remembered for a while.
+"""Keys that read-ahead found missing at their origin, remembered for a while, so a numbered
+run's guesses past a gap or its end are not asked of the origin on every read.
 
-Why: read-ahead guesses the next keys of a numbered run (`patterns.next_keys`). Where the
-names have gaps (s_050, s_100) or the run ends, the guesses do not exist, and without a memory
-every read of the last shard, hits included, asked the origin for them again. A key is
-forgotten after MISSING_FOR_S (a dataset still being uploaded gains it) and the memory holds at
-most MAX_MISSING keys, the oldest dropped first. Only read-ahead consults it: a client's own
-request for the key always goes to the origin.
-"""
+Forgotten after MISSING_FOR_S; at most MAX_MISSING keys, oldest first. Only read-ahead consults
+it: a client's own request for the key always goes to the origin."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """Look-ahead pins: who asked for each prefetched, unread shard, and when its pin ends.
 
-A look-ahead prefetch pins its shard until a loader reads it (`ShardCache` keeps the pins and
-their sizes; this ledger keeps who holds them and until when). A pin no loader will read holds
-the cache and the look-ahead budget for nothing, and once such pins fill the budget the queue
-waits for good. So a pin also ends, besides being read or its batch dropped:
-- when no plan reads it, where one did (read-ahead pins only what a plan reads next) or plans
-  cover its origin (its job ended, or posted a plan without it);
-- when the job whose plan reads it stops reading (quiet for SILENT_PACES of its pace);
-- after a bound: BOUND_SLACK times the time until its job's pace says it is read (at least
-  MIN_BOUND_S), at most the ceiling (`--prefetch-pin-max-seconds`); a pin no plan names has the
-  ceiling.
-Pure: the queue hands in the unread sizes and the plans' readers, and releases what `expired`
-returns; the clock is handed in.
-"""
+A pin ends when read, when its batch is dropped, when no plan reads it any more, when its job
+goes quiet, or at a bound (`--prefetch-pin-max-seconds`): a pin no loader will read must not
+hold the budget for ever. Pure: the clock and the plans' readers are handed in."""
 
 from __future__ import annotations
 

@@ -1,30 +1,9 @@
 """The prefetch queue: fetch the shards a loader will read next, ahead of it, within a budget.
 
-- Order: earliest deadline first, across every loader and worker. A key's deadline is when a
-  loader will need it: from the loaders' plans when one names it (its position in the job's
-  order × the job's pace, `PlanBook`), else its place in the POSTed list (FALLBACK_SPACING_S
-  per place from the post's time), so that eight workers each posting their next four are
-  served a1, b1, … h1, a2, … as a `DataLoader` reads them, not a1 … a4, b1 … b4.
-- Concurrency: `concurrency` prefetches at once, or, when it is None (`auto`, the default), as
-  many as the origin rewards (`slots.Slots`, tuned on the bytes prefetches receive). Client
-  misses never wait here: they go straight to `ShardCache.open`, and a client asking for a key
-  being prefetched joins that fill; a queued prefetch whose key is being fetched already (a
-  client came early: the late prefetch jumps the queue) follows that fill without a slot.
-- Look-ahead: a new prefetch starts only while prefetched-but-unread bytes plus its size stay
-  within `max_unread_bytes` (the size comes from a HEAD first), in the queue's order whichever
-  HEAD answers first (`budget.LookaheadBudget`). Unread entries are pinned in the store, so
-  later prefetches can never evict them before the loader reads them (no thrash).
-- Read-ahead: `on_client_read()` queues what `read_ahead.ReadAhead` says follows the read: where
-  a plan covers the origin, the plans' next keys, as look-ahead; with no plan, a guess at the
-  next keys of a numbered run, warmed: cached unpinned, no look-ahead budget, so a guess nobody
-  reads cannot hold up the loaders' prefetches. A missing one ends the run quietly (the end of
-  the dataset, not a failure).
-- Pins no loader will read are ended by `sweep.PinSweep`, on a period and when the budget waits.
-- Warming (`{"warm": true}`, what `shardcache prefetch` sends): fill the cache in the given order
-  like client misses would, nothing pinned and no look-ahead budget, so warming more than a
-  quarter of the cache completes instead of waiting for a loader that is not there yet.
-- A wait on the budget is said once in the log and shown in the queue's status and its batches'.
-"""
+Earliest deadline first across every loader; client misses never wait here; unread look-ahead
+entries are pinned, so later prefetches never evict them; warming pins nothing and takes no
+budget. The order, concurrency, read-ahead and warming at length: docs/prefetch.md and
+docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Read-ahead: which keys follow a client's read, and where a numbered run ends.
 
-Where a plan covers the origin, the next keys are the plans' (`PlanBook.read_ahead`), mapped
-back from cache keys to the origin's keys through the shape of the read key's cache key; never a
-neighbour no plan names (on a node of a data-parallel job, the next number is another node's).
-With no plan, the next keys of the key's numbered run (`patterns.next_keys`), a guess, cut at the
-first one the origin did not have a moment ago (`missing`).
-
-What this module must not know: the queue's lanes, budget, slots, pins or batches (the queue
-pushes what it is given, and says when a key turned out missing), HTTP, the daemon.
-"""
+Where a plan covers the origin, the plans' next keys (never a neighbour no plan names); with no
+plan, a guess along the key's numbered run, cut at the first key the origin lacked (`missing`).
+Must not know: the queue's lanes, budget, slots, pins or batches, HTTP, the daemon."""
 
 from __future__ import annotations
 

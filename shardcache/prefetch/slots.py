@@ -1,11 +1,8 @@
 """The prefetch slots: how many prefetches run at once, per lane, and the loop that tunes it.
 
-The limit is the fixed `concurrency`, or, when that is None (`auto`), the tuner's choice
-(`tuning.ConcurrencyTuner`, between 1 and MAX_CONCURRENCY), judged every TUNING_WINDOW_S on
-the bytes the fills prefetches follow received. Each lane has the limit to itself (`Lane.busy`).
-Knows nothing of the queue's order, the look-ahead budget or batches: whether the queue is
-saturated is asked of it (`is_saturated`).
-"""
+The limit is the fixed `concurrency`, or (`auto`) the tuner's choice judged every
+TUNING_WINDOW_S; each lane has the limit to itself. Knows nothing of the queue's order, the
+look-ahead budget or batches."""
 
 from __future__ import annotations
 

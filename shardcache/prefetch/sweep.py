@@ -1,14 +1,8 @@
-"""The pin sweep: ending the look-ahead pins no loader will read, on a period and on demand;
-and, by the same rule, telling the dispatchers which queued look-ahead items to drop unfetched.
+"""The pin sweep: ending the look-ahead pins no loader will read, every SWEEP_EVERY_S and when the
+budget starts a wait; by the same rule, which queued look-ahead items to drop unfetched.
 
-Every SWEEP_EVERY_S, and at once when the look-ahead budget starts a wait, it asks the plans
-who reads each pinned shard next (on a worker thread: the plans' lock may wait for a large
-post), lets the ledger (`pins.PinLedger`, pure) say which pins have ended, releases them in
-the cache (they stay cached, unpinned) and counts them by why.
-
-What this module must not know: the queue's lanes, slots or batches (the queue adds and forgets
-pins in the ledger it shares), HTTP, the daemon.
-"""
+The ledger (`pins.PinLedger`) decides; ended pins stay cached, unpinned. Must not know: the
+queue's lanes, slots or batches, HTTP, the daemon."""
 
 from __future__ import annotations
 

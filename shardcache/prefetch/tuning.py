@@ -1,23 +1,8 @@
 """How many prefetches run at once: found by trying, from what the origin delivers (pure).
 
-A fixed number is wrong both ways. An origin that caps each connection (25 MB/s per S3
-connection is common) delivers more the more fetches run, up to its aggregate limit, so a
-fixed 4 leaves most of its bandwidth unused while the loader waits; past the aggregate limit
-more fetches only split the same bandwidth, and each shard arrives later.
-
-The tuner probes: while the queue is saturated (work waiting for a slot), it doubles the limit.
-When the aggregate rate grew nearly as much as the limit (FULL_SCALING), it doubles again; when
-it grew less (but by GROWTH at least), the origin's knee lies in between: it settles where the
-rate says it is (old limit × growth). When the rate did not grow, it goes back. Then it holds
-for HOLD_WINDOWS, and probes again, alternately down: half the limit is kept when it still
-delivers nearly the rate before (DOWN_TOLERANCE), since fewer fetches for the same bytes
-bring each shard sooner; so it also comes down when the origin (or what else shares it)
-slows. The first window after a change is not judged: fetches started in it are still
-opening. A window in which the queue was not saturated says nothing about the origin (the
-loader asked for less than the slots allow): it ends a probe, back at the limit before it.
-Doubling, not a gentler step: an epoch's first seconds are where the loader waits, and the
-knee costs one window at twice the limit to find.
-"""
+While the queue is saturated the limit doubles while the rate keeps up, settles at the knee,
+and probes down again after HOLD_WINDOWS; a window without saturation says nothing of the
+origin. The rule and why doubling: docs/architecture.md."""
 
 from __future__ import annotations
 
