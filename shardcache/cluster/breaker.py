@@ -1,22 +1,8 @@
 """`CircuitBreaker`: whether one upstream of an origin is worth asking now (pure, clock-injected).
 
-An upstream that fails (cannot connect, answers 5xx, stalls) is skipped for a back-off period,
-BASE_S doubling with each failure in a row up to CAP_S, so every fill does not pay its connect
-timeout or its stall again; when the period ends ONE request is let through as the probe (the
-others keep skipping it until it answers, or for PROBE_S at most): a success closes the
-breaker, a failure opens it again for twice as long. Failures of requests sent before it opened
-are one outage, not many: they neither double the back-off nor extend it. Skipping is the
-caller's choice: `upstreams` asks the healthy upstreams, and the home when none is left, so a
-breaker never turns a working origin into an error.
-
-Bytes that failed verification (`failed(..., is_integrity=True)`) open it the same way, but an
-upstream that lied about its bytes answers HEADs and headers as well as an honest one: until a
-body it sent verifies (`succeeded(..., proves_bytes=True)`) no answer closes it and a HEAD is
-no probe, so a liar's back-off doubles as a dead upstream's does.
-
-It knows nothing of HTTP or of origins; `transition` tells the caller when the state changed, so
-that a change is logged once, not per request.
-"""
+A failing upstream is skipped for a back-off (BASE_S doubling to CAP_S), then one probe is let
+through. After bytes that failed verification, only a body that verifies closes it. It never
+turns a working origin into an error (the caller asks the home when none is left)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """Rendezvous (highest-random-weight) hashing: which tier member owns a key (pure).
 
-Each member gets a weight per key, a hash of (member, key); the key's owner is the member with
-the highest weight, and the rest, by weight, are where it goes when the owner is down. Every
-node computes the same order from the same member list with no coordination, each member owns
-about 1/n of the keys, and adding or removing a member moves only the keys it gains or owned
-(Thaler and Ravishankar, 1998; the parent selection of HTTP cache arrays, CARP).
-"""
+Every node computes the same order from the same member list with no coordination; adding or
+removing a member moves only the keys it gains or owned (Thaler and Ravishankar, 1998; CARP)."""
 
 from __future__ import annotations
 

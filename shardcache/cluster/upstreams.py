@@ -1,33 +1,9 @@
 """`FailoverOrigin`: one origin served by several upstreams, asked in order, each behind a
-circuit breaker (the tier's members, from `tier`, first).
+circuit breaker: the tier members by rendezvous rank, then the mirrors, then the home.
 
-For each key the upstreams are asked in this order: the tier members ranked by rendezvous
-hashing of the key (the owner first, see `rendezvous`), then the configured URLs in the order
-given; the last URL is the object's home and names it in the cache (`url_for`), so a node's
-cache survives adding or removing a tier or a mirror. An upstream that cannot be reached,
-answers 5xx or stalls is marked down (`breaker`) and asked only after every upstream that is not;
-a definite answer (the object, 404, 412) ends the search. A request that waited too long for
-this daemon's own threads (`LocalBusy`) says nothing of its upstream: no breaker hears of it,
-and the next upstream (its own share of threads) is asked. A fill that fails mid-object resumes
-with Range and If-Match on the object's ETag from the next upstream, so two upstreams whose
-versions differ fail the fill (`OriginChanged`) instead of splicing two objects.
-
-Bytes that fail verification count against the tier member or mirror that sent them: each of
-their responses carries a `Sender` (`ObjectInfo.sent_by`) that the fill tells whether the body
-verified; a failure marks the upstream down as a 5xx does (`CircuitBreaker`, as integrity), and
-it is asked again only after its back-off, by a GET whose body must verify to bring it back.
-The fill that failed is not resumed: the cache fetches the object again from byte 0, from the
-next upstream (`ShardCache`). The home sends no `Sender`: it names the object and publishes the
-checksum its bytes are judged by.
-
-A tier member's refusal as one too many (`OriginThrottled`: it passes on the object store's
-503 SlowDown) is passed up without trying the next upstream: every member asks the same store,
-and going round them would multiply the requests it is refusing; the fill waits and retries
-under the origin's limiter instead. A mirror's refusal is failed over like any 5xx: the next
-URL is another store (when it is the last one, the fill's limiter hears it).
-
-It knows nothing of the cache: it is an `Origin` built from other origins.
-"""
+The home names the object in the cache; a resume on another upstream uses If-Match, so versions
+never splice; bytes failing verification count against their sender. It knows nothing of the
+cache. The failover rules at length: docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """`CappedOrigin`: an operator's fixed caps on one origin, requests at once and requests a second.
 
-For an origin whose owner states its limits (a shared NFS gateway, a CDN with a request budget,
-an S3 prefix shared with other jobs) instead of discovering them by throttling (`limiter`).
-
-- `max_requests` bounds the GETs open at once: a GET holds its place from the moment it is sent
-  until its body has been read to the end or closed, so a slow body counts for as long as it
-  streams. A HEAD takes no place (it has no body, and a fill asks one while its first GET is
-  open: with one place, it would wait for itself).
-- `max_requests_per_second` spaces every request, HEADs included, evenly.
-- No request waits longer than `max_wait_s` for either: past that it is shed with
-  `OriginBusy` (503 with Retry-After), so a burst of fills, or fills whose clients left, can
-  not queue requests for hours behind a low cap. But a request that continues an answer a
-  client may already be reading (a later segment, the HEAD for checksums: `CONTINUING`, set
-  by the fetch loop) waits for its turn however long: shedding it would cut off a 200.
-"""
+A GET holds its place until its body is read or closed; a HEAD takes none. A request waiting
+past `max_wait_s` is shed with `OriginBusy` (503, Retry-After), except one that continues an
+answer a client may be reading (`CONTINUING`): shedding it would cut off a 200."""
 
 from __future__ import annotations
 

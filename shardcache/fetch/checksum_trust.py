@@ -1,15 +1,8 @@
 """`ChecksumTrust`: the kinds of published checksum each origin has shown it cannot get right.
 
-A kind is an algorithm, whole-object or composite ("crc32c-parts"). It is set aside for an
-origin only on a second opinion: a fill's bytes failed it while an independent published
-checksum of the same bytes matched (moto publishes a CRC32C composite that is the CRC32 one,
-so it can never match; without this such objects were unreadable for ever). Never on one
-checksum's say: a corrupt body fails every checksum, and stays a failed fill. Each kind is set
-aside once per origin: one WARNING, one count (`Observer.checksum_unusable`), and a line under
-the origin in `/_/status`. Set aside means "not needed where another checksum remains": an
-object whose only published checksums are set-aside kinds is still checked against them. One
-owner (the cache); fills ask `usable()` and report `set_aside()`.
-"""
+A kind is set aside only on a second opinion (another published checksum of the same bytes
+matched), never on one checksum's say, and is still used where it is all an object has. One
+owner (the cache); fills ask `usable()` and report `set_aside()`."""
 
 from __future__ import annotations
 
@@ -40,11 +33,10 @@ class ChecksumTrust:
 
     def usable(self, origin: str, found: tuple[Checksum, ...]) -> tuple[Checksum, ...]:
         """`found` without the kinds set aside for `origin`, unless that would leave the object
-        none: one object's evidence never makes another unverified. (Attacked in review: a
-        proxy that rewrote one object's CRC32 got CRC32 set aside for the origin, and then
-        served a second object, whose only checksum was CRC32, corrupt and "verified" by its
-        length.) An object checked only by set-aside kinds is still checked by them, and fails
-        as before when they do not match."""
+        none: one object's evidence never makes another unverified (else a proxy rewriting one
+        object's CRC32 could get a second object, whose only checksum is CRC32, "verified" by
+        its length alone). An object checked only by set-aside kinds is still checked by them,
+        and fails as before when they do not match."""
         aside = self._set_aside.get(origin)
         if not aside:
             return found

@@ -1,29 +1,9 @@
-"""How many requests a second one origin gets once it says it is overwhelmed (429, 503
-SlowDown): a paced queue whose rate is cut on refusals and grows back along a cubic curve, as
-S3 SDKs' "adaptive" retry mode and TCP CUBIC do.
+"""`RequestLimiter`: requests a second to one origin once it throttles (429, 503 SlowDown): cut on
+a pattern of refusals, grown back along a cubic curve (as S3 SDKs' adaptive mode, TCP CUBIC).
 
-A throttling object store counts requests per second (S3: per prefix), so the rate is what is
-limited, not the requests in flight. Unlimited until the origin throttles. A cut sets the rate
-to BETA of what was being sent (the rate, or the last second's requests when lower; never less
-than the origin took in the last second), which is remembered as `w_max`, the rate the origin
-refused; the rate then grows back along CUBIC_C·(t-k)³ + w_max: fast at first, flat near
-`w_max` (where the limit probably is), faster again past it (the limit may have been lifted).
-So in steady state it sends between BETA and a little over the limit, mostly near it.
-Refusals of requests sent before the last cut are the same signal as that cut (as in TCP),
-and a cut needs refusals to be a pattern: MIN_REFUSALS in the last second and REFUSED_SHARE
-of what was sent; a stray 503 among many answers is retried like any other failure. After
-CALM_S without a cut, while the rate no longer binds (less than BINDING of it was used in the
-last second), the origin is unlimited again.
-
-Requests wait in one FIFO queue, those that continue a fill already answering a client ahead
-of those that would start one (finish what clients are reading first). Nobody books a time:
-the first in the queue waits until the rate lets the next request go, recomputed whenever the
-rate changes, so a waiting request goes sooner as soon as the rate grows or is lifted. A
-request whose turn is further off than it may wait (the read timeout) is shed at once with
-`OriginShed` (503 and Retry-After), and so is one still waiting when its time is up.
-
-Each change of state (throttled, unlimited again) is logged once at WARNING; cuts are DEBUG.
-"""
+Unlimited until the origin throttles; one FIFO queue, continuing fills first; a request whose
+turn is further off than the read timeout is shed with `OriginShed`. The curve and its
+constants: docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""`OriginTable`: the configured origins, each with everything kept for it (its backend,
-with caps and upstreams wrapped in; its throttling limiter; how it is shown), the one owner of
-the set of origins. The cache reads backends and limiters from it, the routes and `/_/status`
-what is shown; nobody else keeps a list of origins.
+"""`OriginTable`: the configured origins, each with everything kept for it (backend, limiter, how
+it is shown); the one owner of the set of origins.
 
-A reload (`replace`) builds the whole table again from what the daemon configured: the slot
-of an origin whose backend it kept is carried over (its limiter with it), one it added or
-rebuilt gets a new slot (a new limiter), and the slots it replaced are retired: a retired
-origin's client is closed once no fill or request uses it any more, or after RETIRE_WAIT_S
-(its pooled connections must not stay open until the daemon stops: 60 reloads left 120
-sockets in CLOSE_WAIT). Knows nothing of the cache.
-"""
+A reload (`replace`) builds the table again, carrying over the slot of a kept backend; retired
+clients close once unused, or after RETIRE_WAIT_S. Knows nothing of the cache."""
 
 from __future__ import annotations
 

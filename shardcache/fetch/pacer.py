@@ -1,13 +1,7 @@
 """`Pacer`: evenly spaced turns at a rate, the one pacing mechanism of `fetch/`.
 
-Both limits on how often an origin is asked pace through it: the throttling limiter
-(`limiter`, whose rate moves as the origin refuses and recovers; it records each request as
-it goes) and an operator's fixed cap (`capped`, `max_requests_per_second`; it books turns
-ahead, and gives back the turn of a request that stopped waiting, so a client that left holds
-no place). What differs between them is only what they do with a turn that is too far off
-(shed it, or tell the client to come back), not how a turn is found. Pure: the caller passes
-the time.
-"""
+The throttling limiter and an operator's fixed cap both pace through it; they differ only in
+what they do with a turn too far off. Pure: the caller passes the time."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""`SecondOpinion`: what a fill does when its body on disk failed the published checksum it
-was hashed against: hash the same bytes again against every other published checksum.
+"""`SecondOpinion`: a body that failed the checksum it was hashed against, hashed again (read back
+from the partial file) against every other published checksum.
 
-A corrupt body fails every checksum that applies to it, so when another one matches, the bytes
-are the object the origin describes and what failed is a checksum the origin cannot get right
-(moto's CRC32C composite): it is set aside for the origin (`checksum_trust`) and the body is
-verified by what matched. With nothing else published, or nothing else matching, the fill
-fails as before: unverified bytes are never served as verified. The bytes are read back from
-the partial file, never fetched again.
-"""
+Another match means the failed checksum is one the origin cannot get right (`checksum_trust`);
+nothing else matching fails the fill: unverified bytes are never served as verified."""
 
 from __future__ import annotations
 

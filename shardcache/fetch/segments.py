@@ -1,17 +1,8 @@
 """Downloading one object as byte-range segments over several origin connections at once.
 
-Object stores cap each connection (S3: roughly 50-100 MB/s) while aggregate bandwidth scales, so a
-large shard is fetched as `segment_bytes` pieces by up to `connections` workers, each writing at its
-own offset in the fill's file. Segments are claimed in order, so the bytes a reader needs next
-arrive first; `contiguous_bytes` is the prefix that is on disk without holes, which is all a
-reader may see. Each segment resumes on its own after a failure (Range from its first missing
-byte, `If-Match` on the object's ETag), through `OriginRequests`, the one retry policy. Every
-later response must prove it is the first one's version (the same strong ETag, or the same
-published checksum; `ObjectInfo.proves_same_version`): an upstream that ignores If-Match, with
-or without validators of its own, must never get two versions spliced into one shard. It keeps
-who sent the bytes it landed (`senders`), so the fill's verdict on the body reaches the upstreams
-that sent them.
-"""
+Segments are claimed in order; a reader sees only `contiguous_bytes`. Each segment resumes on
+its own (Range + If-Match, through `OriginRequests`, the one retry policy), and every later
+response must prove the first one's version: two versions are never spliced into one shard."""
 
 from __future__ import annotations
 
