@@ -94,7 +94,7 @@ class ObjectInfo:
         Stricter than `differs_from`: a missing validator proves nothing. An upstream that
         ignores If-Match and answers without an ETag, or with a weak one, may be serving
         another version; splicing its bytes after this one's would hand a reader a shard
-        that is neither (issue 23). Only the same strong ETag, or a same published checksum
+        that is neither. Only the same strong ETag, or a same published checksum
         of the whole object, proves the version."""
         change = self.differs_from(other)
         if change is not None:

@@ -1,14 +1,8 @@
 """A directory as an origin: a slow shared filesystem (NFS, Lustre) cached onto local disk.
 
-The ETag is derived from mtime and size, so a file rewritten in place during a resumed fill is
-detected as OriginChanged. Reads go through aiofiles (a worker thread per read) so a hung NFS
-server stalls only that fill, which `fill`'s read timeout then gives up on.
-
-Nothing outside the root is ever served: symbolic links that stay inside the root are followed,
-one whose target (direct, relative, through a linked directory or a chain) lies outside reads as
-missing, and the file is opened so that a link swapped in after the check cannot escape either
-(`open_beneath`). Hard links cannot be told apart from the file itself and are not refused.
-"""
+The ETag is derived from mtime and size (a file rewritten mid-fill is OriginChanged); reads run
+on worker threads, so a hung server stalls only that fill. Nothing outside the root is ever
+served: links leading out read as missing, and files are opened beneath it (`open_beneath`)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""A file origin's keys, listed as S3 lists a bucket: in key order, rolled up at a delimiter,
-one bounded page at a time. Blocking (directory reads, one `stat` per key listed): the caller
-runs it on a worker thread.
-
-Bounded for any request: only the directories that can hold a key under the prefix and after
-the resume point are read at all, and a page stops before the next directory once it has read
-`SCAN_BUDGET` entries however few of them matched (a truncated page whose token resumes after
-the last name it passed, as S3 may answer fewer keys than asked). A directory is read whole
-(its order is known only then), up to MAX_DIRECTORY_ENTRIES.
-
-Nothing outside the root is listed: every directory beneath the root (which may itself be a
-link the operator configured) is opened beneath its parent without following a link
-(`O_NOFOLLOW`, by descriptor), so a link swapped in during the walk cannot lead out. Links are
-not listed (a link to a file inside the root is still served by name), nor are names that are
-no valid key (`keys.validate_key`).
-"""
+"""A file origin's keys, listed as S3 lists a bucket: in key order, rolled up at a delimiter, one
+bounded page at a time (at most `SCAN_BUDGET` entries read per page). Blocking: the caller runs
+it on a worker thread. Nothing outside the root is listed: each directory is opened beneath its
+parent without following a link; links and invalid key names are not listed."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """An HTTP(S) server as an origin: HTTP/1.1 over pooled keep-alive connections in receiving
-processes (`origins.receivers`), so that receiving, decrypting, writing and hashing a miss's
-bytes use every core and not just the serving process's.
+processes (`origins.receivers`), so a miss's bytes use every core.
 
-Bodies are taken as raw bytes (no transparent decompression), with optional per-origin headers
-such as an `Authorization` token. Redirects are not followed unless the origin sets
-`follow_redirects`, and then only to the origin's own scheme, host and port: a 3xx elsewhere
-would serve another host's bytes as the shard. Checksums: `Content-MD5` and `x-amz-checksum-*`
-on full reads, and the ETag as an MD5 only when the server is S3 itself (it sends
-`x-amz-request-id`).
-"""
+Bodies are raw bytes (no decompression); redirects are followed only when the origin allows it
+and only to its own scheme, host and port; the ETag is an MD5 only from S3 itself."""
 
 from __future__ import annotations
 
@@ -148,8 +142,8 @@ class HttpTransport:
 
         Raises LocalBusy when no turn in this transport's share, or no receiving thread, came
         within the read timeout: a local wait, which is never the upstream's time. The read
-        timeout for the answer starts when the request is on its thread, about to be sent
-        (item 4 of issue 23: a healthy home was marked down for a wait on a thread)."""
+        timeout for the answer starts when the request is on its thread, about to be sent, so
+        a wait for a thread never marks a healthy upstream down."""
         loop = asyncio.get_running_loop()
         sent = False
         request = {

@@ -1,14 +1,8 @@
-"""One answer's body, received on a blocking socket in a receiving process (`origins.receiver`):
-held to exactly the length its headers announced, and written into the fill's file or handed
-over in chunks. A plain-HTTP body is spliced from its socket into the file (`origins.splice`:
-one copy in the kernel, its CRC read back from the page cache); a TLS body, or one with bytes
-to skip, is received into a buffer and written from it.
+"""One answer's body, received in a receiving process (`origins.receiver`) and written into the
+fill's file (spliced for plain HTTP, copied for TLS) or handed over in chunks.
 
-A body running past its announced length, or ending before it, raises OriginUnavailable;
-nothing beyond it is ever written or handed over. A body read to its end gives its connection
-back to the process's pool for the next request. It knows nothing of objects or fills: the
-daemon checked the answer's headers and says how many bytes to skip and expect.
-"""
+Held to exactly the announced length: more or less raises OriginUnavailable and nothing beyond
+it is written. Knows nothing of objects or fills: the daemon says what to skip and expect."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""Listing an origin's keys: the query, the page it answers, and who can answer it.
+"""Listing an origin's keys: the query, the page it answers, and who can answer it (`Lister`:
+S3 and file origins; an HTTP origin raises `NotSupported`; wrappers pass the query on).
 
-The S3-compatible API (`serving.s3_api`) lists a bucket by asking the origin behind it: an S3
-origin passes the query to its bucket (ListObjectsV2 or V1), a file origin walks its directory
-(`file_listing`), an HTTP origin cannot list (`NotSupported`, which the API answers as S3's
-`NotImplemented`). Listing is optional for a backend: one that lists is a `Lister`; a wrapper
-(caps, failover) passes the query to the backend it wraps with `list_objects`.
-
-Keys here are the origin's own (relative to its prefix or root), as `/NAME/KEY` names them;
-the serving side adds back whatever prefix its client's bucket view has. Tokens are the
-origin's, opaque to everyone else: a file origin's is the last name it answered, an S3
-origin's the store's own continuation token, each wrapped so that one origin's token is never
-taken for another's and garbage is refused (`BadRequest`) instead of passed on.
-"""
+Keys are the origin's own, relative to its prefix or root. Tokens are opaque and wrapped per
+origin, so one origin's token is never taken for another's and garbage is `BadRequest`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""Keep-alive connections to HTTP(S) origins, by site, for `origins.http`'s transport: the
-pool, TLS, and one request's `Exchange` (its connection until its answer's body ended).
+"""Keep-alive connections to HTTP(S) origins, by site, for `origins.http`'s transport: the pool,
+TLS, and one request's `Exchange` (its connection until its answer's body ended).
 
-A connection is reused only when nothing can still arrive on it that was not asked for: its
-last answer was read to its end, nothing waits on it, and it has been quiet for QUIET_S since
-(an answer sent late, or twice, would otherwise be read as the next request's). Interim 1xx
-answers are skipped, as RFC 9110 §15.2 requires of a client. It knows nothing of objects,
-retries or threads beyond the `Abort` that stops a handshake.
-"""
+A connection is reused only when its last answer was read to the end, nothing waits on it, and
+it has been quiet for QUIET_S. Interim 1xx answers are skipped (RFC 9110 §15.2)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""A receiving process: sends the daemon's origin requests on its own keep-alive connections
-and lands their bodies in the fills' files, so that TLS decryption, `pwrite` and the CRC of a
-miss's bytes run outside the serving process's interpreter (`origins.receivers` runs a pool
-of these, one per core).
+"""A receiving process (`python -m shardcache.origins.receiver FD`): sends the daemon's origin
+requests on its own connections and lands their bodies in the fills' files, one thread per
+request, so TLS, `pwrite` and CRC-32C run outside the serving process's interpreter.
 
-Run as `python -m shardcache.origins.receiver FD`, FD being its end of a socket pair
-(`origins.wire`). Each request runs on a thread of its own here, with blocking sockets, as
-the daemon's origin threads did. The daemon keeps every decision: it checks each answer's
-status and headers, says how many body bytes to expect, passes the fill's file descriptor
-with each `land`, and stops work with `abort`. This process keeps no state beyond its
-connections; killed, it loses only the requests in flight, which the daemon retries.
-
-It runs in a process group of its own (a terminal's Ctrl-C reaches only the daemon) and
-ignores SIGINT and SIGTERM (a systemd stop signals every process of the unit; the daemon
-drains before it lets its receivers go), and exits when its socket closes: the daemon stopped,
-or died.
-"""
+The daemon keeps every decision; this process keeps no state beyond its connections, ignores
+SIGINT and SIGTERM (the daemon drains first), and exits when its socket closes."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
-"""The daemon's handle of one receiving process (`origins.receiver`): it starts the process,
-sends it requests without blocking the event loop, and reads its answers on a thread of its
-own, which settles the awaiting futures on their event loops (progress reports are passed on
-from that thread as they come).
+"""The daemon's handle of one receiving process (`origins.receiver`): starts it, sends it requests
+without blocking the event loop, and reads its answers on a thread of its own.
 
-A receiver that dies fails only its requests in flight, with OriginUnavailable; its death is
-reported to the pool (`on_death`: counted and replaced) before its callers hear of it. No
-write of a dead receiver can follow its death being seen: its socket reads EOF only once the
-process is gone. The pool that owns receivers is `origins.receivers`.
-"""
+A receiver that dies fails only its requests in flight (OriginUnavailable), its death reported
+to the pool first; no write of a dead receiver can follow its death being seen."""
 
 from __future__ import annotations
 

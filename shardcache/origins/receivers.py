@@ -1,24 +1,9 @@
-"""The daemon's pool of receiving processes (`origins.receiver`), and the handle of one request
-sent through it (`RemoteExchange`).
+"""The daemon's pool of receiving processes (`origins.receiver`), one per core a node's misses may
+use, and the handle of one request sent through it (`RemoteExchange`).
 
-Why processes: a miss's bytes cost CPU per byte (TLS decryption, `pwrite`, CRC-32C), and on
-threads of the serving process each 16 KiB TLS record took the interpreter's lock again, so a
-node's misses ran at one core's worth however many it had (issue 25). Each receiver is its
-own interpreter: the pool's size is the cores a node's misses may use.
-
-The serving process keeps every decision: an answer's status and headers come back here and
-are checked by the transport (`origins.http`) before a body byte is taken; a body is landed in
-the fill's file through a descriptor passed with the `land` message, and each write is
-reported back (`progress`, with the running CRC-32C), so readers stream what landed as before.
-
-A receiver that dies fails only its requests in flight, with OriginUnavailable (retried by the
-fill like a dropped connection); it is counted and replaced at once. No write of a dead
-receiver can follow its death being seen: its socket reads EOF only once the process is gone.
-
-Sends from the event loop never block (MSG_DONTWAIT): a receiver that stops reading its
-socket is killed, and its requests fail. Each receiver's answers are read on a thread of its
-own, which settles the awaiting futures on their event loops.
-"""
+The serving process keeps every decision (status and headers checked before a body byte is
+taken). Sends never block (MSG_DONTWAIT); a dead receiver fails only its requests in flight and
+is replaced at once. The receive flow at length: docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """An S3 bucket (AWS, MinIO, any S3 API) as an origin: boto3 signs, the HTTP transport streams.
 
-Credentials and endpoints come from boto3's standard chain (`AWS_ENDPOINT_URL[_S3]`,
-`AWS_REGION`, profiles, instance roles); a per-origin `endpoint_url` overrides the endpoint.
-boto3 is blocking and its body reads copy through urllib3 on a thread per read, which capped
-the S3 path near 0.3 GB/s on two cores; so bodies are fetched with a presigned GetObject URL
-over the same transport as HTTP origins (Range and If-Match are plain headers), and
-boto3 itself only signs (on a worker thread: it may refresh credentials) and answers HEAD
-(HeadObject with ChecksumMode, for the full-object checksums). Retries are `fill`'s.
-"""
+Credentials and endpoints come from boto3's standard chain; bodies are fetched with presigned
+GetObject URLs over the HTTP transport, and boto3 itself only signs (on a worker thread) and
+answers HEAD. Retries are the fetch policy's."""
 
 from __future__ import annotations
 

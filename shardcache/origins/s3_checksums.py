@@ -1,12 +1,8 @@
-"""Which checksums an S3 HeadObject (ChecksumMode=ENABLED) publishes are of the whole object,
-and which are composite (per part), by S3's rules as stores actually apply them (pure).
+"""Which checksums an S3 HeadObject publishes are of the whole object, and which are composite
+(per part), by S3's rules as stores actually apply them (pure).
 
-A checksum is of the whole object only when the store says so (`ChecksumType: FULL_OBJECT`)
-or the object is single-part (an ETag without `-N`): moto 5 answers a multipart object's
-composite CRC32 with neither its `-N` suffix nor a type, and reading that as a whole-object
-CRC made every such object unreadable (issue 24). A composite is algorithm(concat(algorithm
-of each part)); it can be checked only once the part layout is known (`per_part`).
-"""
+Whole-object only when the store says `FULL_OBJECT` or the object is single-part (an ETag
+without `-N`); a composite is checked only once the part layout is known (`per_part`)."""
 
 from __future__ import annotations
 

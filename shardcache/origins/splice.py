@@ -1,18 +1,8 @@
-"""A plain-HTTP body moved from its socket into the fill's file inside the kernel: `splice(2)`
-from the socket into a pipe, then from the pipe into the file at the landing's offset.
+"""A plain-HTTP body moved from its socket into the fill's file inside the kernel: `splice(2)` into
+a pipe, then from the pipe into the file at the landing's offset (one copy instead of two).
 
-Why: `recv` into a buffer and `pwrite` from it copy every byte twice and hand each piece
-through the interpreter; a splice copies it once, from the socket's buffers into the page
-cache (measured on the 2-core VM, 512 MiB from nginx on loopback, one process: recv + pwrite +
-CRC-32C 0.52-0.59 CPU-s/GB, splice + CRC-32C read back 0.41-0.50). TLS bodies cannot be
-spliced (they are decrypted in user space) and keep the copying path, as does a body whose
-first bytes are skipped.
-
-Linux only. A socket or file that refuses splicing (EINVAL: e.g. a file opened for appending,
-a file system without splice writes) turns this pipe off: what it already holds is written
-by `pwrite`, and the landing goes on copying. Nothing here knows HTTP: `landing.Body` decides
-how many bytes may move and checks them.
-"""
+Linux only; TLS bodies and skipped prefixes keep the copying path. A refused splice (EINVAL)
+turns the pipe off: what it holds is written by `pwrite`. `landing.Body` decides the bytes."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """Blocking origin I/O on threads, and the bounds on it.
 
-A receiving process (`origins.receiver`) runs each request on a thread with a blocking socket.
-A thread cannot be cancelled, but its socket can be shut down: `Abort` holds the socket of
-the request in flight, and firing it (the daemon's `abort`) ends a blocked `recv` at once.
-
-The threads are shared by every origin; a `Share` bounds what one origin may hold of them
-(every request from its sending to its body's end), so that an origin whose answers hang or
-drip cannot take the threads another origin needs (issue 23, item 4). It is taken on the
-daemon's event loop and may be given back from any thread.
-"""
+`Abort` holds the socket of the request in flight: firing it ends a blocked `recv` at once. A
+`Share` bounds what one origin may hold of the shared threads, so an origin whose answers hang
+cannot take the threads another needs; taken on the event loop, given back from any thread."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Messages between the daemon and its receiving processes (`origins.receivers`,
-`origins.receiver`): one message per datagram on a Unix SOCK_SEQPACKET socket pair.
+"""Messages between the daemon and its receiving processes: one JSON message (optionally a NUL and
+raw bytes, and at most one passed file descriptor) per datagram on a SOCK_SEQPACKET pair.
 
-A message is a JSON object, optionally followed by a NUL and raw bytes (a body chunk), with at
-most one file descriptor passed beside it (SCM_RIGHTS: the fill's file a body lands in). The
-datagram keeps each message whole, so neither side parses a stream, and the kernel carries the
-descriptor with the message it belongs to.
-
-Errors cross as their class name in `shardcache.errors`, their message and their plain
-attributes (`retry_after_s`), and are rebuilt as the same class on the other side: a receiver's
-OriginTimeout is the daemon's OriginTimeout, counted and retried the same way.
-"""
+Errors cross as their `shardcache.errors` class name, message and plain attributes and are
+rebuilt as the same class: a receiver's OriginTimeout is the daemon's."""
 
 from __future__ import annotations
 
