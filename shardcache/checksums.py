@@ -1,13 +1,7 @@
-"""Incremental verifiers for the checksums an origin publishes (pure).
-
-Sources: an S3 single-part ETag (the hex MD5 of the body, unless the object is SSE-KMS/SSE-C
-encrypted), an S3 multipart ETag (`<md5 of the parts' MD5s>-<parts>`) once the origin has told
-the part size (`md5-parts`), `Content-MD5`, the full-object `x-amz-checksum-{sha256,sha1,crc32,
-crc32c,crc64nvme}` headers (the CRCs through awscrt, a daemon dependency), and S3's
-composite checksums (`<algorithm>-parts`: the algorithm over the concatenated digests of each
-part) once the part size is known. Which S3 checksum is which is `origins.s3_checksums`' rule;
-what cannot be computed is skipped: length is still checked by `fill`.
-"""
+"""Incremental verifiers for the checksums an origin publishes (pure): S3 ETags (single-part MD5,
+multipart `md5-parts`), `Content-MD5`, full-object `x-amz-checksum-*`, and S3's composite
+(`<algorithm>-parts`) checksums. Which S3 checksum is which is `origins.s3_checksums`' rule; what
+cannot be computed is skipped (length is still checked by `fill`)."""
 
 from __future__ import annotations
 

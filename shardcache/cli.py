@@ -1,13 +1,7 @@
-"""The command line: `serve`, `demo`, `url`, `prefetch` and `stats` here; `ls`, `purge`,
-`check`, `verify` and following a prefetch batch in `commands/` (this module builds the parser
-and dispatches).
-
-A bad setting or a mistyped option prints one line naming it on stderr and exits 2 (with the
-option it was probably meant to be: `commands.arguments`); never a traceback. So does a daemon
-that cannot be reached or answers what this client does not understand (`client.ClientError`),
-and what a daemon or an origin says is printed with its control characters escaped
-(`printable`).
-"""
+"""The command line: `serve`, `demo`, `url`, `prefetch` and `stats` here; `ls`, `purge`, `check`,
+`verify` and following a prefetch batch in `commands/` (this module builds the parser and
+dispatches). A bad setting, a mistyped option or an unreachable daemon prints one line on
+stderr and exits 2, never a traceback; what a daemon or origin says is printed escaped."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The CRC-32C of spans of a file, cut at BLOCK_BYTES boundaries: what a landing takes of the
-bytes it writes (`SpanHasher`, in the receiving processes and the chunk path) so that the cache
-can keep one CRC-32C per block without reading the body back (`cache.block_digests`).
-
-A landing already keeps the running CRC-32C of everything it wrote from its segment's start
-(the entry's whole-body digest is combined from those). At each block boundary it passes, the
-CRC of the span since the last boundary is that running CRC with the earlier one taken off
-(`crc32c_tail`): one shift of a 32-bit value per MiB, by tables for a whole block (about a
-microsecond), so the bytes are hashed once, as they land.
-
-Pure: no I/O.
-"""
+"""The CRC-32C of spans of a file, cut at BLOCK_BYTES boundaries: what a landing takes of the bytes
+it writes (`SpanHasher`), so the cache keeps one CRC-32C per block without reading the body back.
+Each span's CRC is the running CRC with the earlier one taken off (`crc32c_tail`): the bytes are
+hashed once, as they land. Pure: no I/O."""
 
 from __future__ import annotations
 

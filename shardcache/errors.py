@@ -41,9 +41,9 @@
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
         └── IntegrityError              502     integrity    length or checksum did not verify
 
-A class marked `[in MODULE]` is defined in that module (it belongs here: see issue 26); every
-other class is defined below. `tests/unit/test_errors.py` checks this drawing against the code:
-each class, its parent, its status and its kind.
+A class marked `[in MODULE]` is defined in that module but drawn here, with the whole tree;
+every other class is defined below. `tests/unit/test_errors.py` checks this drawing against the
+code: each class, its parent, its status and its kind.
 
 Adapters translate vendor exceptions at their edge (`raise OriginTimeout(...) from exc`); nothing
 from botocore or aiohttp.client leaks past `origins/`. `server.py` turns these into JSON errors.

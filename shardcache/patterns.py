@@ -1,12 +1,7 @@
-"""Brace patterns and numbered shard names (pure).
-
-`expand("shards_{000..099}.tar")` follows WebDataset's expansion (the braceexpand library, which
-WebDataset itself uses), so a pattern means the same shards to the loader and to the daemon.
-`count()` sizes a pattern without expanding it (braceexpand materialises each range before the
-product: `{000000000..999999999}` is 24 GB), so a pattern past the limit is refused in
-microseconds. `next_keys("shards_000123.tar", 2)` gives the shards a sequential reader will want
-next.
-"""
+"""Brace patterns and numbered shard names (pure): `expand` follows WebDataset's expansion
+(braceexpand), so a pattern means the same shards to the loader and the daemon; `count` sizes a
+pattern without expanding it, so one past the limit is refused in microseconds; `next_keys`
+gives the shards a sequential reader wants next."""
 
 from __future__ import annotations
 

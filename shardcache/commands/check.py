@@ -1,13 +1,9 @@
-"""`shardcache check`: ask every configured origin, before a job, whether the daemon could
-read from it (reachable, TLS certificate trusted, credentials accepted, bucket there, and each
-example key given with `--key` found), without a daemon.
+"""`shardcache check`: ask every configured origin, before a job and without a daemon, whether
+the daemon could read from it (reachable, TLS trusted, credentials accepted, bucket and each
+`--key` there).
 
-The origins are built from the settings as the daemon builds them (`wiring.build_origins`:
-the same specs, CA files, credentials chain and timeouts), one at a time so that one unusable
-origin does not hide the others, and each is asked with a HEAD, as a fill asks. Without an
-example key the HEAD is of a key no dataset has (`PROBE_KEY`): its "not found" shows the origin
-answered; for S3 a missing bucket is told apart from a missing key (`BucketNotFound`).
-"""
+Origins are built as the daemon builds them (`wiring.build_origins`), one at a time, each asked
+with a HEAD (of PROBE_KEY when no key is given: its "not found" shows the origin answered)."""
 
 from __future__ import annotations
 

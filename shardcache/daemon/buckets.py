@@ -1,15 +1,8 @@
-"""`BucketsOnDemand`: S3 buckets an S3 client names with no origin configured for them, each
-made an origin `s3://BUCKET` on first use with the daemon's own credentials
-(`--s3-buckets-on-demand N`, at most N of them; 0, the default: configured origins only).
+"""`BucketsOnDemand`: S3 buckets an S3 client names with no origin configured, each made an origin
+`s3://BUCKET` on first use with the daemon's credentials (`--s3-buckets-on-demand N`, at most N).
 
-A bucket becomes an origin only once the store answered a one-key listing of it with the
-daemon's credentials: a missing bucket is `NoSuchBucket`, one the credentials cannot read is
-`AccessDenied`, and neither is kept (nor asked again for REFUSED_FOR_S seconds, so a client
-naming bucket after bucket costs the store one request per name and minute at most). An origin
-made so is named after its bucket, so the bucket's names reach it like any origin's (`/_/origins`
-lists it); a reload keeps it unless the configuration now names an origin so. Here, in the
-composition root, because only the daemon builds origins.
-"""
+A bucket becomes an origin only once a one-key listing of it succeeded; a refused name is not
+asked again for REFUSED_FOR_S. Here because only the composition root builds origins."""
 
 from __future__ import annotations
 

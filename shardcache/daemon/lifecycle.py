@@ -1,13 +1,7 @@
-"""The composition root: build store, origins, cache and server from Settings, serve on uvloop,
-and shut down in one visible order. What it builds from is in `wiring` (origins, store); what
-`/_/status` and the scrape-time gauges read of the started parts is in `readouts`.
-
-Shutdown order (`Daemon.stop`): (1) `/readyz` and new shard requests answer 503, (2) responses
-in flight finish within `--shutdown-grace`, (3) stop listening, (4) stop prefetching and cancel
-unfinished fills (their partial files are removed), (5) close origin clients and the store.
-SIGHUP re-reads the config file for the origin list and the settings whose row in config's
-OPTIONS says `reloads` (`Daemon.reload`); any other change is reported as needing a restart.
-"""
+"""The daemon's lifecycle: build store, origins, cache and server from Settings, serve on uvloop,
+reload on SIGHUP, and shut down in one visible order (`Daemon.stop`: 503s, drain within
+`--shutdown-grace`, stop listening, cancel prefetch and fills, close origins and store).
+What it builds from is in `wiring`; what it reads out of the parts, in `readouts`."""
 
 from __future__ import annotations
 
@@ -275,8 +269,8 @@ class Daemon:
         if started is not None:
             started.scrub.stop()  # at its next chunk: SIGTERM never waits for a scrub pass
             # Nothing new is fetched for the rest of the drain: queued and read-ahead shards
-            # would only be discarded unfinished at its end (a slow client held a stop 17 s
-            # while read-ahead downloaded on). Fills a draining response reads go on.
+            # would only be discarded unfinished at its end, and read-ahead must not keep a
+            # drain busy. Fills a draining response reads go on.
             await started.prefetch.aclose()
             started.cache.stop_unread_fills()
         # (2)
@@ -452,7 +446,7 @@ async def serve(
         stop.set()
     await daemon.start()
     loop.add_signal_handler(signal.SIGHUP, daemon.reload)
-    gc.collect()  # what start-up built stays: full collections (issue 23, item 7) skip it
+    gc.collect()  # what start-up built stays: later full collections skip it
     gc.freeze()
     if on_ready is not None and not stop.is_set():
         on_ready()

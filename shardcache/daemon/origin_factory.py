@@ -1,10 +1,7 @@
 """`make_origin(spec, timeouts)`: the backend for one configured origin, from its URL scheme,
-with its mirrors and tier (`cluster.FailoverOrigin`) and its caps (`fetch.CappedOrigin`) around
-it. Backends are imported lazily, so boto3 is loaded only where an S3 origin is configured.
-
-Here, in the composition root, because it is the one place that knows every kind of origin:
-`origins/` holds the backends, `cluster/` and `fetch/` wrap them, none imports the others'
-wrappers."""
+with its mirrors and tier (`cluster.FailoverOrigin`) and its caps (`fetch.CappedOrigin`)
+around it; backends are imported lazily. Here because the composition root is the one place
+that knows every kind of origin."""
 
 from __future__ import annotations
 

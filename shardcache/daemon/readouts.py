@@ -1,13 +1,8 @@
 """What the running daemon reads out of its parts: the `/_/status` document's inputs and the cache
 and scrub gauges Prometheus reads at scrape time.
 
-The daemon wires the parts and owns their lifecycle; turning their state into figures is this
-module's one job, so `lifecycle` keeps to start, drain, stop and reload (here, not in
-`observability/`, because it reads every part, serving's connection guard included).
-`status.build_status` shapes the document; this module only gathers it. It reads, never changes,
-what it is given: `origins` is the daemon's `OriginTable`, which a reload replaces whole, so
-each reading sees the current origins.
-"""
+Here, not in `observability/`, because it reads every part. It reads, never changes, what it is
+given; `origins` is the daemon's `OriginTable`, so each reading sees the current origins."""
 
 from __future__ import annotations
 

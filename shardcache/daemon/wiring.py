@@ -1,11 +1,7 @@
-"""The daemon's wiring: one backend per configured origin (and the `OriginTable` entries that
-hold them), and the store, built from `Settings`; the open-file limit lifted and the listen
-backlog chosen before the port is bound.
-
-Apart from `lifecycle` so that `shardcache check` builds its origins exactly as the daemon does
-without importing the server, and so that `lifecycle` keeps to start, drain, stop and reload.
-Logs as `shardcache.daemon`: these are the daemon's start-up lines.
-"""
+"""The daemon's wiring: one backend per configured origin (and the `OriginTable` entries holding
+them) and the store, built from `Settings`; the open-file limit and listen backlog set before
+the port is bound. Apart from `lifecycle` so that `shardcache check` builds origins exactly as
+the daemon does without importing the server."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Talking to a running daemon from a training job: local URLs, prefetch, status.
 
-Stdlib only: this runs inside dataloader workers, installed without the daemon's dependencies
-(`pip install shardcache`, no extra). The daemon's address is
-an argument or `SHARDCACHE_URL`, default `http://127.0.0.1:8470`. A daemon with an admin token
-gets it from `SHARDCACHE_ADMIN_TOKEN` or the file named by `SHARDCACHE_ADMIN_TOKEN_FILE`, sent
-as `Authorization: Bearer …` with every request this module makes.
-"""
+Stdlib only (it runs in dataloader workers). The address is an argument or `SHARDCACHE_URL`
+(default `http://127.0.0.1:8470`); an admin token from `SHARDCACHE_ADMIN_TOKEN` or
+`SHARDCACHE_ADMIN_TOKEN_FILE` is sent with every request."""
 
 from __future__ import annotations
 

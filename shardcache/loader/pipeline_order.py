@@ -1,25 +1,9 @@
-"""The order a WebDataset pipeline's shard stages will hand on in later epochs, replayed.
+"""The order a WebDataset pipeline's shard stages will hand on in later epochs, replayed, so plans
+can reach past this epoch's end.
 
-The daemon's eviction keeps what the loaders read soonest only as far as their plans reach.
-Where the shard list is shuffled again each epoch and then split by node, a plan of this epoch
-alone leaves eviction blind at each epoch's end: a node's next share is a new draw (one node of
-four kept 80-88% of the offline optimum's hits at 10-25% cache, `benchmarks/trace_sim.py`;
-with the next four epochs planned, at least 98%). WebDataset's `detshuffle` draws each epoch's order
-from its seed and epoch number, and `split_by_node`/`split_by_worker` take every N-th shard by
-RANK/WORLD_SIZE and the worker's id, so a later epoch's order for this worker is computable:
-run the stages before `prefetch_ahead` again, with `detshuffle` moved on by that many epochs.
-
-Only stages whose output is known to depend on nothing but their input, the epoch and the
-worker's place are replayed: `SimpleShardList` or a plain list as the source, `detshuffle`,
-`split_by_node`, `split_by_worker`, `single_node_only` (a subclass only where it keeps the
-class's own `__iter__`, `run` and `epoch`: a replay must not move on a state of the user's).
-Anything else (an unseeded `wds.shuffle`, `ResampledShards`, a function of the user's) makes
-the order unpredictable: the stage says so once in the loader's log and plans the current
-epoch only, as before.
-
-Stdlib only, like the rest of `loader/`: WebDataset's classes are recognised by module and name,
-never imported (the pipeline that calls the stage has imported them already).
-"""
+Only stages known to depend on nothing but input, epoch and worker are replayed (`detshuffle`,
+`split_by_node`, `split_by_worker`, ...); anything else plans the current epoch only, said once.
+Stdlib only: WebDataset's classes are recognised by module and name, never imported."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
-"""A WebDataset pipeline stage that tells the daemon which shards this worker reads next.
+"""A WebDataset pipeline stage, `prefetch_ahead(n)`, that tells the daemon which shards this worker
+reads next; place it after the shard list is shuffled and split by node and worker.
 
-Place it after the shard list is shuffled and split by node and worker, so it sees the order
-this worker will really read:
-
-    wds.DataPipeline(
-        wds.SimpleShardList("pipe:curl -s -f http://127.0.0.1:8470/lake/shards_{000..999}.tar"),
-        wds.detshuffle(1000, seed=0), wds.split_by_node, wds.split_by_worker,
-        prefetch_ahead(8),
-        wds.tarfile_to_samples(), …)
-
-The daemon is the one the shard URLs name. Each time the stage starts (each epoch) it also
-posts the worker's whole order as a plan (`POST /_/plan`, job = host, process and stage), so
-that the daemon's eviction keeps what this worker and the others read soonest; where the
-pipeline's order is computable (`pipeline_order`), the plan goes on with the next epochs'.
-Stdlib only; a daemon that cannot be reached is logged once and the pipeline goes on reading.
-"""
+Each epoch it also posts the worker's order as a plan (`POST /_/plan`). Stdlib only; a daemon
+that cannot be reached is logged once and the pipeline goes on. Example: docs/prefetch.md."""
 
 from __future__ import annotations
 
