@@ -1,8 +1,9 @@
 """Which checksums an S3 HeadObject (ChecksumMode=ENABLED) publishes are of the whole object,
 and which are composite (per part), by S3's rules as stores actually apply them (pure).
 
-A checksum is of the whole object only when the store says so (`ChecksumType: FULL_OBJECT`)
-or the object is single-part (an ETag without `-N`): moto 5 answers a multipart object's
+A checksum is of the whole object only when the store says so (`ChecksumType: FULL_OBJECT`),
+the object is single-part (an ETag without `-N`), or its algorithm has no composite form
+(CRC-64/NVME, which moto's HEAD gives untyped): moto 5 answers a multipart object's
 composite CRC32 with neither its `-N` suffix nor a type, and reading that as a whole-object
 CRC made every such object unreadable (issue 24). A composite is algorithm(concat(algorithm
 of each part)); it can be checked only once the part layout is known (`per_part`).
@@ -96,7 +97,10 @@ def published(response: Mapping[str, Any]) -> Published:
         digest, suffix = split
         if kind not in ("", "FULL_OBJECT", "COMPOSITE"):
             continue  # a type this code does not know: nothing it could check
-        if kind == "FULL_OBJECT" or (not kind and suffix is None and not etag_parts):
+        # Untyped (moto's HEAD), a multipart object's value is a composite, unless its
+        # algorithm has no composite form (CRC-64/NVME): then it is of the whole object.
+        may_be_composite = bool(etag_parts) and algorithm in checksums.COMPOSITE
+        if kind == "FULL_OBJECT" or (not kind and suffix is None and not may_be_composite):
             if suffix is None:
                 full.append(Checksum(algorithm, digest, f"x-amz-checksum-{algorithm}"))
         elif algorithm in checksums.COMPOSITE:
