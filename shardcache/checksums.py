@@ -368,12 +368,13 @@ def _b64(value: str) -> bytes | None:
 
 
 def from_headers(headers: Mapping[str, str], part_bytes: int = 0) -> list[Checksum]:
-    """Return the full-object checksums in `headers` (`Content-MD5`, `x-amz-checksum-*`).
+    """Return the full-object checksums in `headers` (`Content-MD5`, `x-amz-checksum-*`), and
+    with `part_bytes` the composites too.
 
     `headers` must be case-insensitive or lower-case. A composite checksum (S3 marks it with a
-    `-N` suffix or `x-amz-checksum-type: COMPOSITE`) is not a digest of the body: it is read
-    only with the part size of the object's every part but the last (`part_bytes`, which
-    only an entry's metadata knows), else skipped. So is any `x-amz-checksum-*` of a
+    `-N` suffix or `x-amz-checksum-type: COMPOSITE`) is no digest of the body: it is read only
+    with the size of each part but the last (`part_bytes`, which only an entry's metadata
+    knows), else skipped. So is any `x-amz-checksum-*` of a
     multipart object (ETag `...-N`) that no type calls FULL_OBJECT: some stores publish a
     composite without its suffix (moto 5).
     """
