@@ -361,13 +361,16 @@ def _b64(value: str) -> bytes | None:
         return None
 
 
-def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
-    """Return the full-object checksums in `headers` (`Content-MD5`, `x-amz-checksum-*`).
+def from_headers(headers: Mapping[str, str], part_bytes: int = 0) -> list[Checksum]:
+    """Return the full-object checksums in `headers` (`Content-MD5`, `x-amz-checksum-*`), and
+    with `part_bytes` the composites too.
 
     `headers` must be case-insensitive or lower-case. A composite checksum (S3 marks it with a
-    `-N` suffix or `x-amz-checksum-type: COMPOSITE`) is skipped: it is not a digest of the body.
-    So is any `x-amz-checksum-*` of a multipart object (ETag `...-N`) that no type calls
-    FULL_OBJECT: some stores publish a composite without its suffix (moto 5).
+    `-N` suffix or `x-amz-checksum-type: COMPOSITE`) is no digest of the body: it is read only
+    with the size of each part but the last (`part_bytes`, which only an entry's metadata
+    knows), else skipped. So is any `x-amz-checksum-*` of a
+    multipart object (ETag `...-N`) that no type calls FULL_OBJECT: some stores publish a
+    composite without its suffix (moto 5).
     """
     found: list[Checksum] = []
     content_md5 = headers.get("content-md5")
@@ -375,13 +378,27 @@ def from_headers(headers: Mapping[str, str]) -> list[Checksum]:
         found.append(Checksum("md5", digest, "Content-MD5"))
     kind = str(headers.get("x-amz-checksum-type", "")).upper()
     if kind == "COMPOSITE" or (not kind and multipart_etag_parts(headers.get("etag"))):
-        return found
+        return found + _composites(headers, part_bytes) if part_bytes > 0 else found
     for name, algorithm in _AMZ_ALGORITHMS.items():
         value = headers.get(f"x-amz-checksum-{name}")
         if not value or "-" in value:
             continue
         if (digest := _b64(value)) is not None:
             found.append(Checksum(algorithm, digest, f"x-amz-checksum-{name}"))
+    return found
+
+
+def _composites(headers: Mapping[str, str], part_bytes: int) -> list[Checksum]:
+    """The composites in `headers` written as S3 writes them (`<base64>-<parts>`), as
+    checksums of parts of `part_bytes` bytes."""
+    found = []
+    for name, algorithm in _AMZ_ALGORITHMS.items():
+        encoded, dash, count = headers.get(f"x-amz-checksum-{name}", "").partition("-")
+        if algorithm not in COMPOSITE or not dash or not count.isdigit():
+            continue
+        parts, source = int(count), f"x-amz-checksum-{name}"
+        if (digest := _b64(encoded)) is not None and 0 < parts <= MAX_COMPOSITE_PARTS:
+            found.append(composite(algorithm, digest, parts, part_bytes, source))
     return found
 
 
@@ -393,14 +410,21 @@ _HEADER_FOR: dict[str, str] = {
     "sha1": "x-amz-checksum-sha1",
     "crc32": "x-amz-checksum-crc32",
 }
+# The composites S3 publishes as `x-amz-checksum-*` (a multipart ETag is published as itself).
+_COMPOSITE_HEADER_FOR: dict[str, str] = {
+    parts: f"x-amz-checksum-{whole}" for whole, parts in COMPOSITE.items() if whole != "md5"
+}
+MAX_COMPOSITE_PARTS = 10_000  # S3's limit on an upload's parts
 
 
 def to_headers(checksums: tuple[Checksum, ...]) -> dict[str, str]:
     """The response headers that publish `checksums` (what `from_headers` reads back), so a
     shardcache tier below, or any client, can verify the whole object end to end. A multipart
-    ETag is published as the ETag itself; a composite is not published (a reader could not
-    tell it from a full-object one without its part size). `x-amz-checksum-type` says the
-    checksums are of the whole object, which the ETag of a multipart object would not."""
+    ETag is published as the ETag itself. `x-amz-checksum-type` says which kind the
+    `x-amz-checksum-*` are, as S3 says it: FULL_OBJECT, or COMPOSITE for a composite, written
+    as S3 writes one (`<base64>-<parts>`: clients skip checking it, and a tier below reads it
+    as no digest of the body). One response has one type: a composite is published only when
+    no full-object checksum is."""
     found = {
         _HEADER_FOR[c.algorithm]: base64.b64encode(c.digest).decode()
         for c in checksums
@@ -408,4 +432,17 @@ def to_headers(checksums: tuple[Checksum, ...]) -> dict[str, str]:
     }
     if any(name.startswith("x-amz-") for name in found):
         found["x-amz-checksum-type"] = "FULL_OBJECT"
+        return found
+    for c in checksums:
+        if c.algorithm in _COMPOSITE_HEADER_FOR and len(c.digest) > 4:
+            parts = int.from_bytes(c.digest[-4:], "big")
+            value = f"{base64.b64encode(c.digest[:-4]).decode()}-{parts}"
+            found[_COMPOSITE_HEADER_FOR[c.algorithm]] = value
+            found["x-amz-checksum-type"] = "COMPOSITE"
     return found
+
+
+def composite_part_bytes(checksums: tuple[Checksum, ...]) -> int:
+    """The part size of the composites among `checksums` that `to_headers` publishes (what
+    `from_headers` needs to read them back), or 0 when there is none."""
+    return next((c.part_bytes for c in checksums if c.algorithm in _COMPOSITE_HEADER_FOR), 0)

@@ -28,6 +28,9 @@ class EntryMeta:
     # when the origin gave none, or for an entry committed before it was kept.
     last_modified: float | None = None
     block_crc32c: str = ""  # base64 CRC-32C per 1 MiB block (`blocks`), checked by hits
+    # The part size of a composite in `checksum_headers` (every part's but the last), which
+    # reading it back as a checksum needs; 0 when there is none, or for an older entry.
+    part_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -128,6 +131,8 @@ def parse_meta(tag: object) -> EntryMeta:
         and all(isinstance(v, str) for v in meta.verified_by)
         and (meta.last_modified is None or type(meta.last_modified) in (int, float))
         and isinstance(meta.block_crc32c, str)
+        and type(meta.part_bytes) is int
+        and meta.part_bytes >= 0
     )
     if not is_sound:
         raise CacheError(f"unreadable entry metadata: {str(tag)[:200]}")

@@ -25,7 +25,7 @@ from shardcache.cache.fill_state import (
 )
 from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
-from shardcache.checksums import Checksum, to_headers
+from shardcache.checksums import Checksum, composite_part_bytes, to_headers
 from shardcache.errors import (
     CacheError,
     CacheFull,
@@ -425,6 +425,7 @@ class Fill:
             verified_by=list(self.verified_by),
             last_modified=info.last_modified,
             block_crc32c=encode(self.block_digests),
+            part_bytes=composite_part_bytes(self.checksums),
         )
         try:
             await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)

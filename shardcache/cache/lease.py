@@ -17,12 +17,13 @@ from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
 
 def info_of(meta: EntryMeta) -> ObjectInfo:
-    """An entry's metadata as ObjectInfo, with the checksums its fill verified."""
+    """An entry's metadata as ObjectInfo, with the checksums its fill verified (a composite
+    too, with its part size: republished as the origin published it)."""
     published = {name.lower(): value for name, value in meta.checksum_headers.items()}
     return ObjectInfo(
         meta.size_bytes,
         meta.etag,
-        tuple(from_headers(published)),
+        tuple(from_headers(published, meta.part_bytes)),
         meta.content_type,
         last_modified=meta.last_modified,
     )

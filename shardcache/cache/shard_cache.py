@@ -32,6 +32,7 @@ from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin
 from shardcache.origins.listing import Listing, ListQuery, list_objects
+from shardcache.origins.location import bucket_location
 
 log = logging.getLogger("shardcache.cache")
 T = TypeVar("T")
@@ -252,6 +253,13 @@ class ShardCache:
         origin = self.origin(origin_name)
         with self._using(origin):
             return await list_objects(origin, query)
+
+    async def bucket_location(self, origin_name: str) -> str:
+        """Origin `origin_name`'s bucket's region as S3's `LocationConstraint` (`location`);
+        raises UnknownOrigin or an OriginError."""
+        origin = self.origin(origin_name)
+        with self._using(origin):
+            return await bucket_location(origin)
 
     async def purge(self, origin_name: str, key: str) -> Purged:
         """Delete the cached entry for `key` and keep no fill of it in flight (`purge_entries`);

@@ -34,6 +34,7 @@ from shardcache.errors import (
 )
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, SpeedFloor, Spot
 from shardcache.origins.listing import Listing, ListQuery, list_objects
+from shardcache.origins.location import bucket_location
 
 log = logging.getLogger("shardcache.origin")
 T = TypeVar("T")
@@ -315,6 +316,10 @@ class FailoverOrigin:
     async def list_objects(self, query: ListQuery) -> Listing:
         """A page of the home's keys: mirrors and tier members serve objects, not lists."""
         return await list_objects(self.home, query)
+
+    async def bucket_location(self) -> str:
+        """The home's bucket's region: mirrors and tier members hold copies, not buckets."""
+        return await bucket_location(self.home)
 
     async def aclose(self) -> None:
         if self._tier is not None:

@@ -16,6 +16,7 @@ from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
 from shardcache.origins.listing import Listing, ListQuery, list_objects
+from shardcache.origins.location import bucket_location
 
 # True while the current task's request continues an answer a client may be reading
 # (`segments.OriginRequests` sets it around each request): the caps never shed it.
@@ -101,6 +102,11 @@ class CappedOrigin:
         """A page of the inner origin's keys, a request under the rate cap like a HEAD."""
         await self._turn()
         return await list_objects(self.inner, query)
+
+    async def bucket_location(self) -> str:
+        """The inner origin's bucket's region, a request under the rate cap like a HEAD."""
+        await self._turn()
+        return await bucket_location(self.inner)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

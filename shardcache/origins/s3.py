@@ -44,6 +44,7 @@ from shardcache.origins.listing import (
     unwrap_token,
     wrap_token,
 )
+from shardcache.origins.location import US_EAST_1
 
 log = logging.getLogger("shardcache.origins")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
@@ -311,6 +312,22 @@ class S3Origin:
                     raise BadRequest(f"{label}: the store refused the listing: {exc}") from None
                 raise
         return _listing(response, under)
+
+    async def bucket_location(self) -> str:
+        """The bucket's `LocationConstraint`, asked of the store (GetBucketLocation, with the
+        daemon's credentials) as given: us-east-1's is empty. Raises BucketNotFound for a
+        missing bucket, or the OriginError its failure maps to."""
+        label = f"s3://{self.bucket}"
+        with map_botocore_errors(label):
+            try:
+                response = await asyncio.to_thread(
+                    self._client.get_bucket_location, Bucket=self.bucket
+                )
+            except botocore.exceptions.ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code", "")) in _NOT_FOUND:
+                    raise BucketNotFound(f"{label}: no such bucket: {self.bucket}") from exc
+                raise
+        return str(response.get("LocationConstraint") or US_EAST_1)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

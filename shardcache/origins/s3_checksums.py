@@ -1,8 +1,9 @@
 """Which checksums an S3 HeadObject publishes are of the whole object, and which are composite
 (per part), by S3's rules as stores actually apply them (pure).
 
-Whole-object only when the store says `FULL_OBJECT` or the object is single-part (an ETag
-without `-N`); a composite is checked only once the part layout is known (`per_part`)."""
+Whole-object only when the store says `FULL_OBJECT`, the object is single-part (an ETag
+without `-N`), or the algorithm has no composite form (CRC-64/NVME); a composite is checked
+only once the part layout is known (`per_part`)."""
 
 from __future__ import annotations
 
@@ -92,7 +93,10 @@ def published(response: Mapping[str, Any]) -> Published:
         digest, suffix = split
         if kind not in ("", "FULL_OBJECT", "COMPOSITE"):
             continue  # a type this code does not know: nothing it could check
-        if kind == "FULL_OBJECT" or (not kind and suffix is None and not etag_parts):
+        # Untyped (moto's HEAD), a multipart object's value is a composite, unless its
+        # algorithm has no composite form (CRC-64/NVME): then it is of the whole object.
+        may_be_composite = bool(etag_parts) and algorithm in checksums.COMPOSITE
+        if kind == "FULL_OBJECT" or (not kind and suffix is None and not may_be_composite):
             if suffix is None:
                 full.append(Checksum(algorithm, digest, f"x-amz-checksum-{algorithm}"))
         elif algorithm in checksums.COMPOSITE:

@@ -6,6 +6,7 @@
     GET  /BUCKET?list-type=2&…        ListObjectsV2;  GET /BUCKET (&marker=…): ListObjects (V1)
     HEAD /BUCKET                      HeadBucket (an S3 origin's bucket asked once a minute:
                                       `s3_buckets`);  GET /BUCKET?location: GetBucketLocation
+                                      (an S3 origin's bucket's region, asked alike)
     GET  /                            ListBuckets: the buckets the configured origins show
     anything else                     refused: MethodNotAllowed (writes), NotImplemented (ACLs,
                                       multipart, versions, `partNumber`, …)
@@ -49,6 +50,7 @@ from shardcache.origins.listing import (
     ListVersion,
     rolled_up,
 )
+from shardcache.origins.location import US_EAST_1
 from shardcache.serving.middleware import (
     ACCESS_KEY,
     CACHE_KEY,
@@ -217,7 +219,8 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
             await _head_bucket(request, views)
             return web.Response(headers={"x-amz-bucket-region": "us-east-1"})
         if "location" in request.query:
-            return _xml(f'<LocationConstraint xmlns="{NAMESPACE}"></LocationConstraint>')
+            region = _escape(await _bucket_location(request, views))
+            return _xml(f'<LocationConstraint xmlns="{NAMESPACE}">{region}</LocationConstraint>')
         return await _list_objects(request, bucket, views)
     view = object_view(views, key)
     if view is None:
@@ -239,6 +242,20 @@ async def _head_bucket(request: web.Request, views: list[View]) -> None:
         if spec is not None and spec.scheme == "s3":
             ask = functools.partial(cache.list_objects, view.origin, one_key)
             await state.bucket_checks.check(view.origin, ask)
+
+
+async def _bucket_location(request: web.Request, views: list[View]) -> str:
+    """GetBucketLocation: the region of the bucket of the first S3 origin the bucket shows,
+    asked of it (kept a minute: `s3_buckets`), as S3's `LocationConstraint` (us-east-1's is
+    empty); a bucket only file or HTTP origins show is us-east-1's. Raises the origin's
+    refusal."""
+    state, cache = request.app[STATE_KEY], request.app[CACHE_KEY]
+    for view in views:
+        spec = state.origins.specs.get(view.origin)
+        if spec is not None and spec.scheme == "s3":
+            ask = functools.partial(cache.bucket_location, view.origin)
+            return await state.bucket_locations.check(view.origin, ask)
+    return US_EAST_1
 
 
 @dataclass(frozen=True, slots=True)

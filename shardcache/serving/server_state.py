@@ -64,4 +64,5 @@ class ServerState:
     add_bucket: Callable[[str], Awaitable[bool]] | None = None
     # The one field the handlers write: origins whose tier loop was logged (once each).
     tier_loops_logged: set[str] = field(default_factory=set)
-    bucket_checks: BucketChecks = field(default_factory=BucketChecks)  # HeadBucket's answers
+    bucket_checks: BucketChecks[object] = field(default_factory=BucketChecks)  # HeadBucket's
+    bucket_locations: BucketChecks[str] = field(default_factory=BucketChecks)  # regions

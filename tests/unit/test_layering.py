@@ -163,6 +163,7 @@ ORDER: dict[str, list[str]] = {
         "origins.file",
         "origins.file_listing",
         "origins.listing",
+        "origins.location",
         "origins.base",
         "origins",
     ],

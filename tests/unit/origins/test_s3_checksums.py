@@ -177,6 +177,53 @@ def test_whole_object_checksums_are_those_the_store_says_or_of_single_part_objec
     assert s3_checksums.published(unknown).full == ()
 
 
+def test_moto_s_untyped_crc64nvme_of_a_multipart_object_is_whole() -> None:
+    """moto 5's HEAD of a multipart CRC64NVME upload: no type, no suffix; CRC-64/NVME has no
+    composite form, so it is the whole object's (as moto's GET then says: FULL_OBJECT)."""
+    response = _response(MULTIPART_ETAG, ChecksumCRC64NVME=_b64(bytes(8)))
+    published = s3_checksums.published(response)
+    assert [c.algorithm for c in published.full] == ["crc64nvme"]
+    assert published.composites == ()
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "crc32c", "sha1", "sha256"])
+def test_a_composite_is_republished_as_s3_writes_it_and_read_back(
+    algorithm: checksums.Algorithm,
+) -> None:
+    data = os.urandom(3 * PART + 1234)
+    digest, parts = _composite(algorithm, data, PART)
+    checksum = checksums.composite(algorithm, digest, parts, PART, f"x-amz-checksum-{algorithm}")
+    md5_parts = checksums.from_s3_multipart_etag(f'"{"ab" * 16}-{parts}"', PART)
+    assert md5_parts is not None
+    published = checksums.to_headers((checksum, md5_parts))  # the ETag is published as itself
+    assert published == {
+        f"x-amz-checksum-{algorithm}": f"{_b64(digest)}-{parts}",
+        "x-amz-checksum-type": "COMPOSITE",
+    }
+    assert checksums.composite_part_bytes((md5_parts, checksum)) == PART
+    assert checksums.from_headers(published) == []  # no part size: no digest of the body
+    (again,) = checksums.from_headers(published, PART)
+    assert again == checksum
+    verifier = Verifier((again,))
+    _feed(verifier, data, (1000,))
+    verifier.verify()
+
+
+def test_one_response_has_one_checksum_type() -> None:
+    """A full-object checksum wins: a response's `x-amz-checksum-type` names one kind."""
+    composite = checksums.composite("crc32", bytes(4), 3, PART, "x-amz-checksum-crc32")
+    whole = Checksum("crc64nvme", bytes(8), "x-amz-checksum-crc64nvme")
+    assert checksums.to_headers((composite, whole)) == {
+        "x-amz-checksum-crc64nvme": _b64(bytes(8)),
+        "x-amz-checksum-type": "FULL_OBJECT",
+    }
+    assert checksums.composite_part_bytes((whole,)) == 0
+    garbage = {"x-amz-checksum-type": "COMPOSITE", "x-amz-checksum-crc32": "AAAAAA==-x"}
+    assert checksums.from_headers(garbage, PART) == []
+    too_many = {"x-amz-checksum-type": "COMPOSITE", "x-amz-checksum-crc32": "AAAAAA==-10001"}
+    assert checksums.from_headers(too_many, PART) == []
+
+
 def test_crc64nvme_is_verified_with_awscrt() -> None:
     from awscrt.checksums import crc64nvme
 

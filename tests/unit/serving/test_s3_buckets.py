@@ -78,3 +78,17 @@ async def test_a_cancelled_asker_leaves_its_waiters_to_ask_themselves() -> None:
     ask.release.set()
     await second
     assert ask.calls == 2 and first.cancelled()
+
+
+async def test_the_answer_is_returned_and_kept_with_its_value() -> None:
+    """GetBucketLocation's: the region the origin answered, to every asker, asked once."""
+    locations: BucketChecks[str] = BucketChecks(clock=lambda: 0.0)
+    asked: list[str] = []
+
+    async def region() -> str:
+        asked.append("eu")
+        return "eu-west-1"
+
+    answers = await asyncio.gather(*(locations.check("lake", region) for _ in range(3)))
+    assert answers == ["eu-west-1"] * 3 and asked == ["eu"]
+    assert await locations.check("lake", region) == "eu-west-1" and asked == ["eu"]

@@ -1,0 +1,39 @@
+"""A bucket's location (`origins.location`): an origin with a bucket answers its own; any
+other answers us-east-1's empty constraint; wrappers (caps, failover) ask what they wrap."""
+
+from __future__ import annotations
+
+import time
+
+from shardcache.cluster.breaker import CircuitBreaker
+from shardcache.cluster.tier import Upstream
+from shardcache.cluster.upstreams import FailoverOrigin
+from shardcache.fetch.capped import CappedOrigin
+from shardcache.origins.location import US_EAST_1, Locator, bucket_location
+from tests.unit.fakes import FakeOrigin
+
+
+class Located(FakeOrigin):
+    async def bucket_location(self) -> str:
+        return "eu-west-1"
+
+
+async def test_an_origin_without_a_bucket_is_us_east_1_s() -> None:
+    origin = FakeOrigin()
+    assert not isinstance(origin, Locator)
+    assert await bucket_location(origin) == US_EAST_1 == ""
+
+
+async def test_a_locator_answers_its_own() -> None:
+    assert await bucket_location(Located()) == "eu-west-1"
+
+
+async def test_caps_and_failover_ask_the_backend_they_wrap() -> None:
+    home, mirror = Located("home"), FakeOrigin("mirror")
+    breakers = [CircuitBreaker(o.name, time.monotonic) for o in (home, mirror)]
+    chain = [Upstream(mirror, breakers[1], "mirror"), Upstream(home, breakers[0], "home")]
+    failover = FailoverOrigin("o", chain)  # the home is the chain's last
+    capped = CappedOrigin(failover, max_requests_per_second=100, max_wait_s=1)
+    assert await bucket_location(capped) == "eu-west-1"
+    plain = CappedOrigin(FakeOrigin(), max_requests_per_second=100, max_wait_s=1)
+    assert await bucket_location(plain) == US_EAST_1
