@@ -37,6 +37,7 @@ WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, 
 # The `Cache` table's columns read or written here with `_sql` (diskcache 5.x; the test of this
 # module checks them against `PRAGMA table_info(Cache)`).
 COLUMNS_USED = ("key", "store_time", "access_time", "size", "filename", "tag")
+REMEMBERED_ROWS = 4096  # rows `get` found, kept for `get_remembered` (a path and a tag each)
 
 
 @contextlib.contextmanager
@@ -78,15 +79,19 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         return value.size_bytes, MODE_BINARY, filename, None
 
     def fetch(self, mode: int, filename: str, value: Any, read: bool) -> int:
-        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss. O_NONBLOCK
-        # and the S_ISREG check: a FIFO left where an entry's file was would block this open
-        # (and the response, and the daemon's exit) for ever; it is a miss, refetched, instead.
-        path = os.path.join(self._directory, filename)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
-        return fd
+        # FileNotFoundError is an IOError, which diskcache's get() treats as a miss.
+        return open_entry_file(os.path.join(self._directory, filename))
+
+
+def open_entry_file(path: str) -> int:
+    """A raw descriptor of the entry file at `path`. O_NONBLOCK and the S_ISREG check: a FIFO
+    left where an entry's file was would block this open (and the response, and the daemon's
+    exit) for ever; it is a miss (FileNotFoundError), refetched, instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+    return fd
 
 
 class Index:
@@ -118,6 +123,10 @@ class Index:
         # Rows whose file an eviction on a full disk removed but could not delete (key ->
         # filename): dropped at the next write, or at close, once SQLite has room again.
         self._rows_to_drop: dict[str, str] = {}
+        # key -> (file path, tag) of rows `get` read since they last changed: every write here
+        # forgets its key after it commits (after diskcache removed a replaced file), so a path
+        # kept here names the key's current file or one that no longer opens.
+        self._remembered: dict[str, tuple[str, Any]] = {}
 
     def add_access_time_index(self) -> None:
         """Index `access_time`, so that the least recently used rows are one ordered scan."""
@@ -134,8 +143,38 @@ class Index:
 
     def get(self, key: str) -> tuple[int | None, Any]:
         """`key`'s open file descriptor (the caller closes it) and tag, or (None, None)."""
-        fd, tag = self._cache.get(key, default=None, read=True, tag=True)
+        rows = self._cache._sql("SELECT filename, tag FROM Cache WHERE key = ?", (key,))
+        found = rows.fetchall()
+        if not found or found[0][0] is None:
+            return None, None
+        filename, tag = found[0]
+        path = os.path.join(self.directory, filename)
+        try:
+            fd = open_entry_file(path)
+        except FileNotFoundError:  # removed after its row (an eviction in progress): a miss
+            return None, None
+        if len(self._remembered) >= REMEMBERED_ROWS:
+            self._remembered.pop(next(iter(self._remembered)), None)
+        self._remembered[key] = (path, tag)
         return fd, tag
+
+    def get_remembered(self, key: str) -> tuple[int, Any] | None:
+        """`get` without SQLite, for a row `get` read since it last changed; None: ask `get`.
+        Cheap enough for the event loop (a dict and an open), where a hit must not wait for a
+        worker thread: 64 KiB hits are counted in requests per second."""
+        remembered = self._remembered.get(key)
+        if remembered is None:
+            return None
+        path, tag = remembered
+        try:
+            return open_entry_file(path), tag
+        except OSError:  # its file went (evicted, replaced, the directory deleted)
+            self._remembered.pop(key, None)
+            return None
+
+    def _forget(self, *keys: str) -> None:
+        for key in keys:
+            self._remembered.pop(key, None)
 
     def keys(self) -> list[str]:
         return [str(key) for (key,) in self._cache._sql("SELECT key FROM Cache").fetchall()]
@@ -190,15 +229,27 @@ class Index:
     def set(self, key: str, adopt: AdoptFile, tag: str) -> None:
         """Index `adopt`'s file as `key`'s entry (moving it into the index tree)."""
         self._drop_rows_left()
-        self._cache.set(key, adopt, tag=tag)
+        try:
+            self._cache.set(key, adopt, tag=tag)
+        finally:
+            self._forget(key)
 
     def delete(self, key: str) -> bool:
         """Remove `key`'s row, then its file; return whether it existed."""
         self._drop_rows_left()
-        return bool(self._cache.delete(key))
+        try:
+            return bool(self._cache.delete(key))
+        finally:
+            self._forget(key)
 
     def delete_to_free_space(self, key: str) -> bool:
         """`delete`, even on a disk filled to the last block."""
+        try:
+            return self._delete_to_free_space(key)
+        finally:
+            self._forget(key)
+
+    def _delete_to_free_space(self, key: str) -> bool:
         try:
             return bool(self._cache.delete(key))
         except sqlite3.OperationalError:
@@ -237,6 +288,7 @@ class Index:
             if [name for (name,) in rows.fetchall()] != [filename]:
                 return False
             self._cache.delete(key)
+        self._forget(key)
         return True
 
     def write_access_times(self, touched: dict[str, float]) -> None:
@@ -266,7 +318,10 @@ class Index:
         # exception (or silenced) by the caller's warning filters.
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            return [str(w.message) for w in self._cache.check(fix=fix)]
+            try:
+                return [str(w.message) for w in self._cache.check(fix=fix)]
+            finally:
+                self._remembered.clear()
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):  # the directory may be gone: nothing to keep

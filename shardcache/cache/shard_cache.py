@@ -195,7 +195,8 @@ class ShardCache:
         """The committed entry for `url`, or None; a store that fails counts as a miss (the
         object is then streamed through: a broken disk must not fail reads)."""
         try:
-            return await asyncio.to_thread(self.store.lookup, url)
+            entry = self.store.lookup_remembered(url)  # a hot entry: no worker-thread hop
+            return entry if entry is not None else await asyncio.to_thread(self.store.lookup, url)
         except CacheError as exc:
             self.store.warnings.warning(log, "lookup", "treating %s as a miss: %s", url, exc)
             return None

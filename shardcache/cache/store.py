@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.directory import REPLACED, CacheDirectory
@@ -39,7 +41,7 @@ from shardcache.cache.entry import (
     parse_meta,
 )
 from shardcache.cache.evictor import FILESYSTEM_HEADROOM_BYTES, Evictor
-from shardcache.cache.index import AdoptFile, Index, map_store_errors
+from shardcache.cache.index import REMEMBERED_ROWS, AdoptFile, Index, map_store_errors
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.space import Room, cannot_fit, startup_warnings
 from shardcache.cache.walks import Walks
@@ -149,10 +151,17 @@ class Store:
         """Return the open entry for `key` and mark it used, or None. Caller must close it."""
         with map_store_errors(f"cannot look up {key}"):
             fd, tag = self._index.get(key)
-        if fd is None:
-            return None
+        return None if fd is None else self._entry(key, fd, tag)
+
+    def lookup_remembered(self, key: str) -> Entry | None:
+        """`lookup` for an entry read before and unchanged since, without SQLite: event-loop
+        safe. None does not mean a miss: ask `lookup` (on a worker thread)."""
+        found = self._index.get_remembered(key)
+        return None if found is None else self._entry(key, *found)
+
+    def _entry(self, key: str, fd: int, tag: Any) -> Entry:
         try:
-            meta = parse_meta(tag)
+            meta = _parsed_meta(tag)
         except CacheError:
             os.close(fd)
             raise
@@ -435,3 +444,10 @@ class Store:
             self._evictor.flush_touches()  # the LRU order survives a restart
         self._index.close()
         self._dir.close()
+
+
+@functools.lru_cache(maxsize=REMEMBERED_ROWS)
+def _parsed_meta(tag: Any) -> EntryMeta:
+    """`parse_meta`, once per tag a hot entry's hits share (EntryMeta is frozen; nothing
+    changes the mappings it holds)."""
+    return parse_meta(tag)

@@ -184,3 +184,86 @@ def _set_without_dropping(index: Index):  # type: ignore[no-untyped-def]
         return result
 
     return set_keeping_the_list
+
+
+# -- rows remembered for the event loop (`get_remembered`) --------------------------------------
+
+
+def _read(opened: tuple[int, object] | None) -> tuple[bytes, object] | None:
+    if opened is None:
+        return None
+    fd, tag = opened
+    try:
+        return os.pread(fd, 100, 0), tag
+    finally:
+        os.close(fd)
+
+
+def test_a_row_is_remembered_only_once_get_read_it(index: Index, tmp_path: Path) -> None:
+    _adopt(index, tmp_path, "k", b"one")
+    assert index.get_remembered("k") is None  # never read: SQLite must be asked
+    assert _read(index.get("k")) == (b"one", "tag of k")
+    assert _read(index.get_remembered("k")) == (b"one", "tag of k")
+    assert _read(index.get_remembered("other")) is None
+
+
+def test_every_write_forgets_what_it_changes(
+    index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge or a refetch must never be answered from a remembered row: set, delete,
+    delete_if_file, delete_to_free_space and check each forget the keys they touch. The old
+    files are left in place here (a removal that failed, or has not happened yet), so only
+    the forgetting stands between a reader and the old bytes."""
+    monkeypatch.setattr(index._cache._disk, "remove", lambda *_: None)
+    _adopt(index, tmp_path, "k", b"one")
+    _read(index.get("k"))
+    _adopt(index, tmp_path, "k", b"two")  # a new version under the same key
+    assert index.get_remembered("k") is None
+    assert _read(index.get("k")) == (b"two", "tag of k")
+    assert index.delete("k")
+    assert index.get_remembered("k") is None and index.get("k") == (None, None)
+
+    _adopt(index, tmp_path, "k", b"three")
+    _read(index.get("k"))
+    assert index.delete_if_file("k", str(index.filename_of("k")))
+    assert index.get_remembered("k") is None
+
+    _adopt(index, tmp_path, "k", b"four")
+    _read(index.get("k"))
+    assert index.delete_to_free_space("k")
+    assert index.get_remembered("k") is None
+
+    _adopt(index, tmp_path, "k", b"five")
+    _read(index.get("k"))
+    index.check(fix=False)
+    assert index.get_remembered("k") is None
+
+
+def test_a_remembered_row_whose_file_went_is_forgotten(index: Index, tmp_path: Path) -> None:
+    """A file removed behind the index's back (or the cache dir deleted) is not served: the
+    row is forgotten and `get` decides."""
+    _adopt(index, tmp_path, "k", b"one")
+    _read(index.get("k"))
+    os.remove(index.directory / str(index.filename_of("k")))
+    assert index.get_remembered("k") is None
+    assert index.get("k") == (None, None)
+
+
+def test_a_fifo_where_a_remembered_file_was_does_not_block(index: Index, tmp_path: Path) -> None:
+    _adopt(index, tmp_path, "k", b"one")
+    _read(index.get("k"))
+    path = index.directory / str(index.filename_of("k"))
+    os.remove(path)
+    os.mkfifo(path)
+    assert index.get_remembered("k") is None  # opened O_NONBLOCK, refused as no regular file
+
+
+def test_remembered_rows_are_bounded(
+    index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shardcache.cache.index.REMEMBERED_ROWS", 3)
+    for n in range(5):
+        _adopt(index, tmp_path, f"k{n}", b"x")
+        _read(index.get(f"k{n}"))
+    remembered = [n for n in range(5) if _read(index.get_remembered(f"k{n}")) is not None]
+    assert remembered == [2, 3, 4]  # the oldest went first
