@@ -75,6 +75,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry, origins: Iterable[str]) -> None:
         self.registry = registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # `_child`'s
         self.requests = Counter(
             "shardcache_requests",
             "Shard requests by result",
@@ -250,6 +251,30 @@ class Metrics:
             self.ttfb.labels(result)
             self.duration.labels(result)
 
+    # -- what serving reports of each object request -----------------------------------------
+
+    def request_counted(self, origin: str, result: str) -> None:
+        """A shard request ended as `result` (hit, miss, coalesced, error)."""
+        self._child(self.requests, origin, result).inc()
+
+    def first_byte(self, result: str, seconds: float) -> None:
+        self._child(self.ttfb, result).observe(seconds)
+
+    def body_sent(self, origin: str, source: str, size_bytes: int) -> None:
+        self._child(self.response_bytes, origin, source).inc(size_bytes)
+
+    def request_finished(self, result: str, seconds: float) -> None:
+        self._child(self.duration, result).observe(seconds)
+
+    def _child(self, family: MetricWrapperBase, *values: str) -> Any:
+        """`family.labels(*values)`, kept: a 64 KiB hit reports four series, and `labels`
+        validates and converts its values each call. `forget` drops what it kept."""
+        key = (id(family), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = family.labels(*values)
+        return child
+
     def forget(self, origins: Iterable[str]) -> None:
         """Drop every series labelled with one of `origins` (removed or renamed by a reload):
         without this each rename left its old series in /metrics for the daemon's life. A
@@ -257,6 +282,7 @@ class Metrics:
         gone = set(origins)
         if not gone:
             return
+        self._children.clear()
         for family in self._by_origin:
             names = family._labelnames  # prometheus_client keeps them only here
             at = names.index("origin")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -108,6 +109,7 @@ def is_cross_site(
     return not authority or host is None or authority.lower() != host.strip().lower()
 
 
+@functools.lru_cache(maxsize=64)  # every request asks; a client sends the same few names
 def is_foreign_host(host: str | None) -> bool:
     """Whether a request's `Host` names something other than this machine's loopback (a
     rebound DNS name); a request with no `Host` (HTTP/1.0) is not refused for it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import enum
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -106,8 +107,10 @@ def parse_http_date(value: str | None) -> int | None:
     return int(when.timestamp())
 
 
+@functools.lru_cache(maxsize=4096)
 def http_date(seconds: float) -> str:
-    """`seconds` since the epoch as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`)."""
+    """`seconds` since the epoch as an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`); kept
+    per value, as each hit of an entry sends its `Last-Modified` again."""
     return email.utils.formatdate(math.floor(seconds), usegmt=True)
 
 

@@ -9,7 +9,12 @@ import sys
 
 import pytest
 
-from shardcache.observability.logs import JsonFormatter, TextFormatter, escape_controls
+from shardcache.observability.logs import (
+    AccessLogger,
+    JsonFormatter,
+    TextFormatter,
+    escape_controls,
+)
 
 HOSTILE = "a\r\nFAKE\x1b[2J\x07\x7f\x85\u2028\u2029\u202e\udcff\x00\tz"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202e\ud800-\udfff]")
@@ -234,3 +239,25 @@ def test_redact_masks_every_credential_a_url_or_header_can_carry(text: str, show
     from shardcache.observability.logs import redact
 
     assert redact(text) == shown
+
+
+@pytest.mark.parametrize("created", [1_700_000_000.0004, 1_700_000_000.9999, 1_800_000_059.5])
+def test_the_time_of_a_text_line_is_the_one_logging_writes(created: float) -> None:
+    """TextFormatter makes the date part once a second; the text must be logging's own."""
+    record = _record("m")
+    record.created, record.msecs = created, (created - int(created)) * 1000
+    mine = TextFormatter()
+    assert mine.formatTime(record) == logging.Formatter().formatTime(record)
+    record.created += 1.0  # the next second: made afresh
+    assert mine.formatTime(record) == logging.Formatter().formatTime(record)
+
+
+@pytest.mark.parametrize(
+    ("level", "enabled"), [("WARNING", False), ("INFO", True), ("DEBUG", True)]
+)
+def test_access_lines_are_skipped_whole_above_info(level: str, enabled: bool) -> None:
+    """At WARNING (the benchmarks', and a quiet deployment's) aiohttp is told there is no
+    access log, so it builds nothing per request; at INFO and DEBUG it logs."""
+    logger = logging.getLogger("shardcache.test-access")
+    logger.setLevel(level)
+    assert AccessLogger(logger, "").enabled is enabled

@@ -42,3 +42,20 @@ def test_forgetting_an_origin_drops_every_series_it_labels_and_only_those() -> N
     )
     metrics.forget([])  # nothing gone: nothing changes
     assert _origins_in(registry) == {"kept", "new"}
+
+
+def test_the_series_serving_reports_into_come_back_after_a_forget() -> None:
+    """Serving's reports keep the labelled series they use (`Metrics._child`); a forget must
+    drop those too, or a renamed-back origin's requests would count into a removed series
+    that /metrics no longer shows."""
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, ["o"])
+    metrics.request_counted("o", "hit")
+    metrics.body_sent("o", "cache", 10)
+    metrics.forget(["o"])
+    metrics.request_counted("o", "hit")
+    metrics.body_sent("o", "cache", 5)
+    labels = {"origin": "o", "result": "hit"}
+    assert registry.get_sample_value("shardcache_requests_total", labels) == 1
+    sent = {"origin": "o", "source": "cache"}
+    assert registry.get_sample_value("shardcache_response_bytes_total", sent) == 5
