@@ -75,6 +75,17 @@ class HitChecker:
             read += await self._check_batch(key, version, fd, batch, since)
         return read
 
+    def is_checked(self, key: str, fd: int, meta: EntryMeta, start: int, end: int) -> bool:
+        """Whether `check` of these bytes would read nothing: every block they cover was found
+        sound within the window and the version's digests are known. A hit that is (a hot
+        shard, a small object read again) is sent whole, with no check to wait for."""
+        version = self._version(key, fd, meta)
+        if version.digests is None:
+            return False
+        since = self._clock() - self.window_s
+        checked_at = version.checked_at
+        return all(checked_at.get(b, -1.0) >= since for b in covering(start, end))
+
     def _version(self, key: str, fd: int, meta: EntryMeta) -> _Version:
         """The record of the version open as `fd`: its file's identity is part of it, so a
         reader still holding a dropped version's file never counts the refetched file's checks

@@ -159,6 +159,8 @@ def _wanted_range(
 ) -> ByteRange | None:
     """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
     does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
+    if "Range" not in request.headers:
+        return None
     if not range_applies(_conditional_fields(request), validators):
         return None
     return parse_range(request.headers.get("Range"), size_bytes)
@@ -220,7 +222,8 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     origin, key = request.match_info["origin"], request.match_info["key"]
     guard = request.app.get(GUARD_KEY)
     reader_left = guard.lost(request.transport) if guard is not None else None
-    if is_conditional(request.headers):
+    conditional = is_conditional(request.headers)
+    if conditional:
         early = await _answer_before_fetching(request)
         if early is not None:
             return early
@@ -237,10 +240,10 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         metrics.waited(lease.origin, loop.time() - began)
     try:
         validators = Validators(lease.etag, lease.last_modified)
-        answer = _precondition_response(request, lease.result, validators)
+        answer = _precondition_response(request, lease.result, validators) if conditional else None
         if answer is not None:  # the object changed since the check before the GET
             await _confirmed(lease)
-            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            metrics.request_counted(lease.origin, lease.result.value)
             return answer
         byte_range = _wanted_range(request, validators, lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
@@ -267,13 +270,13 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             return response
         # Counted by result once it is known (below): a read that fails after its headers is
         # an "error", not the miss it started as (its first byte's time is a miss's, though).
-        metrics.ttfb.labels(lease.result.value).observe(loop.time() - began)
+        metrics.first_byte(lease.result.value, loop.time() - began)
         state = request.app[STATE_KEY]
         sender = FileSender(request.transport, response.write, state.client_send_timeout_s)
         is_counted = False  # under the result, once the body is out: the client may see it end
         try:
             await _send_body(lease, sender, start, end, request, metrics, reader_left)
-            metrics.requests.labels(lease.origin, lease.result.value).inc()
+            metrics.request_counted(lease.origin, lease.result.value)
             is_counted = True
             await sender.drained()  # so that write_eof has nothing left to wait for
             writer.output_size += sender.take_bypassed_bytes()  # before write_eof reads it
@@ -286,13 +289,13 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
             else:
                 _client_left(request, lease.origin)
             if not is_counted:  # the client's choice, not a failure
-                metrics.requests.labels(lease.origin, lease.result.value).inc()
+                metrics.request_counted(lease.origin, lease.result.value)
             log.debug("client left during %s: %s", request.path, exc)
             _abort(request, discard_unsent=stalled)
             return response
         except Exception as exc:  # any failure after the headers: never a clean short body
             if not is_counted:
-                metrics.requests.labels(lease.origin, "error").inc()
+                metrics.request_counted(lease.origin, "error")
             _failed_after_headers(request, lease, exc, sender.sent_bytes, end - start)
             if lease.result is Result.HIT and isinstance(exc, EOFError | IntegrityError):
                 # The entry's file is shorter than its index says, or failed its block check:
@@ -311,10 +314,10 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         finally:
             sender.close()
             source = "cache" if lease.result is Result.HIT else "origin"
-            metrics.response_bytes.labels(lease.origin, source).inc(sender.sent_bytes)
+            metrics.body_sent(lease.origin, source, sender.sent_bytes)
             writer.output_size += sender.take_bypassed_bytes()
             request[BODY_BYTES] = sender.sent_bytes  # for the access log: the body alone
-        metrics.duration.labels(lease.result.value).observe(loop.time() - began)
+        metrics.request_finished(lease.result.value, loop.time() - began)
         return response
     finally:
         await lease.aclose()
@@ -411,9 +414,12 @@ async def _send_body(
     if start == end:
         return  # settled before the headers
     checker = request.app[STATE_KEY].hit_checker
-    if lease.entry is not None and checker is not None and checker.can_check(lease.entry.meta):
-        entry = lease.entry
+    entry = lease.entry
+    if entry is not None and checker is not None and checker.can_check(entry.meta):
         name = f"{lease.origin}/{request.match_info['key']}"
+        if checker.is_checked(name, entry.fd, entry.meta, start, end):
+            await sender.send(entry.fd, start, end - start)  # nothing to wait for
+            return
 
         def check(first: int, last: int) -> Awaitable[int]:
             return checker.check(name, entry.fd, entry.meta, first, last)

@@ -148,3 +148,41 @@ async def test_unreadable_block_digests_fail_the_hit(fd: int, data: bytes) -> No
     meta = EntryMeta(SIZE, block_crc32c=encode(b"\0" * 8))  # two digests for 21 blocks
     with pytest.raises(IntegrityError, match="unusable"):
         await checker.check("o/a", fd, meta, 0, 10)
+
+
+async def test_is_checked_only_for_blocks_checked_within_the_window(fd: int, data: bytes) -> None:
+    """`is_checked` (a hit sent whole, with no check to wait for) holds exactly when `check`
+    would read nothing: every block it covers found sound within the window."""
+    clock = Clock()
+    checker = HitChecker(window_s=2.0, clock=clock)
+    meta = _meta(data)
+    assert not checker.is_checked("k", fd, meta, 0, BLOCK_BYTES)  # never checked
+    await checker.check("k", fd, meta, 0, BLOCK_BYTES)
+    assert checker.is_checked("k", fd, meta, 0, BLOCK_BYTES)
+    assert checker.is_checked("k", fd, meta, 10, 20)
+    assert not checker.is_checked("k", fd, meta, 0, BLOCK_BYTES + 1)  # the next block: not yet
+    clock.now += 2.5
+    assert not checker.is_checked("k", fd, meta, 0, BLOCK_BYTES)  # the window passed
+    assert await checker.check("k", fd, meta, 0, BLOCK_BYTES) == BLOCK_BYTES
+
+
+async def test_is_checked_is_per_file_version(fd: int, data: bytes, tmp_path: Path) -> None:
+    """A refetched file (another inode, the same digests) has checked nothing yet."""
+    checker = HitChecker(window_s=2.0, clock=Clock())
+    meta = _meta(data)
+    await checker.check("k", fd, meta, 0, SIZE)
+    other = tmp_path / "refetched"
+    other.write_bytes(data)
+    refetched = os.open(other, os.O_RDONLY)
+    try:
+        assert not checker.is_checked("k", refetched, meta, 0, SIZE)
+    finally:
+        os.close(refetched)
+
+
+async def test_an_old_entry_is_never_checked_before_its_whole_check(fd: int, data: bytes) -> None:
+    checker = HitChecker(window_s=2.0, clock=Clock())
+    old = EntryMeta(len(data), digests={"crc32c": f"{crc32c(data):08x}"})
+    assert not checker.is_checked("k", fd, old, 0, 10)
+    await checker.check("k", fd, old, 0, 10)
+    assert checker.is_checked("k", fd, old, 0, SIZE)  # the whole check covered every block
