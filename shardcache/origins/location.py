@@ -1,13 +1,7 @@
-"""A bucket's location: the region an S3 origin's bucket was made in, as S3's
-GetBucketLocation gives it (`LocationConstraint`: empty for us-east-1, `EU` for the oldest
-eu-west-1 buckets, else the region's name).
-
-Knowing it is optional for a backend, as listing is: one with a bucket is a `Locator` (an
-S3 origin asks its store, with the daemon's credentials); a wrapper (caps, failover) passes
-the question to the backend it wraps with `bucket_location`; any other origin (a file root,
-an HTTP server) has no region and answers us-east-1's empty constraint, as S3's API
-answers for its default region.
-"""
+"""A bucket's location as S3's GetBucketLocation gives it (`LocationConstraint`: empty for
+us-east-1, `EU` for the oldest eu-west-1 buckets, else the region's name). Optional for a
+backend, as listing is: an S3 origin is a `Locator`; a wrapper passes the question on with
+`bucket_location`; any other origin answers us-east-1's empty constraint."""
 
 from __future__ import annotations
 
