@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,7 @@ def _measure(bench: Bench, sizes: Sizes, name: str, fetch: Fetch) -> dict[str, l
         arms = [("direct", f"{key}.o", bench.origin.url), ("cold", key, bench.daemon.url)]
         for arm, arm_key, endpoint in arms[run % 2 :] + arms[: run % 2]:
             got[arm].append(bench.timed(fetch(arm_key, endpoint), sizes.shard, cold=True))
+        _wait_cached(bench, f"{bench.daemon.url}/sim/{key}")  # a hit, not a join of the commit
         got["warm"].append(bench.timed(fetch(key, bench.daemon.url), sizes.shard, cold=False))
         got["fetched"].append(bench.origin_bytes(key) / sizes.shard)
     return got
@@ -226,6 +228,8 @@ def large_by_name_and_by_s3(bench: Bench, sizes: Sizes) -> list[Row]:
             for way in order:
                 if phase == "cold":
                     settle_disk()
+                else:  # a hit, not a join of the fill still committing (its fsync)
+                    _wait_cached(bench, urls["http"] if way == "http" else urls["s3"])
                 fetched = curl(urls[way], *headers[way])
                 if fetched.size != sizes.shard:
                     raise RuntimeError(f"{urls[way]}: {fetched.size} bytes")
@@ -245,6 +249,19 @@ def large_by_name_and_by_s3(bench: Bench, sizes: Sizes) -> list[Row]:
         )
         for phase in ("cold", "warm")
     ]
+
+
+def _wait_cached(bench: Bench, url: str, timeout_s: float = 120.0) -> None:
+    """Wait until a HEAD of `url` is a hit (the object's fill committed), with a deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        request = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            if response.headers.get("X-Shardcache") == "hit":
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} was not cached {timeout_s:.0f} s after its cold read")
+        time.sleep(0.1)
 
 
 def _signed_headers(url: str) -> list[str]:
