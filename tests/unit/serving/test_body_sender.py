@@ -116,21 +116,25 @@ async def test_checked_pieces_arrive_exactly_and_are_all_counted(
 ) -> None:
     monkeypatch.setattr(body, "CHECKED_PIECE_BYTES", 256 * 1024)
     checked: list[tuple[int, int]] = []
-    counted: list[int] = []
+    counted: list[tuple[int, int]] = []  # (bytes checked, bytes sent by then)
 
     async def check(start: int, end: int) -> int:
         checked.append((start, end))
         return end - start
 
+    def on_checked(size_bytes: int) -> None:
+        counted.append((size_bytes, pair.sender.sent_bytes))
+
     async def sending() -> None:
         try:
-            await body.send_checked(pair.sender, fd, 100, SIZE, check, counted.append)
+            await body.send_checked(pair.sender, fd, 100, SIZE, check, on_checked)
         finally:
             pair.close()
 
     received, _ = await asyncio.gather(pair.receive_all(), sending())
     assert received == data[100:]
-    assert counted == [SIZE - 100]
+    # Counted before the last byte leaves: a client holding the whole body finds it counted.
+    assert counted == [(SIZE - 100, SIZE - 100 - 1)]
     covered = sorted(checked)  # the pieces tile the range with no gap and no overlap
     assert covered[0][0] == 100 and covered[-1][1] == SIZE
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
