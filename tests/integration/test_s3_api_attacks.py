@@ -1,5 +1,6 @@
 """Attacks on the S3-compatible read API with real clients (boto3, curl) against a daemon over a
-file origin: what S3 accepts must be accepted here, what it refuses refused as S3 refuses it."""
+file origin, moto, and a lying S3 endpoint: what S3 accepts must be accepted here, what it
+refuses refused as S3 refuses it, and what a store answers wrongly never a 500."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import botocore.exceptions
 import pytest
 
 from tests.integration.helpers import curl
-from tests.s3_stores import client_for
+from tests.s3_stores import client_for, env_for
 
 S3_HEADERS = ("-H", "x-amz-date: 20260101T000000Z")  # what makes curl an S3 client here
 
@@ -73,3 +74,36 @@ def test_a_virtual_hosted_key_named_like_a_probe_still_needs_the_token(
     assert (granted.status, granted.body) == (200, b"secret bytes")
     probe = curl(f"{daemon.url}/{name}")  # the daemon's own endpoint stays open
     assert probe.status == 200 and b"secret bytes" not in probe.body
+
+
+def test_a_paged_listing_of_origin_prefixes_shown_as_folders_reaches_every_one(
+    moto_endpoint: str, start_daemon
+) -> None:  # type: ignore[no-untyped-def]
+    """Three origins under three prefixes of one bucket: listing the bucket's top level shows
+    their prefixes as folders. Asked a page of one at a time (`aws s3 ls --page-size 1`, any
+    paginator with a small PageSize), every folder must come, page after page, by V2's
+    token and by V1's marker; a token of another listing is InvalidArgument."""
+    bucket = "attack-views"
+    store = client_for(moto_endpoint)
+    store.create_bucket(Bucket=bucket)
+    origins = {}
+    for name, prefix in (("va", "alpha/x"), ("vb", "beta/y"), ("vc", "gamma/z")):
+        store.put_object(Bucket=bucket, Key=f"{prefix}/a.tar", Body=b"a")
+        origins[name] = f"s3://{bucket}/{prefix}"
+    daemon = start_daemon(origins, "--readahead", "0", env=env_for(moto_endpoint))
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    wanted = ["alpha/", "beta/", "gamma/"]
+    for operation in ("list_objects_v2", "list_objects"):
+        pages = client.get_paginator(operation).paginate(
+            Bucket=bucket, Delimiter="/", PaginationConfig={"PageSize": 1}
+        )
+        folders = [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+        assert folders == wanted, operation
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        client.list_objects_v2(
+            Bucket=bucket,
+            Delimiter="/",
+            ContinuationToken="czM6Z2FyYmFnZQ==",  # "s3:garbage"
+        )
+    assert caught.value.response["Error"]["Code"] == "InvalidArgument"
+    assert "Traceback" not in daemon.log()
