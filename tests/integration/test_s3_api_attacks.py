@@ -5,11 +5,14 @@ refuses refused as S3 refuses it, and what a store answers wrongly never a 500."
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import botocore.exceptions
 import pytest
+from aiohttp import web
 
+from tests.app_thread import AppThread
 from tests.integration.helpers import curl
 from tests.s3_stores import client_for, env_for
 
@@ -106,4 +109,65 @@ def test_a_paged_listing_of_origin_prefixes_shown_as_folders_reaches_every_one(
             ContinuationToken="czM6Z2FyYmFnZQ==",  # "s3:garbage"
         )
     assert caught.value.response["Error"]["Code"] == "InvalidArgument"
+    assert "Traceback" not in daemon.log()
+
+
+@pytest.fixture
+def lying_store() -> Iterator[tuple[AppThread, dict[str, bytes]]]:
+    """An S3 endpoint whose GetBucketLocation answers the body the test sets (`answer`), and
+    whose ListObjectsV2 lists nothing: a store, or a proxy in front of one, that lies."""
+    answer = {"location": b""}
+
+    async def handle(request: web.Request) -> web.Response:
+        if "location" in request.query:
+            return web.Response(body=answer["location"], content_type="application/xml")
+        listing = (
+            '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult '
+            'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>liar</Name>'
+            "<IsTruncated>false</IsTruncated><KeyCount>0</KeyCount></ListBucketResult>"
+        )
+        return web.Response(text=listing, content_type="application/xml")
+
+    def make_app() -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        return app
+
+    server = AppThread(make_app, "lying-s3")
+    server.start()
+    try:
+        yield server, answer
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<<<no XML at all",
+        b'<?xml version="1.0"?><LocationConstraint>eu\x01west</LocationConstraint>',
+        b"",
+        b"<html>a captive portal: sign in first</html>",
+        b"<LocationConstraint>eu-west-1</LocationConstraint><LocationConstraint>x",
+    ],
+)
+def test_a_bucket_location_the_store_answers_garbage_to_is_service_unavailable(
+    body: bytes, lying_store, start_daemon
+) -> None:  # type: ignore[no-untyped-def]
+    """GetBucketLocation from a store (or a proxy before it) that answers 200 with no
+    LocationConstraint document: S3's ServiceUnavailable (the client retries), never an
+    InternalError with a traceback, nor a made-up region kept a minute."""
+    server, answer = lying_store
+    answer["location"] = body
+    daemon = start_daemon({"liar": "s3://liar"}, "--readahead", "0", env=env_for(server.url))
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    with pytest.raises(botocore.exceptions.ClientError) as caught:
+        client.get_bucket_location(Bucket="liar")
+    error = caught.value.response
+    assert (error["ResponseMetadata"]["HTTPStatusCode"], error["Error"]["Code"]) == (
+        503,
+        "ServiceUnavailable",
+    )
+    answer["location"] = b'<LocationConstraint xmlns="x">eu-west-3</LocationConstraint>'
+    assert client.get_bucket_location(Bucket="liar")["LocationConstraint"] == "eu-west-3"
     assert "Traceback" not in daemon.log()
