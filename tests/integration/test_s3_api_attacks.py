@@ -5,6 +5,7 @@ refuses refused as S3 refuses it, and what a store answers wrongly never a 500."
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -170,4 +171,47 @@ def test_a_bucket_location_the_store_answers_garbage_to_is_service_unavailable(
     )
     answer["location"] = b'<LocationConstraint xmlns="x">eu-west-3</LocationConstraint>'
     assert client.get_bucket_location(Bucket="liar")["LocationConstraint"] == "eu-west-3"
+    assert "Traceback" not in daemon.log()
+
+
+def test_a_remembered_checked_hit_cut_short_on_disk_fails_and_a_purge_is_never_served_stale(
+    start_daemon, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """The hottest hit (its index row remembered, its blocks checked within the window: one
+    sendfile, no SQLite, no check) still fails visibly when its file was cut short on disk
+    (boto3 raises; the entry is dropped and refetched), and a purge is never answered from
+    the remembered row: the next read fetches the origin's new bytes."""
+    root = tmp_path / "bkt"
+    root.mkdir()
+    data = os.urandom(3 * 1024 * 1024)
+    (root / "hot.tar").write_bytes(data)
+    daemon = start_daemon(
+        {"bkt": root.as_uri()}, "--scrub-rate", "0", "--verify-hits-window", "600"
+    )
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+
+    def read() -> tuple[str, bytes]:
+        got = client.get_object(Bucket="bkt", Key="hot.tar")
+        return got["ResponseMetadata"]["HTTPHeaders"]["x-shardcache"], got["Body"].read()
+
+    assert read() == ("miss", data)
+    deadline = time.monotonic() + 30
+    while read()[0] != "hit":  # committed: then read once more, remembered and checked
+        assert time.monotonic() < deadline, "the fill never committed"
+    assert read() == ("hit", data)
+    [entry] = (daemon.cache_dir / "v1" / "index").rglob("*.val")
+    os.truncate(entry, 1024 * 1024)
+    got = client.get_object(Bucket="bkt", Key="hot.tar")
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-shardcache"] == "hit"
+    with pytest.raises(botocore.exceptions.BotoCoreError):
+        got["Body"].read()
+    assert read() == ("miss", data)  # dropped, refetched
+
+    while read()[0] != "hit":
+        assert time.monotonic() < deadline, "the refetch never committed"
+    assert read() == ("hit", data)
+    changed = os.urandom(len(data))
+    (root / "hot.tar").write_bytes(changed)
+    assert curl(f"{daemon.url}/_/cache/bkt/hot.tar", "-X", "DELETE").status == 200
+    assert read() == ("miss", changed)
     assert "Traceback" not in daemon.log()
