@@ -14,6 +14,7 @@ only after the index change commits. All methods block; the caller holds its own
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -125,8 +126,10 @@ class Index:
         self._rows_to_drop: dict[str, str] = {}
         # key -> (file path, tag) of rows `get` read since they last changed: every write here
         # forgets its key after it commits (after diskcache removed a replaced file), so a path
-        # kept here names the key's current file or one that no longer opens.
-        self._remembered: dict[str, tuple[str, Any]] = {}
+        # kept here names the key's current file or one that no longer opens. Worker threads
+        # and the event loop use it at once: only single calls of the C OrderedDict (atomic
+        # under the GIL), never an iteration another thread's write could break.
+        self._remembered: collections.OrderedDict[str, tuple[str, Any]] = collections.OrderedDict()
 
     def add_access_time_index(self) -> None:
         """Index `access_time`, so that the least recently used rows are one ordered scan."""
@@ -154,7 +157,8 @@ class Index:
         except FileNotFoundError:  # removed after its row (an eviction in progress): a miss
             return None, None
         if len(self._remembered) >= REMEMBERED_ROWS:
-            self._remembered.pop(next(iter(self._remembered)), None)
+            with contextlib.suppress(KeyError):  # emptied meanwhile (`check`): nothing to drop
+                self._remembered.popitem(last=False)  # the oldest
         self._remembered[key] = (path, tag)
         return fd, tag
 

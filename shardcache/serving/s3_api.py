@@ -49,6 +49,8 @@ from shardcache.origins.listing import (
     ListQuery,
     ListVersion,
     rolled_up,
+    unwrap_token,
+    wrap_token,
 )
 from shardcache.origins.location import US_EAST_1
 from shardcache.serving.middleware import (
@@ -74,6 +76,7 @@ from shardcache.serving.s3_signatures import SignedRequest, is_signed, verify
 
 READS = ("GET", "HEAD")
 MAX_TOKEN_CHARS = 4096
+VIEWS_TOKEN = "views"  # a page of origins' prefixes shown as folders: the last one it showed
 # Subresources and operations that are not reads of objects or listings: refused as S3 does
 # for an operation it does not implement.
 REFUSED_QUERY = frozenset(
@@ -320,9 +323,7 @@ async def _listing(
     above = [view for view in views if view.prefix.startswith(prefix)]
     rolled = {rolled_up(view.prefix, prefix, params.delimiter) for view in above}
     if above and None not in rolled:  # the origins' prefixes, as the client's folders
-        found = sorted(p for p in rolled if p is not None and p > params.start_after)
-        page = found[: params.max_keys]
-        return Listing(common_prefixes=tuple(page)), ""
+        return _folders(params, {p for p in rolled if p is not None}), ""
     if len(above) == 1:
         return await _ask(request, params, above[0], ""), above[0].prefix
     if above:
@@ -330,6 +331,23 @@ async def _listing(
             f"prefix {prefix!r} spans several origins' prefixes; list under one of them"
         )
     return Listing(), ""
+
+
+def _folders(params: ListParams, folders: set[str]) -> Listing:
+    """One page of `folders` (origins' prefixes shown as the client's common prefixes), after
+    the token's or the start's; truncated, with where the next page starts, when more follow.
+    Raises BadRequest for a token this page did not make."""
+    after = unwrap_token(VIEWS_TOKEN, params.token) if params.token else params.start_after
+    found = sorted(p for p in folders if p > after)
+    page = tuple(found[: params.max_keys])
+    if not page or len(found) == len(page):
+        return Listing(common_prefixes=page)
+    return Listing(
+        common_prefixes=page,
+        is_truncated=True,
+        next_token=wrap_token(VIEWS_TOKEN, page[-1]),
+        next_marker=page[-1],
+    )
 
 
 async def _ask(request: web.Request, params: ListParams, view: View, origin_prefix: str) -> Listing:

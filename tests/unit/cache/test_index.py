@@ -267,3 +267,29 @@ def test_remembered_rows_are_bounded(
         _read(index.get(f"k{n}"))
     remembered = [n for n in range(5) if _read(index.get_remembered(f"k{n}")) is not None]
     assert remembered == [2, 3, 4]  # the oldest went first
+
+
+def test_another_threads_get_between_the_memorys_steps_never_fails_a_lookup(
+    index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`get` runs on worker threads, several at once, and on a dataset of more keys than the
+    memory holds each `get` drops the oldest row. Another thread's `get` remembering its row
+    in the middle of that drop must cost nothing: a RuntimeError ("dictionary changed size
+    during iteration") left the store as a 500 for a hit. Here that thread's write lands
+    exactly where the GIL may hand over to it, between the memory's steps."""
+    monkeypatch.setattr("shardcache.cache.index.REMEMBERED_ROWS", 1)
+    _adopt(index, tmp_path, "a", b"one")
+    _adopt(index, tmp_path, "b", b"two")
+    _read(index.get("a"))
+    memory = index._remembered
+    kind = type(memory)
+
+    class Racing(kind):  # type: ignore[valid-type,misc]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            iterator = kind.__iter__(self)
+            kind.__setitem__(self, "another thread's key", ("/gone", "its tag"))
+            return iterator
+
+    monkeypatch.setattr(index, "_remembered", Racing(memory))
+    assert _read(index.get("b")) == (b"two", "tag of b")
+    assert _read(index.get_remembered("b")) == (b"two", "tag of b")
