@@ -87,6 +87,8 @@ def map_botocore_errors(url: str) -> Iterator[None]:
         ) from exc
     except (botocore.exceptions.BotoCoreError, OSError) as exc:
         raise OriginUnavailable(f"{url}: {exc}") from exc
+    except (ValueError, SyntaxError) as exc:  # botocore's parse of an answer that is no S3's
+        raise OriginUnavailable(f"{url}: the store's answer could not be read ({exc})") from exc
 
 
 def _refuses_the_part(exc: botocore.exceptions.ClientError) -> bool:
@@ -134,10 +136,9 @@ def _listing(response: Mapping[str, Any], under: str) -> Listing:
                 modified.timestamp() if modified is not None else None,
             )
         )
+    named = (str(p.get("Prefix", "")) for p in response.get("CommonPrefixes", ()))
     prefixes = tuple(
-        str(p["Prefix"])[len(under) :]
-        for p in response.get("CommonPrefixes", ())
-        if str(p.get("Prefix", "")).startswith(under) and str(p["Prefix"]) != under
+        name[len(under) :] for name in named if name.startswith(under) and name != under
     )
     is_truncated = bool(response.get("IsTruncated"))
     token = response.get("NextContinuationToken")
