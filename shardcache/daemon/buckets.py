@@ -2,7 +2,8 @@
 `s3://BUCKET` on first use with the daemon's credentials (`--s3-buckets-on-demand N`, at most N).
 
 A bucket becomes an origin only once a one-key listing of it succeeded; a refused name is not
-asked again for REFUSED_FOR_S. Here because only the composition root builds origins."""
+asked again for REFUSED_FOR_S, and at most TRIES_PER_MINUTE new names are tried a minute.
+Here because only the composition root builds origins."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from shardcache.cluster.tier import redact_url
 from shardcache.config import OriginSpec
 from shardcache.daemon.origin_factory import make_origin
-from shardcache.errors import InvalidKey, OriginError, UnknownOrigin
+from shardcache.errors import InvalidKey, OriginError, QueueFull, UnknownOrigin
 from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
 from shardcache.keys import validate_origin_name
 from shardcache.observability.metrics import Metrics
@@ -28,6 +29,10 @@ log = logging.getLogger("shardcache.daemon")
 BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 REFUSED_FOR_S = 60.0
 MAX_REFUSED = 1024  # bucket names remembered as refused (the oldest forgotten first)
+# New names tried a minute: each builds a boto3 client (0.3-0.5 s of a worker thread, whose
+# GIL hand-offs delay every hit) and asks the store, so a client naming made-up buckets
+# must not buy that without bound. Past it: SlowDown (QueueFull), try again later.
+TRIES_PER_MINUTE = 20
 
 
 class BucketsOnDemand:
@@ -47,6 +52,7 @@ class BucketsOnDemand:
         self.made: dict[str, ConfiguredOrigin] = {}
         self._refused: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._lock = asyncio.Lock()
+        self._tried_at: collections.deque[float] = collections.deque()  # the last minute's
 
     async def add(self, bucket: str) -> bool:
         """Make `bucket` an origin if it may be one; return whether one is named so now.
@@ -73,6 +79,7 @@ class BucketsOnDemand:
                     f"no origin for bucket {bucket!r}: the {self._limit} buckets "
                     "--s3-buckets-on-demand allows are taken"
                 )
+            self._count_try(bucket)
             spec = OriginSpec(bucket, f"s3://{bucket}")
             origin = await asyncio.to_thread(make_origin, spec, self._timeouts)  # boto3: slow
             try:
@@ -94,6 +101,18 @@ class BucketsOnDemand:
                 self._limit,
             )
             return True
+
+    def _count_try(self, bucket: str) -> None:
+        """Count a new name tried now; raise QueueFull past TRIES_PER_MINUTE in a minute."""
+        now = self._clock()
+        while self._tried_at and now - self._tried_at[0] >= 60.0:
+            self._tried_at.popleft()
+        if len(self._tried_at) >= TRIES_PER_MINUTE:
+            raise QueueFull(
+                f"bucket {bucket!r}: {TRIES_PER_MINUTE} new buckets were tried in the last "
+                "minute; try again later"
+            )
+        self._tried_at.append(now)
 
     def kept_over(self, configured: dict[str, ConfiguredOrigin]) -> dict[str, ConfiguredOrigin]:
         """`configured` (a reload's table) with the origins made here that it does not name;

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from shardcache.daemon import buckets
 from shardcache.daemon.buckets import REFUSED_FOR_S, BucketsOnDemand
-from shardcache.errors import BucketNotFound, UnknownOrigin
+from shardcache.errors import BucketNotFound, QueueFull, UnknownOrigin
 from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Timeouts
@@ -108,3 +108,19 @@ async def test_a_reload_keeps_them_unless_it_names_them(made: list[ListingOrigin
     kept = on_demand.kept_over(configured)
     assert set(kept) == {"data-1", "data-2"} and kept["data-2"] is configured["data-2"]
     assert set(on_demand.made) == {"data-1"}
+
+
+async def test_new_names_are_tried_at_most_so_many_a_minute(made: list[ListingOrigin]) -> None:
+    """A client naming made-up buckets buys at most TRIES_PER_MINUTE origin builds (a boto3
+    client and a listing each) a minute; past it SlowDown, and a minute later it may try
+    again. Names already refused or already made cost nothing and are not counted."""
+    clock = Clock()
+    on_demand, _ = _on_demand(1000, clock)
+    for n in range(buckets.TRIES_PER_MINUTE):
+        assert await on_demand.add(f"bucket-{n:03d}")
+    with pytest.raises(QueueFull):
+        await on_demand.add("one-too-many")
+    assert await on_demand.add("bucket-000")  # made already: no try
+    assert len(made) == buckets.TRIES_PER_MINUTE
+    clock.now += 60.0
+    assert await on_demand.add("one-too-many")
