@@ -224,11 +224,25 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
         return await _list_objects(request, bucket, views)
     view = object_view(views, key)
     if view is None:
-        raise OriginNotFound(f"{key!r} is under no configured origin's prefix in {bucket!r}")
+        raise OriginNotFound(_no_object(bucket, key, views))
     request.match_info["origin"], request.match_info["key"] = view.origin, view.key_of(key)
     if request.method == "HEAD":
         return await head_object(request)
     return await get_object(request)
+
+
+def _no_object(bucket: str, key: str, views: list[View]) -> str:
+    """Why `key` of `bucket` is no object any origin serves, in the words a user can act on: an
+    origin's prefix (`datasets/laion/`, with or without its slash) or a folder above it is
+    there to be listed, not read; any other key is under no configured prefix."""
+    for view in views:
+        above = view.prefix.startswith(key) and (key.endswith("/") or view.prefix[len(key)] == "/")
+        if above:
+            return (
+                f"{key!r} in {bucket!r} is a prefix (origin {view.origin!r} serves the keys "
+                f"under {view.prefix!r}), not an object: list it, or read a key under it"
+            )
+    return f"{key!r} is under no configured origin's prefix in {bucket!r}"
 
 
 async def _head_bucket(request: web.Request, views: list[View]) -> None:

@@ -162,6 +162,27 @@ def test_errors_are_s3s_for_s3_clients_and_json_for_curl(lake, tmp_path) -> None
     assert _fills(daemon) == 0
 
 
+def test_an_origins_prefix_read_as_an_object_is_no_such_key_that_says_so(lake) -> None:
+    """`get_object` of the prefix itself (or a folder above it) used to say the key was "under
+    no configured origin's prefix", which reads as a wrong configuration; it names the origin."""
+    daemon, _ = lake
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    for key in (UNDER, UNDER.rstrip("/"), "datasets/"):
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            client.get_object(Bucket=BUCKET, Key=key)
+        error = caught.value.response["Error"]
+        assert error["Code"] == "NoSuchKey"
+        assert (
+            "is a prefix (origin 'lake' serves the keys under 'datasets/laion/')"
+            in (error["Message"])
+        )
+    for key in ("datasets/la", "elsewhere/secret.tar"):
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            client.get_object(Bucket=BUCKET, Key=key)
+        assert "under no configured origin's prefix" in caught.value.response["Error"]["Message"]
+    assert _fills(daemon) == 0
+
+
 def test_list_objects_v2_and_v1_page_through_the_buckets_own_names(
     lake, s3_client, s3_store
 ) -> None:
