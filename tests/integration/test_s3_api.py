@@ -12,7 +12,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+import boto3
 import boto3.exceptions
+import botocore
+import botocore.config
 import botocore.exceptions
 import pytest
 
@@ -181,6 +184,28 @@ def test_an_origins_prefix_read_as_an_object_is_no_such_key_that_says_so(lake) -
             client.get_object(Bucket=BUCKET, Key=key)
         assert "under no configured origin's prefix" in caught.value.response["Error"]["Message"]
     assert _fills(daemon) == 0
+
+
+def test_an_unsigned_sdk_without_x_amz_headers_still_gets_s3_errors(lake) -> None:
+    """An unsigned boto3 that does not ask for checksums (before 1.36, or
+    `response_checksum_validation="when_required"`) sends no `x-amz-*` header: its GET looked
+    like curl's and got the JSON 404, which boto3 reports as code "404", not `NoSuchKey`. The
+    SDKs name themselves in `User-Agent`; curl keeps its JSON."""
+    daemon, shards = lake
+    unsigned = botocore.config.Config(
+        signature_version=botocore.UNSIGNED,
+        response_checksum_validation="when_required",
+        retries={"max_attempts": 1},
+    )
+    client = boto3.client("s3", endpoint_url=daemon.url, region_name="us-east-1", config=unsigned)
+    assert _code(lambda: client.get_object(Bucket=BUCKET, Key=f"{UNDER}nope.tar")) == (
+        "NoSuchKey",
+        404,
+    )
+    key = f"{UNDER}shards_000001.tar"
+    assert sha256(client.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == sha256(shards[key])
+    missing = curl(f"{daemon.url}/{BUCKET}/{UNDER}nope.tar", "--no-fail")
+    assert missing.headers["content-type"].startswith("application/json")
 
 
 def test_list_objects_v2_and_v1_page_through_the_buckets_own_names(
