@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from shardcache.origins.listing import (
     wrap_token,
 )
 from shardcache.origins.location import US_EAST_1
+from shardcache.serving.access import OPEN_PATHS
 from shardcache.serving.middleware import (
     ACCESS_KEY,
     CACHE_KEY,
@@ -123,7 +125,7 @@ async def s3_requests(request: web.Request, handler: Handler) -> web.StreamRespo
     """Serve an S3 client's request here (after `admit_request`'s checks, which it runs
     itself in the handler's stead: the route aiohttp matched is not the S3 operation); map
     anyone else's `/BUCKET/KEY` names to an origin and let its route serve it."""
-    s3 = new_s3_request(request)
+    s3 = new_s3_request(request) or _bare_bucket(request)
     if s3 is None:
         _map_names(request)
         return await handler(request)
@@ -140,6 +142,20 @@ async def s3_requests(request: web.Request, handler: Handler) -> web.StreamRespo
         return await admit_request(request, serve_s3, path)
 
     return await answer_as_s3(request, s3, admitted)
+
+
+def _bare_bucket(request: web.Request) -> S3Request | None:
+    """HeadBucket for a plain `HEAD /BUCKET` of a bucket a client can address: what an unsigned
+    client sends with no S3 mark (`s5cmd --no-sign-request` asks it first, to learn the
+    region). A bare `GET /NAME` keeps the HTTP API's JSON 404 (an unsigned listing carries
+    S3's query parameters), as does a HEAD of any other name."""
+    segment = request.path[1:]
+    if request.method != "HEAD" or not segment or "/" in segment or request.path in OPEN_PATHS:
+        return None
+    table = request.app[STATE_KEY].origins
+    if segment not in buckets_of(table.origins.keys(), table.specs):
+        return None
+    return S3Request(secrets.token_hex(8).upper())
 
 
 def _check_signature(request: web.Request, path: str) -> None:
@@ -227,11 +243,25 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
         return await _list_objects(request, bucket, views)
     view = object_view(views, key)
     if view is None:
-        raise OriginNotFound(f"{key!r} is under no configured origin's prefix in {bucket!r}")
+        raise OriginNotFound(_no_object(bucket, key, views))
     request.match_info["origin"], request.match_info["key"] = view.origin, view.key_of(key)
     if request.method == "HEAD":
         return await head_object(request)
     return await get_object(request)
+
+
+def _no_object(bucket: str, key: str, views: list[View]) -> str:
+    """Why `key` of `bucket` is no object any origin serves, in the words a user can act on: an
+    origin's prefix (`datasets/laion/`, with or without its slash) or a folder above it is
+    there to be listed, not read; any other key is under no configured prefix."""
+    for view in views:
+        above = view.prefix.startswith(key) and (key.endswith("/") or view.prefix[len(key)] == "/")
+        if above:
+            return (
+                f"{key!r} in {bucket!r} is a prefix (origin {view.origin!r} serves the keys "
+                f"under {view.prefix!r}), not an object: list it, or read a key under it"
+            )
+    return f"{key!r} is under no configured origin's prefix in {bucket!r}"
 
 
 async def _head_bucket(request: web.Request, views: list[View]) -> None:

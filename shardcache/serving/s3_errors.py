@@ -3,7 +3,8 @@ carries, and errors as S3's XML with S3's codes and statuses.
 
 Which requests are an S3 client's (`is_s3_request`): a virtual-hosted bucket in `Host`
 (`BUCKET.localhost`), an `Authorization` of AWS's schemes (`AWS4-HMAC-SHA256 …`, `AWS …`), any
-`x-amz-*` header (every SDK signs `x-amz-date` and `x-amz-content-sha256`), or an S3 query
+`x-amz-*` header (every SDK signs `x-amz-date` and `x-amz-content-sha256`), an AWS SDK's
+`User-Agent` (an unsigned SDK may send no other mark), or an S3 query
 parameter (`list-type`, `prefix`, `location`, `partNumber`, `x-id`, a presigned
 `X-Amz-Signature`, …). A plain `curl http://127.0.0.1:8470/NAME/KEY` has none of these and
 keeps its JSON errors; the admin routes (`/_/…`) and the probes never take S3's shape.
@@ -134,6 +135,12 @@ class S3Request:
 S3_KEY = web.RequestKey("s3_request", S3Request)  # request[S3_KEY]: set on an S3 client's request
 
 
+# What AWS's SDKs and tools put in `User-Agent`, for the one request of theirs with no other mark:
+# an unsigned one that asks for no checksum (`Boto3/… md/Botocore#…`, `aws-cli/…`,
+# `aws-sdk-go/…`, `aws-sdk-java/…`, the CRT's `aws-crt-…`).
+SDK_AGENTS = ("botocore", "aws-cli/", "aws-sdk-", "aws-crt")
+
+
 def is_s3_request(request: web.Request, host_bucket: str | None) -> bool:
     """Whether `request` is an S3 client's (the module's docstring gives the rule)."""
     if host_bucket is not None:
@@ -146,6 +153,9 @@ def is_s3_request(request: web.Request, host_bucket: str | None) -> bool:
     if authorization is not None and authorization.startswith(("AWS4-", "AWS ")):
         return True
     if any(name[:6].lower() == "x-amz-" for name in headers):
+        return True
+    user_agent = headers.get("User-Agent", "").lower()
+    if any(sdk in user_agent for sdk in SDK_AGENTS):
         return True
     return bool(request.query_string) and not S3_QUERY.isdisjoint(request.query.keys())
 

@@ -12,7 +12,10 @@ import socket
 import subprocess
 from pathlib import Path
 
+import boto3
 import boto3.exceptions
+import botocore
+import botocore.config
 import botocore.exceptions
 import pytest
 
@@ -160,6 +163,49 @@ def test_errors_are_s3s_for_s3_clients_and_json_for_curl(lake, tmp_path) -> None
     assert missing.status == 404 and missing.headers["content-type"].startswith("application/json")
     assert "x-amz-request-id" not in missing.headers
     assert _fills(daemon) == 0
+
+
+def test_an_origins_prefix_read_as_an_object_is_no_such_key_that_says_so(lake) -> None:
+    """`get_object` of the prefix itself (or a folder above it) used to say the key was "under
+    no configured origin's prefix", which reads as a wrong configuration; it names the origin."""
+    daemon, _ = lake
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    for key in (UNDER, UNDER.rstrip("/"), "datasets/"):
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            client.get_object(Bucket=BUCKET, Key=key)
+        error = caught.value.response["Error"]
+        assert error["Code"] == "NoSuchKey"
+        assert (
+            "is a prefix (origin 'lake' serves the keys under 'datasets/laion/')"
+            in (error["Message"])
+        )
+    for key in ("datasets/la", "elsewhere/secret.tar"):
+        with pytest.raises(botocore.exceptions.ClientError) as caught:
+            client.get_object(Bucket=BUCKET, Key=key)
+        assert "under no configured origin's prefix" in caught.value.response["Error"]["Message"]
+    assert _fills(daemon) == 0
+
+
+def test_an_unsigned_sdk_without_x_amz_headers_still_gets_s3_errors(lake) -> None:
+    """An unsigned boto3 that does not ask for checksums (before 1.36, or
+    `response_checksum_validation="when_required"`) sends no `x-amz-*` header: its GET looked
+    like curl's and got the JSON 404, which boto3 reports as code "404", not `NoSuchKey`. The
+    SDKs name themselves in `User-Agent`; curl keeps its JSON."""
+    daemon, shards = lake
+    unsigned = botocore.config.Config(
+        signature_version=botocore.UNSIGNED,
+        response_checksum_validation="when_required",
+        retries={"max_attempts": 1},
+    )
+    client = boto3.client("s3", endpoint_url=daemon.url, region_name="us-east-1", config=unsigned)
+    assert _code(lambda: client.get_object(Bucket=BUCKET, Key=f"{UNDER}nope.tar")) == (
+        "NoSuchKey",
+        404,
+    )
+    key = f"{UNDER}shards_000001.tar"
+    assert sha256(client.get_object(Bucket=BUCKET, Key=key)["Body"].read()) == sha256(shards[key])
+    missing = curl(f"{daemon.url}/{BUCKET}/{UNDER}nope.tar", "--no-fail")
+    assert missing.headers["content-type"].startswith("application/json")
 
 
 def test_list_objects_v2_and_v1_page_through_the_buckets_own_names(

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration import test_s3_api
-from tests.integration.helpers import sha256
+from tests.integration.helpers import curl, sha256
 from tests.integration.test_s3_api import BUCKET, UNDER, MiB, _aws_env, _fills, _upload
 
 lake = test_s3_api.lake  # the fixture: a bucket with shards under UNDER, a daemon serving it
@@ -104,6 +104,37 @@ def _obstore(daemon, **options: object):  # type: ignore[no-untyped-def]
         client_options={"allow_http": True},
         **options,  # type: ignore[arg-type]
     )
+
+
+def test_s5cmd_without_credentials_and_unsigned_bucket_requests(lake, tmp_path) -> None:
+    """`s5cmd --no-sign-request` first asks HeadBucket with no signature and no `x-amz-*`
+    header; a plain `HEAD /BUCKET` used to be the JSON API's 404, and s5cmd stopped at
+    `NotFound`. A bare `HEAD /BUCKET` has no `/NAME/KEY` meaning, so it is HeadBucket."""
+    daemon, _ = lake
+    env = {k: v for k, v in _aws_env(daemon).items() if not k.startswith("AWS_")}
+    key = SHARDS[0]
+    done = subprocess.run(
+        [
+            "s5cmd",
+            "--no-sign-request",
+            "--endpoint-url",
+            daemon.url,
+            "ls",
+            f"s3://{BUCKET}/{UNDER}*",
+        ],
+        env={**env, "HOME": str(tmp_path)},
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert key.removeprefix(UNDER) in done.stdout.decode()
+    head = curl(f"{daemon.url}/{BUCKET}", "--no-fail", "-I")
+    assert head.status == 200 and "x-amz-request-id" in head.headers
+    bare = curl(f"{daemon.url}/{BUCKET}", "--no-fail")  # a GET of a bare name: as before
+    assert bare.status == 404 and "x-amz-request-id" not in bare.headers
+    missing = curl(f"{daemon.url}/no-such-name", "--no-fail", "-I")  # not a bucket: as before
+    assert missing.status == 404 and "x-amz-request-id" not in missing.headers
+    assert _fills(daemon) == 0
 
 
 def test_obstore_get_get_range_and_list(lake, s3_client) -> None:
