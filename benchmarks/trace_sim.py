@@ -20,6 +20,8 @@ with bypass: admit only when the new shard is needed again before the resident n
 away), and `belady (horizon)`, the same knowing only what a plan can know: the current epoch and
 the next four.
 Shards are the same size, the cache holds C of them. The hit ratio counts epochs 2 onwards.
+The shardcache policies are the store's own objects (`shardcache.cache.eviction`), told each
+read, commit and eviction as the store tells them (`replay`).
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shardcache.cache.admission import ScanResistantAdmission  # noqa: E402
-from shardcache.cache.eviction import choose_victim  # noqa: E402
+from shardcache.cache.eviction import (  # noqa: E402
+    EvictionPolicy,
+    LeastRecentlyUsed,
+    PlanAware,
+    ScanResistant,
+)
 from shardcache.cache.plans import PlanBook  # noqa: E402
+from shardcache.errors import NotAdmitted  # noqa: E402
 from shardcache.loader.webdataset import PLAN_EPOCHS_AHEAD  # noqa: E402
 
 LRU_CANDIDATES = 64  # as the store's batch: eviction looks at this many LRU entries at a time
@@ -116,35 +124,57 @@ def _hit_ratio(hits: list[bool], trace: Trace) -> float:
     return sum(counted) / len(counted) if counted else 0.0
 
 
-def _least_recently_used(
-    trace: Trace, capacity: int, admission: ScanResistantAdmission | None
-) -> float:
-    """LRU eviction; with `admission`, a miss whose victim it protects streams through."""
+def _nothing(key: str) -> bool:
+    return False
+
+
+def _no_posts(index: int, read: Read) -> None:
+    pass
+
+
+def replay(
+    trace: Trace,
+    capacity: int,
+    policy: EvictionPolicy,
+    before_read: Callable[[int, Read], None] = _no_posts,
+) -> list[bool]:
+    """Whether each read of `trace` hits, through `policy` over a cache of `capacity` shards,
+    told what the store tells it: each request, each commit, each eviction; a miss whose
+    victim the policy keeps (NotAdmitted) streams through. `before_read(index, read)` runs
+    first (a loader posting its plans, the clock moving)."""
     cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     hits = []
-    for _, key, _ in trace:
+    for index, read in enumerate(trace):
+        before_read(index, read)
+        key = read.key
         hit = key in cache
-        if admission is not None:
-            admission.on_request(key, hit)
+        policy.on_request(key, hit)
         hits.append(hit)
         if hit:
             cache.move_to_end(key)
             continue
         if len(cache) >= capacity:
-            victim = next(iter(cache))
-            if admission is not None and admission.is_protected(victim):
+            candidates = list(itertools.islice(cache, LRU_CANDIDATES))
+            try:
+                victim = policy.choose(candidates, key, True, _nothing)
+            except NotAdmitted:
                 continue  # streamed through, not admitted
+            if victim is None:
+                continue
             del cache[victim]
+            policy.on_evict(victim)
         cache[key] = None
-    return _hit_ratio(hits, trace)
+        policy.on_commit(key)
+    return hits
 
 
 def lru(trace: Trace, capacity: int) -> float:
-    return _least_recently_used(trace, capacity, None)
+    return _hit_ratio(replay(trace, capacity, LeastRecentlyUsed()), trace)
 
 
 def scan_resistant(trace: Trace, capacity: int) -> float:
-    return _least_recently_used(trace, capacity, ScanResistantAdmission())
+    policy = ScanResistant(ScanResistantAdmission())
+    return _hit_ratio(replay(trace, capacity, policy), trace)
 
 
 def belady(trace: Trace, capacity: int) -> float:
@@ -186,39 +216,21 @@ def planned(trace: Trace, capacity: int, epochs_ahead: int = PLAN_EPOCHS_AHEAD) 
         orders.setdefault((read.job, read.epoch), []).append(read.key)
     now = [0.0]
     plans = PlanBook(quiet_after_s=float("inf"), clock=lambda: now[0])
-    admission = ScanResistantAdmission()
-    cache: collections.OrderedDict[str, None] = collections.OrderedDict()
     posted: set[tuple[int, int]] = set()
-    hits = []
-    for index, (epoch, key, job) in enumerate(trace):
+
+    def post(index: int, read: Read) -> None:
         now[0] = float(index)
-        if (job, epoch) not in posted:
-            posted.add((job, epoch))
+        if (read.job, read.epoch) not in posted:
+            posted.add((read.job, read.epoch))
             keys = [
                 key
                 for ahead in range(epochs_ahead + 1)
-                for key in orders.get((job, epoch + ahead), [])
+                for key in orders.get((read.job, read.epoch + ahead), [])
             ]
-            plans.post(str(job), epoch, keys)
-        hit = key in cache
-        admission.on_request(key, hit)
-        plans.on_request(key, hit)
-        hits.append(hit)
-        if hit:
-            cache.move_to_end(key)
-            continue
-        if len(cache) >= capacity:
-            candidates = list(itertools.islice(cache, LRU_CANDIDATES))
-            victim, admit = choose_victim(
-                candidates, key, plans, admission.is_protected, lambda k: False
-            )
-            if victim is None or not admit:
-                continue  # streamed through
-            del cache[victim]
-            plans.on_evicted(victim)
-        cache[key] = None
-        plans.on_cached(key)
-    return _hit_ratio(hits, trace)
+            plans.post(str(read.job), read.epoch, keys)
+
+    policy = PlanAware(plans, ScanResistant(ScanResistantAdmission()))
+    return _hit_ratio(replay(trace, capacity, policy, post), trace)
 
 
 def planned_this_epoch(trace: Trace, capacity: int) -> float:
@@ -276,24 +288,12 @@ def dataset_switch(n: int, epochs: int, rng: random.Random, before: int = 3) -> 
 
 def hits_per_epoch(trace: Trace, capacity: int) -> list[float]:
     """Scan-resistant admission's hit ratio in each epoch of `trace`."""
-    admission = ScanResistantAdmission()
-    cache: collections.OrderedDict[str, None] = collections.OrderedDict()
+    hit_list = replay(trace, capacity, ScanResistant(ScanResistantAdmission()))
     hits: collections.Counter[int] = collections.Counter()
     reads: collections.Counter[int] = collections.Counter()
-    for epoch, key, _ in trace:
-        hit = key in cache
-        admission.on_request(key, hit)
-        reads[epoch] += 1
-        if hit:
-            hits[epoch] += 1
-            cache.move_to_end(key)
-            continue
-        if len(cache) >= capacity:
-            victim = next(iter(cache))
-            if admission.is_protected(victim):
-                continue
-            del cache[victim]
-        cache[key] = None
+    for hit, read in zip(hit_list, trace, strict=True):
+        reads[read.epoch] += 1
+        hits[read.epoch] += hit
     return [hits[e] / reads[e] for e in sorted(reads)]
 
 
@@ -336,13 +336,14 @@ def decisions_per_second(entries: int = 100_000) -> dict[str, float]:
     for key in order[: entries // 2]:
         plans.on_request(key, True)
     rates["plans: requests recorded"] = entries / 2 / (time.perf_counter() - started)
+    policy = PlanAware(plans, ScanResistant(admission))
     lru_batch = keys[:LRU_CANDIDATES]
     decisions = entries // 10
     started = time.perf_counter()
     for key in order[entries // 2 : entries // 2 + decisions]:
-        victim, _ = choose_victim(lru_batch, key, plans, admission.is_protected, lambda k: False)
+        victim = policy.choose(lru_batch, key, False, _nothing)
         if victim is not None:
-            plans.on_evicted(victim)
+            policy.on_evict(victim)
     rates["plans: decisions"] = decisions / (time.perf_counter() - started)
     return rates
 

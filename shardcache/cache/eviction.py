@@ -1,21 +1,86 @@
-"""Eviction policies as objects behind one interface: which entry goes first to make room for a
-fill, and whether the fill is worth it (`LeastRecentlyUsed`, `ScanResistant`, `PlanAware`).
-
-`choose` returns the key to evict (None: nothing may go), or raises `NotAdmitted` when the policy
-keeps that entry over the fill. Pure: the store supplies the candidates from its index."""
+"""Eviction policies as objects that receive the store's events (`LeastRecentlyUsed`,
+`ScanResistant`, `PlanAware`): they rank entries, say how a fill is admitted and report their
+state; `policy_for` is the one place that picks one. Pure: the store and the evictor supply
+what the index holds; nothing here does I/O or takes the store's lock."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from shardcache.cache.admission import ScanResistantAdmission
+from shardcache.cache.entry import AdmissionState
 from shardcache.cache.plans import PlanBook
+from shardcache.cache.transient import TransientArea
 from shardcache.errors import NotAdmitted
 
 
 class EvictionPolicy(Protocol):
+    """What the store and the evictor tell a policy and ask of it.
+
+    Events: `on_open` (the cached keys, at opening), `on_request` (a client read), `on_warm`
+    (a shard being warmed), `on_commit` (cached now), `on_evict` (left the cache). Questions:
+    `is_transient` (admit: into the transient area or as an ordinary entry), `choose` (the
+    victim), `status`. `on_request` runs on the event loop for every hit: it must not wait.
+    """
+
+    @property
+    def area(self) -> TransientArea:
+        """The look-ahead fills held apart until read once (`cache.transient`); the evictor
+        keeps its books. Of size 0, and never used, without admission."""
+        ...
+
+    @property
+    def plans(self) -> PlanBook | None:
+        """The loaders' plans this policy follows (the prefetch queue and `/_/plans` post and
+        read them), or None."""
+        ...
+
+    @property
+    def ordinary(self) -> EvictionPolicy:
+        """This policy without the plans: the one to ask when the plans' choices keep naming
+        keys the index no longer has."""
+        ...
+
+    def on_open(self, cached: Callable[[], Iterable[str]]) -> None:
+        """The index was (re)opened; `cached()` lists what it holds (asked only if needed)."""
+        ...
+
+    def on_request(self, key: str, found: bool) -> None:
+        """A client read `key`; `found`: served from a committed entry."""
+        ...
+
+    def on_warm(self, key: str) -> None:
+        """`key` is being warmed: protect it as a read would, without moving any plan."""
+        ...
+
+    def on_commit(self, key: str) -> None:
+        """`key` is cached now."""
+        ...
+
+    def on_evict(self, key: str) -> None:
+        """`key` left the cache (evicted, deleted, dropped)."""
+        ...
+
+    def is_transient(self, key: str, look_ahead: bool, read_now: bool) -> bool:
+        """Whether a fill of `key` is admitted into the transient area rather than as an
+        ordinary entry: `look_ahead`, a prefetch nobody read yet (pinned); `read_now`, one a
+        client's read joined."""
+        ...
+
+    def is_protected(self, key: str) -> bool:
+        """Whether evicting `key` for a new fill would throw away what is still in use."""
+        ...
+
+    def area_free_bytes(self) -> int:
+        """The part of the transient area ordinary fills must leave free now."""
+        ...
+
+    def next_use_s(self, key: str) -> float | None:
+        """Seconds until a plan reads `key`, or None when none does (or none is followed)."""
+        ...
+
     def choose(
         self,
         candidates: list[str],
@@ -29,8 +94,50 @@ class EvictionPolicy(Protocol):
         beyond them."""
         ...
 
+    def status(self, bypassed: int) -> AdmissionState:
+        """What `/_/status` and `/metrics` show; `bypassed`: fills not admitted so far."""
+        ...
+
 
 class LeastRecentlyUsed:
+    """Evict the least recently used entry; admit every fill (`--eviction lru`)."""
+
+    plans: PlanBook | None = None
+
+    def __init__(self) -> None:
+        self.area = TransientArea(0)
+
+    @property
+    def ordinary(self) -> EvictionPolicy:
+        return self
+
+    def on_open(self, cached: Callable[[], Iterable[str]]) -> None:
+        pass
+
+    def on_request(self, key: str, found: bool) -> None:
+        pass
+
+    def on_warm(self, key: str) -> None:
+        pass
+
+    def on_commit(self, key: str) -> None:
+        pass
+
+    def on_evict(self, key: str) -> None:
+        pass
+
+    def is_transient(self, key: str, look_ahead: bool, read_now: bool) -> bool:
+        return False
+
+    def is_protected(self, key: str) -> bool:
+        return False
+
+    def area_free_bytes(self) -> int:
+        return self.area.free_bytes()
+
+    def next_use_s(self, key: str) -> float | None:
+        return None
+
     def choose(
         self,
         candidates: list[str],
@@ -40,10 +147,51 @@ class LeastRecentlyUsed:
     ) -> str | None:
         return candidates[0] if candidates else None
 
+    def status(self, bypassed: int) -> AdmissionState:
+        return _state("lru", bypassed, self.area, is_serving=True)
 
-@dataclass(frozen=True, slots=True)
+
 class ScanResistant:
-    admission: ScanResistantAdmission
+    """LRU, but a fill whose victim admission protects streams through instead; look-ahead
+    prefetches wait in the transient area until read once. A read of one is no hit on the
+    resident set."""
+
+    plans: PlanBook | None = None
+
+    def __init__(self, admission: ScanResistantAdmission, transient_max_bytes: int = 0) -> None:
+        self.admission = admission
+        self.area = TransientArea(transient_max_bytes)
+
+    @property
+    def ordinary(self) -> EvictionPolicy:
+        return self
+
+    def on_open(self, cached: Callable[[], Iterable[str]]) -> None:
+        pass
+
+    def on_request(self, key: str, found: bool) -> None:
+        self.admission.on_request(key, found and not self.area.holds(key))
+
+    def on_warm(self, key: str) -> None:
+        self.admission.on_request(key, False)
+
+    def on_commit(self, key: str) -> None:
+        pass
+
+    def on_evict(self, key: str) -> None:
+        pass
+
+    def is_transient(self, key: str, look_ahead: bool, read_now: bool) -> bool:
+        return look_ahead or read_now
+
+    def is_protected(self, key: str) -> bool:
+        return self.admission.is_protected(key)
+
+    def area_free_bytes(self) -> int:
+        return self.area.free_bytes()
+
+    def next_use_s(self, key: str) -> float | None:
+        return None
 
     def choose(
         self,
@@ -59,15 +207,64 @@ class ScanResistant:
             raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
         return key
 
+    def status(self, bypassed: int) -> AdmissionState:
+        return _state("scan-resistant", bypassed, self.area, self.admission.is_serving())
 
-@dataclass(frozen=True, slots=True)
+
 class PlanAware:
-    plans: PlanBook
-    admission: ScanResistantAdmission | None
+    """While a loader's plan is active, Belady over the plans (`choose_victim`); otherwise,
+    and for every event the plans do not concern, the `ordinary` policy it wraps. A look-ahead
+    prefetch a plan names is an ordinary fill: the plans rank it as needed soon."""
+
+    def __init__(self, plans: PlanBook, ordinary: EvictionPolicy) -> None:
+        self._plans = plans
+        self._ordinary = ordinary
 
     @property
-    def is_active(self) -> bool:
-        return self.plans.is_active
+    def area(self) -> TransientArea:
+        return self._ordinary.area
+
+    @property
+    def plans(self) -> PlanBook | None:
+        return self._plans
+
+    @property
+    def ordinary(self) -> EvictionPolicy:
+        return self._ordinary
+
+    def on_open(self, cached: Callable[[], Iterable[str]]) -> None:
+        self._plans.forget_cached(cached())
+        self._ordinary.on_open(cached)
+
+    def on_request(self, key: str, found: bool) -> None:
+        self._ordinary.on_request(key, found)
+        self._plans.on_request(key, found and not self._ordinary.area.holds(key))
+
+    def on_warm(self, key: str) -> None:
+        self._ordinary.on_warm(key)  # no job read it: no plan moves
+
+    def on_commit(self, key: str) -> None:
+        self._plans.on_cached(key)
+        self._ordinary.on_commit(key)
+
+    def on_evict(self, key: str) -> None:
+        self._ordinary.on_evict(key)
+        self._plans.on_evicted(key)
+
+    def is_transient(self, key: str, look_ahead: bool, read_now: bool) -> bool:
+        unplanned = look_ahead and self._plans.next_use_s(key) is None
+        return self._ordinary.is_transient(key, unplanned, read_now)
+
+    def is_protected(self, key: str) -> bool:
+        return self._ordinary.is_protected(key)
+
+    def area_free_bytes(self) -> int:
+        """Nothing while a plan is active: a look-ahead no plan names evicts by the plans'
+        ranking instead."""
+        return 0 if self._plans.is_active else self._ordinary.area_free_bytes()
+
+    def next_use_s(self, key: str) -> float | None:
+        return self._plans.next_use_s(key)
 
     def choose(
         self,
@@ -77,12 +274,10 @@ class PlanAware:
         is_spared: Callable[[str], bool],
     ) -> str | None:
         """May return a key outside `candidates` (one the plans read furthest away)."""
+        if not self._plans.is_active:
+            return self._ordinary.choose(candidates, for_key, protect, is_spared)
         victim, admit = choose_victim(
-            candidates,
-            for_key,
-            self.plans,
-            self.admission.is_protected if self.admission is not None else _never,
-            is_spared,
+            candidates, for_key, self._plans, self._ordinary.is_protected, is_spared
         )
         if victim is None:
             return None
@@ -90,14 +285,35 @@ class PlanAware:
             raise NotAdmitted(f"the plans need the entries eviction would take ({victim})")
         return victim
 
+    def status(self, bypassed: int) -> AdmissionState:
+        active = self._plans.status()
+        state = self._ordinary.status(bypassed)
+        return dataclasses.replace(state, policy="plan", plans=active) if active else state
 
-def ordinary_policy(admission: ScanResistantAdmission | None) -> EvictionPolicy:
-    """The policy when no plan is active: scan-resistant with admission, else plain LRU."""
-    return LeastRecentlyUsed() if admission is None else ScanResistant(admission)
+
+def policy_for(
+    admission: ScanResistantAdmission | None,
+    plans: PlanBook | None,
+    transient_max_bytes: int = 0,
+) -> EvictionPolicy:
+    """The policy the parts make: scan-resistant with `admission` (a transient area of up to
+    `transient_max_bytes`), else LRU; plan-aware over that with `plans`."""
+    ordinary: EvictionPolicy = (
+        LeastRecentlyUsed() if admission is None else ScanResistant(admission, transient_max_bytes)
+    )
+    return ordinary if plans is None else PlanAware(plans, ordinary)
 
 
-def _never(key: str) -> bool:
-    return False
+def _state(policy: str, bypassed: int, area: TransientArea, is_serving: bool) -> AdmissionState:
+    return AdmissionState(
+        policy,
+        bypassed,
+        area.held_bytes(),
+        area.area_bytes,
+        area.kept,
+        area.dropped,
+        is_serving,
+    )
 
 
 def choose_victim(

@@ -1,22 +1,21 @@
-"""The evictor: makes room for fills, by the eviction policy, and owns what eviction must spare:
-the pins, the transient area, the batched access times that order LRU.
+"""The evictor: makes room for fills, asking the eviction policy (`cache.eviction`) which entry
+goes, and owns what eviction must spare: the pins, the books of the policy's transient area, the
+batched access times that order LRU.
 
-The store owns the space and calls in here with its lock held; every method but `pin` and
-`unpin` must be called so. Knows nothing of reservations' files, HTTP or origins."""
+The store owns the space and calls in here with its lock held; every method but `pin`, `unpin`,
+`drop_pin` and `is_pinned` must be called so. Knows nothing of reservations' files, HTTP or
+origins."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from shardcache.cache.admission import ScanResistantAdmission
-from shardcache.cache.eviction import EvictionPolicy, PlanAware, ordinary_policy
+from shardcache.cache.eviction import EvictionPolicy
 from shardcache.cache.index import WAL_ALLOWANCE_BYTES, Index
-from shardcache.cache.plans import PlanBook
-from shardcache.cache.transient import TransientArea
-from shardcache.errors import CacheFull
+from shardcache.errors import CacheFull, NotAdmitted
 
 log = logging.getLogger("shardcache.store")
 _LRU_BATCH = 64
@@ -35,26 +34,22 @@ class Evictor:
         free_bytes: Callable[[], int],
         directory: Path,
         on_evict: Callable[[str, int, bool], None] | None,
-        admission: ScanResistantAdmission | None,
-        transient_max_bytes: int,
-        plans: PlanBook | None,
+        policy: EvictionPolicy,
     ) -> None:
         """`index` returns the store's index now (it is reopened when the directory is
         replaced); `used_bytes` and `free_bytes` are the store's accounting and the directory's
         free space; `on_evict(key, size_bytes, was_pinned)` is called after each eviction
-        commits. `admission` None is plain LRU (no transient area either)."""
+        commits; `policy` chooses the victims and is told what leaves."""
         self._index = index
         self.capacity_bytes = capacity_bytes
         self._used_bytes = used_bytes
         self._free_bytes = free_bytes
         self._directory = directory
         self._on_evict = on_evict
-        self.plans = plans
-        self._policy: EvictionPolicy = ordinary_policy(admission)
-        self._plan_policy = PlanAware(plans, admission) if plans is not None else None
-        self.transients = TransientArea(transient_max_bytes if admission is not None else 0)
-        self.pinned: set[str] = set()
-        self.touched: dict[str, float] = {}  # reads not yet written to the index's access_time
+        self._policy = policy
+        self._area = policy.area
+        self._pinned: set[str] = set()
+        self._touched: dict[str, float] = {}  # reads not yet written to the index's access_time
         self._full_warned_at = -FULL_WARNING_INTERVAL_S
 
     # pin() and unpin() run on the event loop, so they must not wait for the store's lock,
@@ -64,36 +59,104 @@ class Evictor:
 
     def pin(self, key: str) -> None:
         """Protect `key` from eviction (a prefetched shard nobody has read yet)."""
-        self.pinned.add(key)
+        self._pinned.add(key)
         log.debug("pinned %s", key)
 
     def unpin(self, key: str) -> bool:
         """Make `key` an ordinary LRU entry again (a transient one is settled at the next
         reservation: kept or dropped); return whether it was pinned."""
-        was_pinned = key in self.pinned
-        self.transients.unpinned(key)
-        self.pinned.discard(key)
+        was_pinned = key in self._pinned
+        self._area.unpinned(key)
+        self._pinned.discard(key)
         log.debug("unpinned %s (was pinned: %s)", key, was_pinned)
         return was_pinned
 
+    def drop_pin(self, key: str) -> None:
+        """`key` is being deleted: no longer pinned, and not settled as read."""
+        self._pinned.discard(key)
+
+    def is_pinned(self, key: str) -> bool:
+        return key in self._pinned
+
+    # -- what the store tells it, with its lock held ----------------------------------------
+
+    def touch(self, key: str) -> None:
+        """`key` was read now: its access time, written with the next batch."""
+        self._touched[key] = time.time()
+
+    def pending_touches(self) -> Mapping[str, float]:
+        """Reads not yet written to the index's access_time, by key (read-only; a GIL-atomic
+        get per key is safe without the lock)."""
+        return self._touched
+
+    def reopened(self) -> None:
+        """The index was opened again: the reads batched for the old one are gone with it."""
+        self._touched = {}
+
+    def reserved(self, size_bytes: int, is_transient: bool) -> None:
+        """A reservation of `size_bytes` was made; a transient one grows the area."""
+        if is_transient:
+            self._area.reserved(size_bytes)
+
+    def released(self, size_bytes: int, is_transient: bool) -> None:
+        """A reservation was committed or aborted: its bytes are no longer being filled."""
+        if is_transient:
+            self._area.released(size_bytes)
+
+    def committed_transient(self, key: str, size_bytes: int) -> None:
+        """A transient fill of `key` committed: held until it is read (unpinned)."""
+        # Held first, then the pin checked: an unpin between the two finds it held.
+        self._area.committed(key, size_bytes)
+        if key not in self._pinned:  # a client read it while it was fetched
+            self._area.unpinned(key)
+
     def forget(self, key: str) -> None:
-        """`key` left the cache: it is no longer transient, nor cached for the plans."""
-        self.transients.forget(key)
-        if self.plans is not None:
-            self.plans.on_evicted(key)
+        """`key` left the cache: it is no longer transient, and the policy is told."""
+        self._area.forget(key)
+        self._policy.on_evict(key)
 
     def area_free(self) -> int:
-        """The part of the transient area transient entries do not use now: ordinary fills
-        leave it free. Not while a plan is active: the plans rank what they read, and a
-        look-ahead no plan names evicts by that ranking instead."""
-        if self.plans is not None and self.plans.is_active:
-            return 0
-        return self.transients.free_bytes()
+        """The part of the transient area that ordinary fills leave free now (the policy's
+        answer: none while a plan is active)."""
+        return self._policy.area_free_bytes()
+
+    def make_room(
+        self, size_bytes: int, reserved_bytes: int, for_key: str | None, is_transient: bool
+    ) -> None:
+        """Settle the look-ahead entries read since the last call, then evict until a fill of
+        `size_bytes` fits: within the transient area for a transient fill, else sparing what
+        the policy keeps (NotAdmitted) and the area's free part; then until the filesystem
+        has room for it too. Raises CacheFull when pins and reservations hold the rest."""
+        self.settle_read_transients(reserved_bytes)
+        if is_transient:
+            self.evict_until_free(size_bytes, reserved_bytes, protect=False, for_key=for_key)
+        else:
+            self.evict_until_free(
+                size_bytes,
+                reserved_bytes,
+                protect=True,
+                keep_free=self.area_free(),
+                for_key=for_key,
+            )
+        self.evict_for_filesystem(size_bytes)
+        self.reserved(size_bytes, is_transient)
+
+    def would_make_room(self, size_bytes: int, reserved_bytes: int, for_key: str) -> bool:
+        """Whether an ordinary fill of `size_bytes` fits now, or the policy would give an
+        entry up for it: a dry run of the first eviction only."""
+        self.flush_touches()
+        room = self.capacity_bytes - self._used_bytes() - reserved_bytes
+        if room - self.area_free() >= size_bytes:
+            return True
+        try:
+            return self.choose_victim("", for_key, protect=True) is not None
+        except NotAdmitted:
+            return False
 
     def settle_read_transients(self, reserved_bytes: int) -> None:
         """Keep each look-ahead entry read since the last call if admission would admit it as
         an ordinary fill (room, or unprotected victims), else drop it."""
-        while (key := self.transients.take_read()) is not None:
+        while (key := self._area.take_read()) is not None:
             try:
                 self.evict_until_free(
                     0,
@@ -104,16 +167,16 @@ class Evictor:
                     for_key=key,
                 )
             except CacheFull:
-                self.transients.dropped += 1
+                self._area.dropped += 1
                 log.debug("dropping %s: read once, no room in the resident set", key)
                 self._index().delete(key)  # a reader's open fd stays valid
                 self.forget(key)
                 continue
-            self.transients.kept += 1
+            self._area.kept += 1
 
     def flush_touches(self) -> None:
         """Write the batched access times in one transaction."""
-        touched, self.touched = self.touched, {}
+        touched, self._touched = self._touched, {}
         if touched:
             self._index().write_access_times(touched)
 
@@ -181,35 +244,29 @@ class Evictor:
     def choose_victim(
         self, spare: str, for_key: str | None, protect: bool, attempts: int = 8
     ) -> tuple[str, int] | None:
-        """The victim the policy gives up first, with its size (`cache.eviction`): the plans'
-        choice while a plan is active, else the ordinary policy's. After `attempts` keys the
-        plans thought cached and the index did not, the ordinary policy."""
+        """The victim the policy gives up first, with its size. After `attempts` keys the
+        policy thought cached and the index did not (only the plans look beyond the LRU
+        batch), the policy without its plans (`EvictionPolicy.ordinary`)."""
         candidates = self._least_recently_used(spare)
-        plan_policy = self._plan_policy
-        policy: EvictionPolicy
-        if plan_policy is not None and plan_policy.is_active and attempts > 0:
-            policy = plan_policy
-        else:
-            policy = self._policy
+        policy = self._policy if attempts > 0 else self._policy.ordinary
         victim = policy.choose(
             [key for key, _ in candidates],
             for_key,
             protect,
-            lambda key: key in self.pinned or key == spare,
+            lambda key: key in self._pinned or key == spare,
         )
         if victim is None:
             return None
         sizes = dict(candidates)
-        if victim not in sizes:  # only the plans look beyond the LRU batch
+        if victim not in sizes:
             size = self._index().size_of(victim)
             if size is None:  # gone meanwhile (a purge raced its commit): forget it, again
-                if self.plans is not None:
-                    self.plans.on_evicted(victim)
+                self._policy.on_evict(victim)
                 return self.choose_victim(spare, for_key, protect, attempts - 1)
             sizes[victim] = size
         return victim, sizes[victim]
 
     def _least_recently_used(self, spare: str = "") -> list[tuple[str, int]]:
         """Evictable entries, least recently used first: a batch of them."""
-        rows = self._index().least_recently_used(_LRU_BATCH + len(self.pinned) + 1)
-        return [(k, s) for k, s in rows if k not in self.pinned and k != spare]
+        rows = self._index().least_recently_used(_LRU_BATCH + len(self._pinned) + 1)
+        return [(k, s) for k, s in rows if k not in self._pinned and k != spare]

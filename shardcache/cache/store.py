@@ -6,8 +6,9 @@ has free), writes a partial file (`cache.directory`), and is indexed only once c
 by the caller and fsynced (`commit`: the index adopts the file by renaming it, `cache.index`);
 diskcache deletes a file only after the index change commits, so a crash leaves either a whole
 entry or an orphan file that opening removes. Which entry eviction takes, and when a fill is
-not admitted (`NotAdmitted`: it streams through) are `cache.eviction`'s policies; look-ahead
-prefetches are held in `cache.transient`'s area.
+not admitted (`NotAdmitted`: it streams through) are the policy's (`cache.eviction`), which
+the store tells what happens and never asks which it is; look-ahead prefetches are held in its
+transient area (`cache.transient`).
 
 All methods block: callers run them on a worker thread, one hop per logical operation. Every
 failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from shardcache.cache.entry import (
     StoreUsage,
     parse_meta,
 )
+from shardcache.cache.eviction import EvictionPolicy, policy_for
 from shardcache.cache.evictor import FILESYSTEM_HEADROOM_BYTES, Evictor
 from shardcache.cache.index import REMEMBERED_ROWS, AdoptFile, Index, map_store_errors
 from shardcache.cache.plans import PlanBook
@@ -66,13 +67,14 @@ class Store:
         """Open (creating) the store; sweep partials; drop index rows and files that disagree.
 
         `on_evict(key, size_bytes, was_pinned)` is called after each eviction commits. With
-        `repair=False` (`shardcache verify`), nothing is created, swept or fixed. `admission`
-        and `transient_max_bytes`: `cache.eviction` and `cache.transient` (None: plain LRU).
-        Raises CacheError if the directory is unusable or another daemon holds it.
+        `repair=False` (`shardcache verify`), nothing is created, swept or fixed. `admission`,
+        `transient_max_bytes` and `plans` make the eviction policy (`eviction.policy_for`;
+        neither: plain LRU). Raises CacheError if the directory is unusable or another daemon
+        holds it.
         """
         self.capacity_bytes = capacity_bytes
-        self.admission = admission
-        self.plans = plans
+        self.policy: EvictionPolicy = policy_for(admission, plans, transient_max_bytes)
+        self.plans = self.policy.plans  # what the prefetch queue and `/_/plans` post and read
         self._bypassed = 0
         self._lock = threading.Lock()
         self._reserved_bytes = 0
@@ -87,11 +89,9 @@ class Store:
             self._dir.free_bytes,
             directory,
             on_evict,
-            admission,
-            transient_max_bytes,
-            plans,
+            self.policy,
         )
-        self.walks = Walks(lambda: self._index, self._dir, self._evictor, self._lock, plans)
+        self.walks = Walks(lambda: self._index, self._dir, self._evictor, self._lock, self.policy)
         self.swept_partials = 0
         # What its users log of its failures (a broken disk fails every request): a WARNING
         # a minute per kind, the rest at DEBUG.
@@ -115,9 +115,8 @@ class Store:
                 for _ in range(3):  # drop rows without files and files without rows; a fix
                     if not self._index.check(fix=True):  # can leave an empty dir for the next
                         break
-        self._evictor.touched = {}
-        if self.plans is not None:  # what is cached now, for the plans' heap
-            self.plans.forget_cached(self._index.keys())
+        self._evictor.reopened()
+        self.policy.on_open(self._index.keys)
 
     def _drop_damaged_entries(self) -> None:
         """Drop entries whose metadata is unreadable or whose file has another size than
@@ -166,45 +165,22 @@ class Store:
             os.close(fd)
             raise
         with self._lock:
-            self._evictor.touched[key] = time.time()
+            self._evictor.touch(key)
         return Entry(fd, meta)
 
     def note_request(self, key: str, found: bool) -> None:
-        """A client read `key`; `found`: it was served from a committed entry. Feeds admission
-        (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop safe."""
-        hit = found and not self._evictor.transients.holds(key)
-        if self.admission is not None:
-            self.admission.on_request(key, hit)
-        if self.plans is not None:
-            self.plans.on_request(key, hit)
+        """A client read `key`; `found`: it was served from a committed entry. Tells the
+        policy (a read of a look-ahead prefetch is not a hit on the resident set). Event-loop
+        safe."""
+        self.policy.on_request(key, found)
 
     def note_warm(self, key: str) -> None:
         """A shard is being warmed: admission protects it as it would a read; plans do not
         move (no job read it). Event-loop safe."""
-        if self.admission is not None:
-            self.admission.on_request(key, False)
+        self.policy.on_warm(key)
 
     def admission_state(self) -> AdmissionState:
-        admission, plans = self.admission, self.plans
-        active = plans.status() if plans is not None else []
-        policy = "plan" if active else "lru" if admission is None else "scan-resistant"
-        return AdmissionState(
-            policy,
-            self._bypassed,
-            self._evictor.transients.held_bytes(),
-            self._evictor.transients.area_bytes,
-            self._evictor.transients.kept,
-            self._evictor.transients.dropped,
-            admission is None or admission.is_serving(),
-            active,
-        )
-
-    def _is_transient(self, key: str) -> bool:
-        """A look-ahead prefetch (pinned) that only admission ranks: one a plan reads is an
-        ordinary fill, which the plans rank as needed soon."""
-        if self.admission is None or key not in self._evictor.pinned:
-            return False
-        return self.plans is None or self.plans.next_use_s(key) is None
+        return self.policy.status(self._bypassed)
 
     def peek(self, key: str) -> EntryMeta | None:
         """Return `key`'s metadata without opening it or touching its LRU position."""
@@ -251,33 +227,19 @@ class Store:
         unusable; the caller should then stream the object through uncached. The caller must
         `commit()` or `abort()`.
         """
-        transient = key is not None and (
-            self._is_transient(key) or (read_now and self.admission is not None)
+        # A look-ahead prefetch is pinned before its fill starts (`pin`).
+        transient = key is not None and self.policy.is_transient(
+            key, self._evictor.is_pinned(key), read_now
         )
         with self._lock, map_store_errors("cannot make room"):
             if problem := cannot_fit(size_bytes, self._room(), self._reserved_bytes):
                 raise CacheFull(problem)  # before anything is evicted for it
-            self._evictor.settle_read_transients(self._reserved_bytes)
-            if transient:
-                self._evictor.evict_until_free(
-                    size_bytes, self._reserved_bytes, protect=False, for_key=key
-                )
-            else:
-                try:
-                    self._evictor.evict_until_free(
-                        size_bytes,
-                        self._reserved_bytes,
-                        protect=True,
-                        keep_free=self._evictor.area_free(),
-                        for_key=key,
-                    )
-                except NotAdmitted:
-                    self._bypassed += 1
-                    raise
-            self._evictor.evict_for_filesystem(size_bytes)
+            try:
+                self._evictor.make_room(size_bytes, self._reserved_bytes, key, transient)
+            except NotAdmitted:
+                self._bypassed += 1
+                raise
             self._reserved_bytes += size_bytes
-            if transient:
-                self._evictor.transients.reserved(size_bytes)
         try:
             path, fd = self._dir.new_partial()
         except OSError as exc:
@@ -323,15 +285,10 @@ class Store:
             self._index.drop_unindexed(adopt)
             self.abort(reservation)
             raise
-        if self.plans is not None:
-            self.plans.on_cached(key)
+        self.policy.on_commit(key)  # outside the lock: the plans may refile their heap
         if reservation.is_transient:
-            transients = self._evictor.transients
             with self._lock:
-                # Held first, then the pin checked: an unpin between the two finds it held.
-                transients.committed(key, meta.size_bytes)
-                if key not in self._evictor.pinned:  # a client read it while it was fetched
-                    transients.unpinned(key)
+                self._evictor.committed_transient(key, meta.size_bytes)
         self._release_reservation(reservation)
 
     def abort(self, reservation: Reservation) -> None:
@@ -351,8 +308,7 @@ class Store:
     def _release(self, size_bytes: int, transient: bool) -> None:
         with self._lock:
             self._reserved_bytes -= size_bytes
-            if transient:
-                self._evictor.transients.released(size_bytes)
+            self._evictor.released(size_bytes, transient)
 
     # -- eviction and pins (`cache.evictor`) ------------------------------------------------
 
@@ -372,7 +328,7 @@ class Store:
         files were opened before, so the row would go and the file would stay."""
         if not os.access(self._index_dir, os.W_OK):
             raise CacheError(f"cannot delete {key}: cache dir {self._index_dir} is not writable")
-        self._evictor.pinned.discard(key)
+        self._evictor.drop_pin(key)
         with map_store_errors(f"cannot delete {key}"):
             deleted = bool(self._index.delete(key))
         with self._lock:
@@ -382,7 +338,7 @@ class Store:
     def next_use_s(self, key: str) -> float | None:
         """Seconds until a loader's plan reads `key`, or None when no plan names it (or plans
         are off). Takes the plans' lock: call it from a worker thread."""
-        return self.plans.next_use_s(key) if self.plans is not None else None
+        return self.policy.next_use_s(key)
 
     def would_admit(self, key: str, size_bytes: int, look_ahead: bool) -> bool:
         """Whether a fill of `key` would be admitted now, without evicting anything: a prefetch
@@ -393,20 +349,12 @@ class Store:
         GET already (it streams through, and the loader's read fetches the shard again). The
         dry run catches the cache whose room fills under way hold, or whose every entry is
         pinned; not one where evicting all that is unpinned would still fall short."""
-        unplanned = self.plans is None or self.plans.next_use_s(key) is None
+        transient = self.policy.is_transient(key, look_ahead, read_now=False)
         with self._lock, map_store_errors(f"cannot size up {key}"):
             if cannot_fit(size_bytes, self._room(), self._reserved_bytes):
                 return False  # as `reserve` would find, whatever it evicted
-            if look_ahead and self.admission is not None and unplanned:
-                return True  # a transient fill: it may evict within its area
-            self._evictor.flush_touches()
-            room = self.capacity_bytes - self._used_bytes() - self._reserved_bytes
-            if room - self._evictor.area_free() >= size_bytes:
-                return True
-            try:
-                return self._evictor.choose_victim("", key, protect=True) is not None
-            except NotAdmitted:
-                return False
+            # A transient fill may evict within its area.
+            return transient or self._evictor.would_make_room(size_bytes, self._reserved_bytes, key)
 
     # -- health ------------------------------------------------------------------------------
 

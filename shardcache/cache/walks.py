@@ -12,9 +12,9 @@ from pathlib import Path
 
 from shardcache.cache.directory import CacheDirectory
 from shardcache.cache.entry import EntryMeta, IndexedEntry, StoredEntry, parse_meta
+from shardcache.cache.eviction import EvictionPolicy
 from shardcache.cache.evictor import Evictor
 from shardcache.cache.index import Index, map_store_errors
-from shardcache.cache.plans import PlanBook
 from shardcache.errors import CacheError
 
 
@@ -25,18 +25,16 @@ class Walks:
         directory: CacheDirectory,
         evictor: Evictor,
         lock: threading.Lock,
-        plans: PlanBook | None,
+        policy: EvictionPolicy,
     ) -> None:
         """`index`: the store's index now (it is opened again when the directory is replaced);
-        `lock`: the store's, held while the evictor's books change."""
+        `lock`: the store's, held while the evictor's books change; `policy`: the store's
+        eviction policy, asked when a plan reads a key next."""
         self._index = index
         self._dir = directory
         self._evictor = evictor
         self._lock = lock
-        self._plans = plans
-
-    def _next_use_s(self, key: str) -> float | None:
-        return self._plans.next_use_s(key) if self._plans is not None else None
+        self._policy = policy
 
     # -- the online scrub (`shardcache.cache.scrub`) ----------------------------------------------
 
@@ -92,7 +90,7 @@ class Walks:
         cache). Raises CacheError."""
         with map_store_errors("cannot list the index"):
             rows = self._index().key_range(low, after, high, limit)
-        touched = self._evictor.touched  # reads not yet flushed to access_time (a GIL-atomic get)
+        touched = self._evictor.pending_touches()  # reads not yet flushed to access_time
         return [
             IndexedEntry(str(key), int(size), stored, max(read, touched.get(key, 0.0)), str(tag))
             for key, size, stored, read, tag in rows
@@ -101,8 +99,8 @@ class Walks:
     def pinned_by(self, key: str) -> list[str]:
         """Why eviction spares `key`: "look-ahead" (prefetched, unread) and/or "plan" (a loader's
         plan reads it again). Takes the plans' lock: call it from a worker thread."""
-        reasons = ["look-ahead"] if key in self._evictor.pinned else []
-        return reasons + (["plan"] if self._next_use_s(key) is not None else [])
+        reasons = ["look-ahead"] if self._evictor.is_pinned(key) else []
+        return reasons + (["plan"] if self._policy.next_use_s(key) is not None else [])
 
     # -- offline checks (`shardcache verify`) --------------------------------------------------
 
