@@ -19,7 +19,7 @@ from shardcache.cache.eviction import (
     LeastRecentlyUsed,
     PlanAware,
     ScanResistant,
-    ordinary_policy,
+    policy_for,
 )
 from shardcache.cache.plans import PlanBook
 from shardcache.errors import NotAdmitted
@@ -166,13 +166,17 @@ def test_with_no_candidate_no_policy_evicts() -> None:
     admission = ScanResistantAdmission()
     plans = PlanBook(clock=Clock())
     plans.post("job", 0, ["a"])
-    for policy in (LeastRecentlyUsed(), ScanResistant(admission), PlanAware(plans, admission)):
+    for policy in (
+        LeastRecentlyUsed(),
+        ScanResistant(admission),
+        PlanAware(plans, ScanResistant(admission)),
+    ):
         assert policy.choose([], "a", True, lambda k: True) is None
 
 
 def test_the_ordinary_policy_is_lru_without_admission_and_scan_resistant_with() -> None:
-    assert isinstance(ordinary_policy(None), LeastRecentlyUsed)
-    assert isinstance(ordinary_policy(ScanResistantAdmission()), ScanResistant)
+    assert isinstance(policy_for(None, None), LeastRecentlyUsed)
+    assert isinstance(policy_for(ScanResistantAdmission(), None), ScanResistant)
 
 
 # -- scan resistance -------------------------------------------------------------------------
@@ -226,7 +230,7 @@ def test_plan_aware_evicts_the_key_needed_furthest_in_the_future(seed: int, capa
     clock = Clock()
     plans = PlanBook(clock=clock)
     plans.post("job", 0, trace)
-    done = replay(PlanAware(plans, None), trace, capacity, plans=plans, clock=clock)
+    done = replay(PlanAware(plans, LeastRecentlyUsed()), trace, capacity, plans=plans, clock=clock)
     victims, admitted = belady_oracle(trace, capacity)
     assert done.victims == victims
     assert done.admitted == admitted
@@ -240,7 +244,7 @@ def test_plan_aware_beats_lru_on_a_loop_larger_than_the_cache() -> None:
     clock = Clock()
     plans = PlanBook(clock=clock)
     plans.post("job", 0, trace)
-    planned = replay(PlanAware(plans, None), trace, 4, plans=plans, clock=clock)
+    planned = replay(PlanAware(plans, LeastRecentlyUsed()), trace, 4, plans=plans, clock=clock)
     assert sum(replay(LeastRecentlyUsed(), trace, 4).hits) == 0
     optimum = sum(belady_hits(trace, 4))
     assert sum(planned.hits) == optimum > 0
@@ -274,7 +278,7 @@ def test_plan_aware_takes_what_no_plan_reads_first_sparing_what_admission_protec
     for key in ["old"] + ["hot"] * 6:  # "old" is past its horizon, "hot" was just read
         admission.on_request(key, False)
     assert admission.is_protected("hot") and not admission.is_protected("old")
-    policy = PlanAware(plans, admission)
+    policy = PlanAware(plans, ScanResistant(admission))
     # Unplanned and unprotected first, whatever the LRU order says.
     assert policy.choose(["hot", "old", "p1"], "p2", True, lambda k: False) == "old"
     # Only a protected unplanned key left: taken for a fill some plan reads, not for one
@@ -291,6 +295,6 @@ def test_plan_aware_never_picks_a_spared_key_beyond_the_batch() -> None:
     plans.post("job", 0, ["a", "b", "c", "d"])
     for key in ("a", "b", "c", "d"):
         plans.on_cached(key)
-    policy = PlanAware(plans, None)
+    policy = PlanAware(plans, LeastRecentlyUsed())
     assert policy.choose(["a"], None, False, lambda k: False) == "d"
     assert policy.choose(["a"], None, False, lambda k: k == "d") == "c"
