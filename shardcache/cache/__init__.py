@@ -21,9 +21,9 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
   and the directory's health (`problem()`). `walks`: `Walks` (`store.walks`), the index read
   whole: the scrub's, listing's and `verify`'s walks.
-- `evictor`: makes room for a reservation and owns what eviction spares (pins, the transient
-  area, batched access times); `eviction`: the policies behind one interface (LRU,
-  scan-resistant, plan-aware); `transient`: the books of look-ahead prefetches.
+- `evictor`: makes room for a reservation and owns what eviction spares (pins, the books of
+  the policy's transient area, batched access times); `eviction`: the policies as objects told
+  the store's events (LRU, scan-resistant, plan-aware); `transient`: the look-ahead books.
 - `directory`: the layout on disk (`v1/`), its lock, partial files, free space, health.
 - `index`: the diskcache adapter, the only module that imports diskcache or touches its
   private `_sql` and `_disk` (its schema test: `tests/unit/cache/test_index.py`), and
