@@ -2,9 +2,8 @@
 goes, and owns what eviction must spare: the pins, the books of the policy's transient area, the
 batched access times that order LRU.
 
-The store owns the space and calls in here with its lock held; every method but `pin`, `unpin`,
-`drop_pin` and `is_pinned` must be called so. Knows nothing of reservations' files, HTTP or
-origins."""
+The store calls in with its lock held (all but `pin`, `unpin`, `drop_pin`, `is_pinned`).
+Knows nothing of reservations' files, HTTP or origins."""
 
 from __future__ import annotations
 
