@@ -8,7 +8,6 @@ that nobody wants any more (every reader left, no prefetch asked for it) is stop
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import enum
@@ -36,7 +35,6 @@ from shardcache.origins.location import bucket_location
 
 log = logging.getLogger("shardcache.cache")
 T = TypeVar("T")
-RECENT_FILLS = 65536
 
 
 class PrefetchOutcome(enum.Enum):
@@ -85,9 +83,6 @@ class ShardCache:
         self._tasks: set[asyncio.Task[None]] = set()
         self._is_closing = False  # `aclose` began: no fill is started again
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
-        # How many fills have finished per cache key (recent keys only): lets a caller that
-        # awaited something notice that a fill came and went meanwhile.
-        self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
         # Prefetched entries no client has read yet: cache key → size. They are pinned in
         # the store (not evictable) and count against the prefetch look-ahead budget.
         self._unread = Unread(store)
@@ -127,24 +122,15 @@ class ShardCache:
         turn under a cap, say) for nobody.
         """
         origin, url = self.cache_key(origin_name, key)
-        in_flight = self.flights.get(url)
-        while in_flight is None:
-            finished_before = self._finished.get(url, 0)
-            entry = await self._lookup(url)
-            if entry is not None:
-                self.store.note_request(url, found=True)
-                # Unpin only now that the file is open: unpinned before, a reservation could
-                # evict it while the lookup runs (then the prefetch would be wasted, refetched).
-                self._read_prefetched(origin, url, None)
-                verified_by = tuple(entry.meta.verified_by)
-                info = info_of(entry.meta)
-                return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
-            # Race: (1) no fill in flight, (2) the store lookup runs on a thread, (3) meanwhile
-            # a fill (a prefetch, say) starts, commits and finishes. Starting a fill now would
-            # fetch the object twice: look again instead.
-            if self._finished.get(url, 0) == finished_before:
-                break
-            in_flight = self.flights.get(url)
+        entry = await self.flights.look(url, lambda: self._lookup(url))  # re-checked inside
+        if isinstance(entry, Entry):
+            self.store.note_request(url, found=True)
+            # Unpin only now that the file is open: unpinned before, a reservation could
+            # evict it while the lookup runs (then the prefetch would be wasted, refetched).
+            self._read_prefetched(origin, url, None)
+            verified_by = tuple(entry.meta.verified_by)
+            info = info_of(entry.meta)
+            return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
         self.store.note_request(url, found=False)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         fill.hold()  # in the same step as joining: see `_drop_unwanted`
@@ -333,7 +319,7 @@ class ShardCache:
             return PrefetchOutcome.JOINED, fill
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
-        finished_before = self._finished.get(url, 0)
+        mark = self.flights.mark(url)
         slot = self._origins.slot_of(origin)
         limiter = None if slot is None else slot.limiter
         requests = OriginRequests(origin, key, self._policy, self._observer, limiter)
@@ -344,7 +330,7 @@ class ShardCache:
         # a fill for it has finished since) or may be fetching it (join_or_start joins it). A
         # fill that finished without an entry (its reader left, it failed) fetched nothing
         # for this prefetch: it goes on.
-        if self._finished.get(url, 0) != finished_before and await self._peek(url) is not None:
+        if self.flights.ended_since(url, mark) and await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
@@ -434,13 +420,10 @@ class ShardCache:
             with self._using(fill.origin):
                 await fill.run()
         finally:
-            self.flights.finish(fill)
+            self.flights.ended(fill)  # counted for the re-check (`Flights.look`)
             # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
             if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
-            self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
-            if len(self._finished) > RECENT_FILLS:
-                self._finished.popitem(last=False)  # forgotten keys only cost a second look
         if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
             await fill.discard_passthrough()  # no starter to take its stream
 
