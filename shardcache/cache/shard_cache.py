@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from shardcache.cache.entry import Entry, EntryMeta
@@ -22,7 +22,7 @@ from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
-from shardcache.cache.unread import Unread
+from shardcache.cache.unread import UnreadLedger
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.origin_table import OriginTable
@@ -83,10 +83,9 @@ class ShardCache:
         self._tasks: set[asyncio.Task[None]] = set()
         self._is_closing = False  # `aclose` began: no fill is started again
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
-        # Prefetched entries no client has read yet: cache key → size. They are pinned in
-        # the store (not evictable) and count against the prefetch look-ahead budget.
-        self._unread = Unread(store)
-        self.unread_changed = self._unread.changed
+        # The one owner of look-ahead bytes: held for prefetches about to start, and pinned
+        # in the store (not evictable) until a client reads them; the queue's budget counts them.
+        self.unread = UnreadLedger(store)
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -270,29 +269,21 @@ class ShardCache:
         """Delete the entries of cache keys `urls` and keep none of their fills in flight
         (`purge.purge_entries`: what it reaches, and its race with a fill's commit)."""
         return await purge_entries(
-            origin, urls, self.flights, self.store, self._unread, self._observer
+            origin, urls, self.flights, self.store, self.unread, self._observer
         )
 
     # -- prefetch --------------------------------------------------------------------------
 
     @property
     def unread_bytes(self) -> int:
-        return self._unread.total_bytes
-
-    def unread_sizes(self) -> dict[str, int]:
-        """Prefetched entries no client has read yet, cache key → size (a copy)."""
-        return self._unread.sizes()
-
-    def release_unread(self, urls: Iterable[str] | None = None) -> int:
-        """Unpin prefetched-but-unread entries, all or those of `urls` (they stay cached, as
-        ordinary entries), freeing the look-ahead budget they held; return the bytes released."""
-        return self._unread.release(urls)
+        """Prefetched bytes no client has read yet (`unread`, the ledger)."""
+        return self.unread.total_bytes
 
     def _read_prefetched(self, origin: Origin, url: str, fill: Fill | None) -> None:
         """A client is reading `url`: if it was prefetched, it is no longer unread; if its
         prefetch is still running, the client came early (a late prefetch)."""
-        if url in self._unread:
-            self._unread.mark_read(url)
+        if url in self.unread:
+            self.unread.mark_read(url)
             if fill is not None and fill.is_prefetch and not fill.is_finished:
                 self._observer.prefetch_late(origin.name)
 
@@ -342,7 +333,7 @@ class ShardCache:
         fill.is_prefetch = True
         fill.known_info = info
         if pin:
-            self._unread.add(url, info.size_bytes)
+            self.unread.pin(url, info.size_bytes)
         else:  # warming stands for the reads to come: admission protects it like one
             self.store.note_warm(url)
         self._spawn(fill)
@@ -362,8 +353,8 @@ class ShardCache:
         state = await fill.wait_finished()
         if state is FillState.PASSTHROUGH and outcome is PrefetchOutcome.FETCHED:
             await fill.take_passthrough().aclose()  # nobody to stream it to
-        if state is not FillState.COMMITTED and fill.cache_key in self._unread:
-            self._unread.mark_read(fill.cache_key)
+        if state is not FillState.COMMITTED and fill.cache_key in self.unread:
+            self.unread.mark_read(fill.cache_key)
         if state is FillState.FAILED:
             assert fill.error is not None
             raise fill.error

@@ -109,7 +109,7 @@ class Dispatcher:
             return
         finally:
             lane.starting.pop(start, None)
-            self.budget.release(start)  # pinned now, or never will be
+            self.cache.unread.let_go(start.hold)  # pinned now, or never will be
         if fill is None:
             if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
                 item.batch.not_cached += 1
@@ -118,7 +118,7 @@ class Dispatcher:
             self.slots.release(lane)
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
-            self.cache.release_unread([fill.cache_key])
+            self.cache.unread.release([fill.cache_key])
         elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
             holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
             self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))

@@ -12,6 +12,8 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shardcache.cache.unread import Hold
+
 NO_BATCH = 0  # the batch id of an entry no post made (read-ahead); batch ids start at 1
 
 
@@ -82,7 +84,7 @@ class Start:
 
     item: Item
     is_dropped: bool = False  # by clear(): let it go, uncounted
-    admitted_bytes: int = 0  # look-ahead budget it holds until its fill pins the shard
+    hold: Hold | None = None  # look-ahead budget it holds until its fill pins the shard
     is_admitted: bool = False
     size_bytes: int | None = None  # once its HEAD has answered
 
