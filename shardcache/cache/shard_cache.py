@@ -22,7 +22,7 @@ from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
-from shardcache.cache.unread import UnreadLedger
+from shardcache.cache.unread import Hold, UnreadLedger
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.origin_table import OriginTable
@@ -43,6 +43,17 @@ class PrefetchOutcome(enum.Enum):
     JOINED = "joined"
     TOO_LARGE = "too_large"
     NOT_ADMITTED = "not_admitted"  # the eviction policy would not cache it now: not fetched
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sized:
+    """A prefetch sized by its HEAD and not started (`ShardCache.size_prefetch`)."""
+
+    origin: Origin
+    key: str
+    url: str
+    info: ObjectInfo
+    mark: int  # `Flights.mark` before the HEAD: a fill that ended since may have brought it
 
 
 # A fill whose last reader leaves with at most this much still to come from the origin (and
@@ -287,21 +298,15 @@ class ShardCache:
             if fill is not None and fill.is_prefetch and not fill.is_finished:
                 self._observer.prefetch_late(origin.name)
 
-    async def start_prefetch(
-        self,
-        origin_name: str,
-        key: str,
-        admit: Callable[[int], Awaitable[None]],
-        pin: bool = True,
-    ) -> tuple[PrefetchOutcome, Fill | None]:
-        """Start bringing `key` into the cache ahead of a client, pinned until a client reads it
-        (`pin=False`, warming: an ordinary entry, as a client's miss would leave it).
+    async def size_prefetch(
+        self, origin_name: str, key: str
+    ) -> Sized | tuple[PrefetchOutcome, Fill | None]:
+        """Size `key` for a prefetch (a HEAD, retried within the origin's limiter), the first
+        of its three steps: size, admit (the caller's look-ahead budget), `start_prefetch`.
 
-        `admit(size_bytes)` is awaited before a new download starts (the look-ahead budget).
-        Returns (CACHED, None), (NOT_ADMITTED, None) when the eviction policy would not cache
-        it now (nothing is fetched), (JOINED, fill) when a fetch was already under way, or
-        (FETCHED, fill); pass the fill to `finish_prefetch()`. Raises OriginNotFound or another
-        OriginError from the HEAD that sizes the object.
+        Returns `Sized` to admit and start, or, with nothing to start, (CACHED, None) or
+        (JOINED, fill) when a fetch is already under way: pass that fill to
+        `finish_prefetch()`. Raises OriginNotFound or another OriginError from the HEAD.
         """
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
@@ -316,12 +321,26 @@ class ShardCache:
         requests = OriginRequests(origin, key, self._policy, self._observer, limiter)
         with self._using(origin):
             info = await requests.head()  # retried, within the origin's limiter
-        await admit(info.size_bytes)
-        # While we sized the object and waited for budget, a client may have fetched it (then
-        # a fill for it has finished since) or may be fetching it (join_or_start joins it). A
-        # fill that finished without an entry (its reader left, it failed) fetched nothing
+        return Sized(origin, key, url, info, mark)
+
+    async def start_prefetch(
+        self, sized: Sized, hold: Hold | None = None, pin: bool = True
+    ) -> tuple[PrefetchOutcome, Fill | None]:
+        """Start bringing a sized object into the cache ahead of a client, pinned in place of
+        `hold` until a client reads it (`pin=False`, warming: an ordinary entry, as a client's
+        miss would leave it). `hold` stays the caller's to let go of when nothing is pinned.
+
+        Returns (CACHED, None) when a fill brought it in since it was sized,
+        (NOT_ADMITTED, None) when the eviction policy would not cache it now (nothing is
+        fetched), (JOINED, fill) when a fetch was already under way, or (FETCHED, fill); pass
+        the fill to `finish_prefetch()`.
+        """
+        origin, key, url, info = sized.origin, sized.key, sized.url, sized.info
+        # While the object was sized and waited for budget, a client may have fetched it (then
+        # a fill for it has ended since) or may be fetching it (join_or_start joins it). A
+        # fill that ended without an entry (its reader left, it failed) fetched nothing
         # for this prefetch: it goes on.
-        if self.flights.ended_since(url, mark) and await self._peek(url) is not None:
+        if self.flights.ended_since(url, sized.mark) and await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
@@ -333,7 +352,7 @@ class ShardCache:
         fill.is_prefetch = True
         fill.known_info = info
         if pin:
-            self.unread.pin(url, info.size_bytes)
+            self.unread.pin(url, info.size_bytes, hold)
         else:  # warming stands for the reads to come: admission protects it like one
             self.store.note_warm(url)
         self._spawn(fill)

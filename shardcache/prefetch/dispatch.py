@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shardcache.cache.fill import Fill
-from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache, Sized
 from shardcache.errors import CacheError, ShardcacheError
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
@@ -26,10 +26,6 @@ log = logging.getLogger("shardcache.prefetch")
 Finish = Callable[[Item, ShardcacheError | None, int, bool], None]
 # Why a queued look-ahead item no loader will read should be dropped (origin, key, read-ahead).
 Unwanted = Callable[[str, str, bool], Awaitable[Ending | None]]
-
-
-class _Dropped(Exception):
-    """The item was dropped while it was being sized or waited for budget."""
 
 
 class Dispatcher:
@@ -73,8 +69,9 @@ class Dispatcher:
     async def run(self, lane: Lane) -> None:
         """Take one lane's items in its order, each once there is a free slot (the lane's own),
         and start each in a task of its own: size the object (HEAD), wait for
-        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
-        one at a time, it would bound the queue to a few dozen shards a second."""
+        look-ahead budget, start the fill, follow it (`_size_admit_start`). Sizing is a round
+        trip to the origin; one at a time, it would bound the queue to a few dozen shards a
+        second."""
         while True:
             item = await self._next(lane)
             start = Start(item)
@@ -89,13 +86,7 @@ class Dispatcher:
         meanwhile is let go, uncounted."""
         item = start.item
         try:
-            await self._drop_if_unwanted(lane, start)
-            outcome, fill = await self.cache.start_prefetch(
-                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
-            )
-        except _Dropped:
-            self.slots.release(lane)
-            return
+            started = await self._size_admit_start(lane, start)
         except ShardcacheError as exc:
             if not start.is_dropped:
                 self._finish(item, exc, 0, False)
@@ -110,6 +101,10 @@ class Dispatcher:
         finally:
             lane.starting.pop(start, None)
             self.cache.unread.let_go(start.hold)  # pinned now, or never will be
+        if started is None:  # dropped on the way, before its fill started
+            self.slots.release(lane)
+            return
+        outcome, fill = started
         if fill is None:
             if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
                 item.batch.not_cached += 1
@@ -129,35 +124,41 @@ class Dispatcher:
             self.slots.release(lane)
         await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
 
-    def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
-        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
-        then a last look whether it was dropped while it was sized or waited."""
+    async def _size_admit_start(
+        self, lane: Lane, start: Start
+    ) -> tuple[PrefetchOutcome, Fill | None] | None:
+        """The item's three steps, driven from here: size it (`ShardCache.size_prefetch`),
+        admit it to the look-ahead budget (warming needs none, it pins nothing), start its
+        fill (`start_prefetch`). None when it was dropped before its fill started: while it
+        was sized or waited for budget, or found unwanted before either."""
+        item = start.item
+        if await self._dropped_unwanted(lane, start):
+            return None
+        sized = await self.cache.size_prefetch(item.origin, item.key)
+        if not isinstance(sized, Sized):  # cached, or a fill in flight joined
+            return sized
+        if not lane.is_warming:
+            await self.budget.admit(start, sized.info.size_bytes)
+            if not start.is_dropped and await self._dropped_unwanted(lane, start):
+                return None
+        if start.is_dropped:
+            return None
+        return await self.cache.start_prefetch(sized, start.hold, pin=not lane.is_warming)
 
-        async def admit(size_bytes: int) -> None:
-            if not lane.is_warming:
-                await self.budget.admit(start, size_bytes)
-                if start.is_dropped:
-                    raise _Dropped
-                await self._drop_if_unwanted(lane, start)
-            if start.is_dropped:
-                raise _Dropped
-
-        return admit
-
-    async def _drop_if_unwanted(self, lane: Lane, start: Start) -> None:
-        """Raise _Dropped for a look-ahead item no loader will read any more (its job ended,
-        went quiet, or posted a plan without it): fetched, it would only be pinned for nobody
-        and its pin ended at the next sweep."""
+    async def _dropped_unwanted(self, lane: Lane, start: Start) -> bool:
+        """Drop a look-ahead item no loader will read any more (its job ended, went quiet,
+        or posted a plan without it), and say so: fetched, it would only be pinned for nobody
+        and its pin ended at the next sweep. False for one dropped already (by `clear`)."""
         item = start.item
         if lane.is_warming or self._unwanted is None or start.is_dropped:
-            return
+            return False
         why = await self._unwanted(item.origin, item.key, item.is_readahead)
         if why is None or start.is_dropped:
-            return
+            return False
         start.is_dropped = True
         self.backlog.forget(item)
         self.dropped_unwanted[why] += 1
-        raise _Dropped
+        return True
 
     async def _follow(
         self,
