@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from shardcache.cache.shard_cache import ShardCache
+from shardcache.prefetch.item_state import ItemState
 from shardcache.prefetch.lanes import Lane, Start
 from shardcache.units import format_size
 
@@ -70,6 +71,7 @@ class LookaheadBudget:
                 return True
             if not waiting:
                 waiting = True
+                start.move(ItemState.WAITING)
                 self.waiters += 1
                 self._on_wait()
             self._say_waiting(ledger.total_bytes, ledger.held_bytes)
@@ -83,7 +85,7 @@ class LookaheadBudget:
             if not self.waiters:
                 self.waiting_for, self._said_waiting = None, False
         if not start.is_dropped:
-            start.is_admitted = True
+            start.move(ItemState.ADMITTED)
             start.hold = ledger.hold(size_bytes)  # the next in line may go now
 
     def _say_waiting(self, unread_bytes: int, held_bytes: int) -> None:
@@ -111,7 +113,7 @@ class LookaheadBudget:
         for earlier in self._lane.starting:
             if earlier is start:
                 break
-            if not earlier.is_admitted and not earlier.is_dropped:
+            if earlier.is_owed:
                 ahead += 1
                 size = earlier.size_bytes
                 owed += size if size is not None else self._largest_sized

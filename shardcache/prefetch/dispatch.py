@@ -16,6 +16,7 @@ from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache, Sized
 from shardcache.errors import CacheError, ShardcacheError
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
+from shardcache.prefetch.item_state import ItemState
 from shardcache.prefetch.lanes import Item, Lane, Start
 from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
 from shardcache.prefetch.read_ahead import url_shape
@@ -88,14 +89,12 @@ class Dispatcher:
         try:
             started = await self._size_admit_start(lane, start)
         except ShardcacheError as exc:
-            if not start.is_dropped:
-                self._finish(item, exc, 0, False)
+            self._end(start, exc)
             self.slots.release(lane)
             return
         except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
             log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
-            if not start.is_dropped:
-                self._finish(item, CacheError(f"internal error while prefetching: {exc}"), 0, False)
+            self._end(start, CacheError(f"internal error while prefetching: {exc}"))
             self.slots.release(lane)
             return
         finally:
@@ -108,13 +107,14 @@ class Dispatcher:
         if fill is None:
             if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
                 item.batch.not_cached += 1
-            if not start.is_dropped:
-                self._finish(item, None, 0, False)
+            self._end(start, None)
             self.slots.release(lane)
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
             self.cache.unread.release([fill.cache_key])
-        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
+        else:
+            start.move(ItemState.STARTED)
+        if not start.is_dropped and not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
             holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
             self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))
             if item.batch is not None:
@@ -122,7 +122,7 @@ class Dispatcher:
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
             self.slots.release(lane)
-        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
+        await self._follow(lane, start, fill, outcome, holds_slot)
 
     async def _size_admit_start(
         self, lane: Lane, start: Start
@@ -143,6 +143,8 @@ class Dispatcher:
                 return None
         if start.is_dropped:
             return None
+        if lane.is_warming:
+            start.move(ItemState.ADMITTED)  # no budget to wait for
         return await self.cache.start_prefetch(sized, start.hold, pin=not lane.is_warming)
 
     async def _dropped_unwanted(self, lane: Lane, start: Start) -> bool:
@@ -153,9 +155,8 @@ class Dispatcher:
         if lane.is_warming or self._unwanted is None or start.is_dropped:
             return False
         why = await self._unwanted(item.origin, item.key, item.is_readahead)
-        if why is None or start.is_dropped:
+        if why is None or not start.drop():  # or dropped meanwhile (by `clear`)
             return False
-        start.is_dropped = True
         self.backlog.forget(item)
         self.dropped_unwanted[why] += 1
         return True
@@ -163,31 +164,44 @@ class Dispatcher:
     async def _follow(
         self,
         lane: Lane,
-        item: Item,
+        start: Start,
         fill: Fill,
         outcome: PrefetchOutcome,
         holds_slot: bool,
-        is_dropped: bool,
     ) -> None:
-        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
+        """Wait for a started item's fill and count its outcome (not a dropped item's: one
+        dropped while its fill started is followed for its slot only)."""
+        item = start.item
         self.running += 1
         counted = self.slots.follow(fill)
         try:
             outcome = await self.cache.finish_prefetch(fill, outcome)
         except ShardcacheError as exc:
-            if not is_dropped:
-                self._finish(item, exc, 0, False)
+            self._end(start, exc)
         else:
-            if is_dropped:
+            if start.is_dropped:
                 return
             is_fetched = outcome is PrefetchOutcome.FETCHED
             size = fill.info.size_bytes if fill.info and is_fetched else 0
             if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
                 item.batch.not_cached += 1
-            self._finish(item, None, size, is_fetched)
+            self._end(start, None, size, is_fetched)
         finally:
             self.running -= 1
             if counted:
                 self.slots.unfollow(fill)
             if holds_slot:
                 self.slots.release(lane)
+
+    def _end(
+        self,
+        start: Start,
+        error: ShardcacheError | None,
+        size_bytes: int = 0,
+        is_fetched: bool = False,
+    ) -> None:
+        """`start`'s item ended: count it once (`finish`), unless it was dropped."""
+        if start.is_dropped:
+            return
+        start.move(ItemState.ENDED)
+        self._finish(start.item, error, size_bytes, is_fetched)

@@ -192,8 +192,7 @@ class PrefetchQueue:
             dropped += len(entries)
             self.backlog.forget_entries(entries)
             for start in lane.starting:
-                if not start.is_dropped and _in_batch(start.item, batch_id):
-                    start.is_dropped = True  # its task lets it go when it can
+                if _in_batch(start.item, batch_id) and start.drop():  # its task lets it go
                     self.backlog.forget(start.item)
                     dropped += 1
         chosen: list[str] | None = None  # every pin
