@@ -16,8 +16,9 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
   holds by origin and glob, for `ls` and `purge`. All over the store. `hit_check`: a hit's
   blocks checked against the CRC-32C per block (`blocks`) kept at commit, once a window
   however many readers send them.
-- `unread`: `Unread`, the look-ahead prefetches no client has read yet, pinned in the store,
-  and their sizes (what the look-ahead budget counts).
+- `unread`: `UnreadLedger`, the one owner of look-ahead bytes: held for prefetches about to
+  start, then pinned in the store until a client reads them (what the budget counts); one
+  condition wakes whoever waits on them.
 - `store`: `Store`, the space: reservations before a fill writes, commit and abort, lookups,
   and the directory's health (`problem()`). `walks`: `Walks` (`store.walks`), the index read
   whole: the scrub's, listing's and `verify`'s walks.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from shardcache.cache.fill import Fill, FillState
 from shardcache.cache.flights import Flights
 from shardcache.cache.store import Store
-from shardcache.cache.unread import Unread
+from shardcache.cache.unread import UnreadLedger
 from shardcache.errors import CacheError
 from shardcache.observer import Observer
 from shardcache.origins.base import Origin
@@ -37,7 +37,7 @@ async def purge_entries(
     urls: list[str],
     flights: Flights,
     store: Store,
-    unread: Unread,
+    unread: UnreadLedger,
     observer: Observer,
 ) -> Purged:
     """Delete the entries of cache keys `urls` (one worker-thread hop), and let their fills

@@ -8,13 +8,12 @@ that nobody wants any more (every reader left, no prefetch asked for it) is stop
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from shardcache.cache.entry import Entry, EntryMeta
@@ -23,7 +22,7 @@ from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
-from shardcache.cache.unread import Unread
+from shardcache.cache.unread import Hold, UnreadLedger
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.origin_table import OriginTable
@@ -36,7 +35,6 @@ from shardcache.origins.location import bucket_location
 
 log = logging.getLogger("shardcache.cache")
 T = TypeVar("T")
-RECENT_FILLS = 65536
 
 
 class PrefetchOutcome(enum.Enum):
@@ -45,6 +43,17 @@ class PrefetchOutcome(enum.Enum):
     JOINED = "joined"
     TOO_LARGE = "too_large"
     NOT_ADMITTED = "not_admitted"  # the eviction policy would not cache it now: not fetched
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sized:
+    """A prefetch sized by its HEAD and not started (`ShardCache.size_prefetch`)."""
+
+    origin: Origin
+    key: str
+    url: str
+    info: ObjectInfo
+    mark: int  # `Flights.mark` before the HEAD: a fill that ended since may have brought it
 
 
 # A fill whose last reader leaves with at most this much still to come from the origin (and
@@ -85,13 +94,9 @@ class ShardCache:
         self._tasks: set[asyncio.Task[None]] = set()
         self._is_closing = False  # `aclose` began: no fill is started again
         self._segment_slots = asyncio.Semaphore(policy.shared_connections)
-        # How many fills have finished per cache key (recent keys only): lets a caller that
-        # awaited something notice that a fill came and went meanwhile.
-        self._finished: collections.OrderedDict[str, int] = collections.OrderedDict()
-        # Prefetched entries no client has read yet: cache key → size. They are pinned in
-        # the store (not evictable) and count against the prefetch look-ahead budget.
-        self._unread = Unread(store)
-        self.unread_changed = self._unread.changed
+        # The one owner of look-ahead bytes: held for prefetches about to start, and pinned
+        # in the store (not evictable) until a client reads them; the queue's budget counts them.
+        self.unread = UnreadLedger(store)
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -127,24 +132,15 @@ class ShardCache:
         turn under a cap, say) for nobody.
         """
         origin, url = self.cache_key(origin_name, key)
-        in_flight = self.flights.get(url)
-        while in_flight is None:
-            finished_before = self._finished.get(url, 0)
-            entry = await self._lookup(url)
-            if entry is not None:
-                self.store.note_request(url, found=True)
-                # Unpin only now that the file is open: unpinned before, a reservation could
-                # evict it while the lookup runs (then the prefetch would be wasted, refetched).
-                self._read_prefetched(origin, url, None)
-                verified_by = tuple(entry.meta.verified_by)
-                info = info_of(entry.meta)
-                return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
-            # Race: (1) no fill in flight, (2) the store lookup runs on a thread, (3) meanwhile
-            # a fill (a prefetch, say) starts, commits and finishes. Starting a fill now would
-            # fetch the object twice: look again instead.
-            if self._finished.get(url, 0) == finished_before:
-                break
-            in_flight = self.flights.get(url)
+        entry = await self.flights.look(url, lambda: self._lookup(url))  # re-checked inside
+        if isinstance(entry, Entry):
+            self.store.note_request(url, found=True)
+            # Unpin only now that the file is open: unpinned before, a reservation could
+            # evict it while the lookup runs (then the prefetch would be wasted, refetched).
+            self._read_prefetched(origin, url, None)
+            verified_by = tuple(entry.meta.verified_by)
+            info = info_of(entry.meta)
+            return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
         self.store.note_request(url, found=False)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         fill.hold()  # in the same step as joining: see `_drop_unwanted`
@@ -284,47 +280,33 @@ class ShardCache:
         """Delete the entries of cache keys `urls` and keep none of their fills in flight
         (`purge.purge_entries`: what it reaches, and its race with a fill's commit)."""
         return await purge_entries(
-            origin, urls, self.flights, self.store, self._unread, self._observer
+            origin, urls, self.flights, self.store, self.unread, self._observer
         )
 
     # -- prefetch --------------------------------------------------------------------------
 
     @property
     def unread_bytes(self) -> int:
-        return self._unread.total_bytes
-
-    def unread_sizes(self) -> dict[str, int]:
-        """Prefetched entries no client has read yet, cache key → size (a copy)."""
-        return self._unread.sizes()
-
-    def release_unread(self, urls: Iterable[str] | None = None) -> int:
-        """Unpin prefetched-but-unread entries, all or those of `urls` (they stay cached, as
-        ordinary entries), freeing the look-ahead budget they held; return the bytes released."""
-        return self._unread.release(urls)
+        """Prefetched bytes no client has read yet (`unread`, the ledger)."""
+        return self.unread.total_bytes
 
     def _read_prefetched(self, origin: Origin, url: str, fill: Fill | None) -> None:
         """A client is reading `url`: if it was prefetched, it is no longer unread; if its
         prefetch is still running, the client came early (a late prefetch)."""
-        if url in self._unread:
-            self._unread.mark_read(url)
+        if url in self.unread:
+            self.unread.mark_read(url)
             if fill is not None and fill.is_prefetch and not fill.is_finished:
                 self._observer.prefetch_late(origin.name)
 
-    async def start_prefetch(
-        self,
-        origin_name: str,
-        key: str,
-        admit: Callable[[int], Awaitable[None]],
-        pin: bool = True,
-    ) -> tuple[PrefetchOutcome, Fill | None]:
-        """Start bringing `key` into the cache ahead of a client, pinned until a client reads it
-        (`pin=False`, warming: an ordinary entry, as a client's miss would leave it).
+    async def size_prefetch(
+        self, origin_name: str, key: str
+    ) -> Sized | tuple[PrefetchOutcome, Fill | None]:
+        """Size `key` for a prefetch (a HEAD, retried within the origin's limiter), the first
+        of its three steps: size, admit (the caller's look-ahead budget), `start_prefetch`.
 
-        `admit(size_bytes)` is awaited before a new download starts (the look-ahead budget).
-        Returns (CACHED, None), (NOT_ADMITTED, None) when the eviction policy would not cache
-        it now (nothing is fetched), (JOINED, fill) when a fetch was already under way, or
-        (FETCHED, fill); pass the fill to `finish_prefetch()`. Raises OriginNotFound or another
-        OriginError from the HEAD that sizes the object.
+        Returns `Sized` to admit and start, or, with nothing to start, (CACHED, None) or
+        (JOINED, fill) when a fetch is already under way: pass that fill to
+        `finish_prefetch()`. Raises OriginNotFound or another OriginError from the HEAD.
         """
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
@@ -333,18 +315,32 @@ class ShardCache:
             return PrefetchOutcome.JOINED, fill
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
-        finished_before = self._finished.get(url, 0)
+        mark = self.flights.mark(url)
         slot = self._origins.slot_of(origin)
         limiter = None if slot is None else slot.limiter
         requests = OriginRequests(origin, key, self._policy, self._observer, limiter)
         with self._using(origin):
             info = await requests.head()  # retried, within the origin's limiter
-        await admit(info.size_bytes)
-        # While we sized the object and waited for budget, a client may have fetched it (then
-        # a fill for it has finished since) or may be fetching it (join_or_start joins it). A
-        # fill that finished without an entry (its reader left, it failed) fetched nothing
+        return Sized(origin, key, url, info, mark)
+
+    async def start_prefetch(
+        self, sized: Sized, hold: Hold | None = None, pin: bool = True
+    ) -> tuple[PrefetchOutcome, Fill | None]:
+        """Start bringing a sized object into the cache ahead of a client, pinned in place of
+        `hold` until a client reads it (`pin=False`, warming: an ordinary entry, as a client's
+        miss would leave it). `hold` stays the caller's to let go of when nothing is pinned.
+
+        Returns (CACHED, None) when a fill brought it in since it was sized,
+        (NOT_ADMITTED, None) when the eviction policy would not cache it now (nothing is
+        fetched), (JOINED, fill) when a fetch was already under way, or (FETCHED, fill); pass
+        the fill to `finish_prefetch()`.
+        """
+        origin, key, url, info = sized.origin, sized.key, sized.url, sized.info
+        # While the object was sized and waited for budget, a client may have fetched it (then
+        # a fill for it has ended since) or may be fetching it (join_or_start joins it). A
+        # fill that ended without an entry (its reader left, it failed) fetched nothing
         # for this prefetch: it goes on.
-        if self._finished.get(url, 0) != finished_before and await self._peek(url) is not None:
+        if self.flights.ended_since(url, sized.mark) and await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
@@ -356,7 +352,7 @@ class ShardCache:
         fill.is_prefetch = True
         fill.known_info = info
         if pin:
-            self._unread.add(url, info.size_bytes)
+            self.unread.pin(url, info.size_bytes, hold)
         else:  # warming stands for the reads to come: admission protects it like one
             self.store.note_warm(url)
         self._spawn(fill)
@@ -376,8 +372,8 @@ class ShardCache:
         state = await fill.wait_finished()
         if state is FillState.PASSTHROUGH and outcome is PrefetchOutcome.FETCHED:
             await fill.take_passthrough().aclose()  # nobody to stream it to
-        if state is not FillState.COMMITTED and fill.cache_key in self._unread:
-            self._unread.mark_read(fill.cache_key)
+        if state is not FillState.COMMITTED and fill.cache_key in self.unread:
+            self.unread.mark_read(fill.cache_key)
         if state is FillState.FAILED:
             assert fill.error is not None
             raise fill.error
@@ -434,13 +430,10 @@ class ShardCache:
             with self._using(fill.origin):
                 await fill.run()
         finally:
-            self.flights.finish(fill)
+            self.flights.ended(fill)  # counted for the re-check (`Flights.look`)
             # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
             if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
-            self._finished[fill.cache_key] = self._finished.pop(fill.cache_key, 0) + 1
-            if len(self._finished) > RECENT_FILLS:
-                self._finished.popitem(last=False)  # forgotten keys only cost a second look
         if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
             await fill.discard_passthrough()  # no starter to take its stream
 

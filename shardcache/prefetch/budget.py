@@ -1,8 +1,8 @@
 """The look-ahead budget: how many prefetched, unread bytes the queue may have ahead of loaders.
 
-A look-ahead item starts only once its size fits `max_unread_bytes` on top of the cache's pins
-and what earlier admitted items hold, in the queue's order. It owns those held bytes and the
-wait's reason; it knows nothing of dispatchers, slots or warming."""
+A look-ahead item starts only once its size fits `max_unread_bytes` on top of what the cache's
+unread ledger holds and pins, in the queue's order. It owns the rule and the wait's reason, not
+the bytes (`cache.unread`); it knows nothing of dispatchers, slots or warming."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from shardcache.cache.shard_cache import ShardCache
+from shardcache.prefetch.item_state import ItemState
 from shardcache.prefetch.lanes import Lane, Start
 from shardcache.units import format_size
 
@@ -31,11 +32,15 @@ class LookaheadBudget:
         self._on_wait = on_wait
         self.max_unread_bytes = max_unread_bytes
         self._lane = lane
-        self.admitted_bytes = 0  # held by items admitted and not pinned yet
         self._largest_sized = 0  # the largest look-ahead shard sized so far: a guess for others
         self._said_waiting = False  # a wait for the budget is logged once
         self.waiters = 0  # items waiting for the budget now
         self.waiting_for: str | None = None  # why look-ahead is not moving, while it is not
+
+    @property
+    def admitted_bytes(self) -> int:
+        """Held by items admitted and not pinned yet (the ledger's holds)."""
+        return self.cache.unread.held_bytes
 
     async def admit(self, start: Start, size_bytes: int) -> None:
         """Wait until `size_bytes` more unread bytes fit the look-ahead budget (a shard larger
@@ -53,43 +58,48 @@ class LookaheadBudget:
         start.size_bytes = size_bytes
         if size_bytes <= self.max_unread_bytes:  # one larger goes alone: no guess for others
             self._largest_sized = max(self._largest_sized, size_bytes)
+        ledger = self.cache.unread
         waiting = False
+
+        def ready() -> bool:  # asked again after every change of the ledger
+            nonlocal waiting
+            if start.is_dropped:
+                return True
+            held = ledger.total_bytes + ledger.held_bytes
+            ahead, owed = self._ahead_of(start)
+            if (not held and not ahead) or held + owed + size_bytes <= self.max_unread_bytes:
+                return True
+            if not waiting:
+                waiting = True
+                start.move(ItemState.WAITING)
+                self.waiters += 1
+                self._on_wait()
+            self._say_waiting(ledger.total_bytes, ledger.held_bytes)
+            return False
+
         try:
-            while not start.is_dropped:
-                held = self.cache.unread_bytes + self.admitted_bytes
-                ahead, owed = self._ahead_of(start)
-                if (not held and not ahead) or held + owed + size_bytes <= self.max_unread_bytes:
-                    break
-                if not waiting:
-                    waiting = True
-                    self.waiters += 1
-                    self._on_wait()
-                in_flight = (
-                    f" and {format_size(self.admitted_bytes)} being fetched"
-                    if self.admitted_bytes
-                    else ""
-                )
-                self.waiting_for = (
-                    f"the look-ahead budget: {format_size(self.cache.unread_bytes)} prefetched "
-                    f"and not read yet{in_flight}, of {format_size(self.max_unread_bytes)} "
-                    "(--prefetch-max-bytes); loaders reading them free it, and a pin no "
-                    "loader will read ends (`shardcache prefetch --cancel` ends them all)"
-                )
-                if not self._said_waiting:  # once per wait of the queue, not per item
-                    self._said_waiting = True
-                    log.info("prefetch waits for %s", self.waiting_for)
-                self.cache.unread_changed.clear()
-                await self.cache.unread_changed.wait()
+            await ledger.wait_for(ready)
         finally:
             if waiting:
                 self.waiters -= 1
             if not self.waiters:
                 self.waiting_for, self._said_waiting = None, False
         if not start.is_dropped:
-            start.admitted_bytes = size_bytes
-            start.is_admitted = True
-            self.admitted_bytes += size_bytes
-            self.cache.unread_changed.set()  # the next in line may go now
+            start.move(ItemState.ADMITTED)
+            start.hold = ledger.hold(size_bytes)  # the next in line may go now
+
+    def _say_waiting(self, unread_bytes: int, held_bytes: int) -> None:
+        """Show why look-ahead waits (the status), logged once per wait of the queue."""
+        in_flight = f" and {format_size(held_bytes)} being fetched" if held_bytes else ""
+        self.waiting_for = (
+            f"the look-ahead budget: {format_size(unread_bytes)} prefetched "
+            f"and not read yet{in_flight}, of {format_size(self.max_unread_bytes)} "
+            "(--prefetch-max-bytes); loaders reading them free it, and a pin no "
+            "loader will read ends (`shardcache prefetch --cancel` ends them all)"
+        )
+        if not self._said_waiting:  # once per wait of the queue, not per item
+            self._said_waiting = True
+            log.info("prefetch waits for %s", self.waiting_for)
 
     def _ahead_of(self, start: Start) -> tuple[int, int]:
         """The items taken before `start` and not admitted yet (being sized, or waiting), and
@@ -103,15 +113,8 @@ class LookaheadBudget:
         for earlier in self._lane.starting:
             if earlier is start:
                 break
-            if not earlier.is_admitted and not earlier.is_dropped:
+            if earlier.is_owed:
                 ahead += 1
                 size = earlier.size_bytes
                 owed += size if size is not None else self._largest_sized
         return ahead, owed
-
-    def release(self, start: Start) -> None:
-        """Give back what `start` held once its fill pinned the shard (or never will): another
-        item may fit now."""
-        self.admitted_bytes -= start.admitted_bytes
-        start.admitted_bytes = 0
-        self.cache.unread_changed.set()

@@ -12,10 +12,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from shardcache.cache.fill import Fill
-from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache, Sized
 from shardcache.errors import CacheError, ShardcacheError
 from shardcache.prefetch.backlog import Backlog
 from shardcache.prefetch.budget import LookaheadBudget
+from shardcache.prefetch.item_state import ItemState
 from shardcache.prefetch.lanes import Item, Lane, Start
 from shardcache.prefetch.pins import READ_AHEAD, Ending, PinLedger
 from shardcache.prefetch.read_ahead import url_shape
@@ -26,10 +27,6 @@ log = logging.getLogger("shardcache.prefetch")
 Finish = Callable[[Item, ShardcacheError | None, int, bool], None]
 # Why a queued look-ahead item no loader will read should be dropped (origin, key, read-ahead).
 Unwanted = Callable[[str, str, bool], Awaitable[Ending | None]]
-
-
-class _Dropped(Exception):
-    """The item was dropped while it was being sized or waited for budget."""
 
 
 class Dispatcher:
@@ -73,8 +70,9 @@ class Dispatcher:
     async def run(self, lane: Lane) -> None:
         """Take one lane's items in its order, each once there is a free slot (the lane's own),
         and start each in a task of its own: size the object (HEAD), wait for
-        look-ahead budget, start the fill, follow it. Sizing is a round trip to the origin;
-        one at a time, it would bound the queue to a few dozen shards a second."""
+        look-ahead budget, start the fill, follow it (`_size_admit_start`). Sizing is a round
+        trip to the origin; one at a time, it would bound the queue to a few dozen shards a
+        second."""
         while True:
             item = await self._next(lane)
             start = Start(item)
@@ -89,37 +87,34 @@ class Dispatcher:
         meanwhile is let go, uncounted."""
         item = start.item
         try:
-            await self._drop_if_unwanted(lane, start)
-            outcome, fill = await self.cache.start_prefetch(
-                item.origin, item.key, self._admission(lane, start), pin=not lane.is_warming
-            )
-        except _Dropped:
-            self.slots.release(lane)
-            return
+            started = await self._size_admit_start(lane, start)
         except ShardcacheError as exc:
-            if not start.is_dropped:
-                self._finish(item, exc, 0, False)
+            self._end(start, exc)
             self.slots.release(lane)
             return
         except Exception as exc:  # a bug, or an origin answer a parser choked on: this item
             log.exception("prefetch of /%s/%s crashed", item.origin, item.key)
-            if not start.is_dropped:
-                self._finish(item, CacheError(f"internal error while prefetching: {exc}"), 0, False)
+            self._end(start, CacheError(f"internal error while prefetching: {exc}"))
             self.slots.release(lane)
             return
         finally:
             lane.starting.pop(start, None)
-            self.budget.release(start)  # pinned now, or never will be
+            self.cache.unread.let_go(start.hold)  # pinned now, or never will be
+        if started is None:  # dropped on the way, before its fill started
+            self.slots.release(lane)
+            return
+        outcome, fill = started
         if fill is None:
             if outcome is PrefetchOutcome.NOT_ADMITTED and item.batch is not None:
                 item.batch.not_cached += 1
-            if not start.is_dropped:
-                self._finish(item, None, 0, False)
+            self._end(start, None)
             self.slots.release(lane)
             return
         if start.is_dropped:  # cleared while it started: it may fill, but pins nothing
-            self.cache.release_unread([fill.cache_key])
-        elif not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
+            self.cache.unread.release([fill.cache_key])
+        else:
+            start.move(ItemState.STARTED)
+        if not start.is_dropped and not lane.is_warming and outcome is PrefetchOutcome.FETCHED:
             holder = READ_AHEAD if item.batch is None else f"batch {item.batch.id}"
             self.pins.add(fill.cache_key, holder, url_shape(fill.cache_key, item.key))
             if item.batch is not None:
@@ -127,66 +122,86 @@ class Dispatcher:
         holds_slot = outcome is not PrefetchOutcome.JOINED
         if not holds_slot:  # a client (or another item) is fetching it: its slot, not ours
             self.slots.release(lane)
-        await self._follow(lane, item, fill, outcome, holds_slot, start.is_dropped)
+        await self._follow(lane, start, fill, outcome, holds_slot)
 
-    def _admission(self, lane: Lane, start: Start) -> Callable[[int], Awaitable[None]]:
-        """An item's admission: the look-ahead budget (warming needs none, it pins nothing),
-        then a last look whether it was dropped while it was sized or waited."""
+    async def _size_admit_start(
+        self, lane: Lane, start: Start
+    ) -> tuple[PrefetchOutcome, Fill | None] | None:
+        """The item's three steps, driven from here: size it (`ShardCache.size_prefetch`),
+        admit it to the look-ahead budget (warming needs none, it pins nothing), start its
+        fill (`start_prefetch`). None when it was dropped before its fill started: while it
+        was sized or waited for budget, or found unwanted before either."""
+        item = start.item
+        if await self._dropped_unwanted(lane, start):
+            return None
+        sized = await self.cache.size_prefetch(item.origin, item.key)
+        if not isinstance(sized, Sized):  # cached, or a fill in flight joined
+            return sized
+        if not lane.is_warming:
+            await self.budget.admit(start, sized.info.size_bytes)
+            if not start.is_dropped and await self._dropped_unwanted(lane, start):
+                return None
+        if start.is_dropped:
+            return None
+        if lane.is_warming:
+            start.move(ItemState.ADMITTED)  # no budget to wait for
+        return await self.cache.start_prefetch(sized, start.hold, pin=not lane.is_warming)
 
-        async def admit(size_bytes: int) -> None:
-            if not lane.is_warming:
-                await self.budget.admit(start, size_bytes)
-                if start.is_dropped:
-                    raise _Dropped
-                await self._drop_if_unwanted(lane, start)
-            if start.is_dropped:
-                raise _Dropped
-
-        return admit
-
-    async def _drop_if_unwanted(self, lane: Lane, start: Start) -> None:
-        """Raise _Dropped for a look-ahead item no loader will read any more (its job ended,
-        went quiet, or posted a plan without it): fetched, it would only be pinned for nobody
-        and its pin ended at the next sweep."""
+    async def _dropped_unwanted(self, lane: Lane, start: Start) -> bool:
+        """Drop a look-ahead item no loader will read any more (its job ended, went quiet,
+        or posted a plan without it), and say so: fetched, it would only be pinned for nobody
+        and its pin ended at the next sweep. False for one dropped already (by `clear`)."""
         item = start.item
         if lane.is_warming or self._unwanted is None or start.is_dropped:
-            return
+            return False
         why = await self._unwanted(item.origin, item.key, item.is_readahead)
-        if why is None or start.is_dropped:
-            return
-        start.is_dropped = True
+        if why is None or not start.drop():  # or dropped meanwhile (by `clear`)
+            return False
         self.backlog.forget(item)
         self.dropped_unwanted[why] += 1
-        raise _Dropped
+        return True
 
     async def _follow(
         self,
         lane: Lane,
-        item: Item,
+        start: Start,
         fill: Fill,
         outcome: PrefetchOutcome,
         holds_slot: bool,
-        is_dropped: bool,
     ) -> None:
-        """Wait for a started item's fill and count its outcome (not a dropped item's)."""
+        """Wait for a started item's fill and count its outcome (not a dropped item's: one
+        dropped while its fill started is followed for its slot only)."""
+        item = start.item
         self.running += 1
         counted = self.slots.follow(fill)
         try:
             outcome = await self.cache.finish_prefetch(fill, outcome)
         except ShardcacheError as exc:
-            if not is_dropped:
-                self._finish(item, exc, 0, False)
+            self._end(start, exc)
         else:
-            if is_dropped:
+            if start.is_dropped:
                 return
             is_fetched = outcome is PrefetchOutcome.FETCHED
             size = fill.info.size_bytes if fill.info and is_fetched else 0
             if outcome is PrefetchOutcome.TOO_LARGE and item.batch is not None:
                 item.batch.not_cached += 1
-            self._finish(item, None, size, is_fetched)
+            self._end(start, None, size, is_fetched)
         finally:
             self.running -= 1
             if counted:
                 self.slots.unfollow(fill)
             if holds_slot:
                 self.slots.release(lane)
+
+    def _end(
+        self,
+        start: Start,
+        error: ShardcacheError | None,
+        size_bytes: int = 0,
+        is_fetched: bool = False,
+    ) -> None:
+        """`start`'s item ended: count it once (`finish`), unless it was dropped."""
+        if start.is_dropped:
+            return
+        start.move(ItemState.ENDED)
+        self._finish(start.item, error, size_bytes, is_fetched)

@@ -12,6 +12,9 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shardcache.cache.unread import Hold
+from shardcache.prefetch.item_state import BEFORE_ADMISSION, TRANSITIONS, ItemState, check_move
+
 NO_BATCH = 0  # the batch id of an entry no post made (read-ahead); batch ids start at 1
 
 
@@ -78,13 +81,33 @@ entry_batch: Callable[[Entry], int] = operator.itemgetter(4)
 
 @dataclass(eq=False)
 class Start:
-    """One item on its way from the queue to a fill: sized, admitted, started."""
+    """One item on its way from the queue to a fill: sized, admitted, started (`item_state`)."""
 
     item: Item
-    is_dropped: bool = False  # by clear(): let it go, uncounted
-    admitted_bytes: int = 0  # look-ahead budget it holds until its fill pins the shard
-    is_admitted: bool = False
+    state: ItemState = ItemState.SIZING
+    hold: Hold | None = None  # look-ahead budget it holds until its fill pins the shard
     size_bytes: int | None = None  # once its HEAD has answered
+
+    def move(self, new: ItemState) -> None:
+        """Move to `new`; raise IllegalMove where the transition table has no such move."""
+        self.state = check_move(self.state, new, f"/{self.item.origin}/{self.item.key}")
+
+    def drop(self) -> bool:
+        """Let the item go, uncounted, unless it was dropped already or its fill started;
+        return whether it was dropped now."""
+        if ItemState.DROPPED not in TRANSITIONS[self.state]:
+            return False
+        self.state = ItemState.DROPPED
+        return True
+
+    @property
+    def is_dropped(self) -> bool:
+        return self.state is ItemState.DROPPED
+
+    @property
+    def is_owed(self) -> bool:
+        """Taken and not admitted yet (sized or not): the budget still owes it room."""
+        return self.state in BEFORE_ADMISSION
 
 
 class Lane:

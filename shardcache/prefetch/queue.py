@@ -192,18 +192,17 @@ class PrefetchQueue:
             dropped += len(entries)
             self.backlog.forget_entries(entries)
             for start in lane.starting:
-                if not start.is_dropped and _in_batch(start.item, batch_id):
-                    start.is_dropped = True  # its task lets it go when it can
+                if _in_batch(start.item, batch_id) and start.drop():  # its task lets it go
                     self.backlog.forget(start.item)
                     dropped += 1
-        released = 0
-        if batch_id is None:
-            released = self.cache.release_unread()
-            self.pins.forget()
-        elif (batch := self.backlog.batches.get(batch_id)) is not None:
-            released = self.cache.release_unread(batch.pinned)
-            self.pins.forget(list(batch.pinned))
-        self.cache.unread_changed.set()  # wake a dispatcher waiting for budget
+        chosen: list[str] | None = None  # every pin
+        if batch_id is not None:
+            batch = self.backlog.batches.get(batch_id)
+            chosen = [] if batch is None else list(batch.pinned)
+        self.pins.forget(chosen)
+        # Releasing wakes a dispatcher waiting for budget, even when it frees nothing: an item
+        # dropped meanwhile stops waiting.
+        released = self.cache.unread.release(chosen)
         return dropped, released
 
     # -- status --------------------------------------------------------------------------
@@ -291,7 +290,7 @@ class PrefetchQueue:
     def held_by(self) -> dict[str, int]:
         """Unread look-ahead bytes by the job holding them (its plan's name; else "batch N",
         or "read-ahead"), largest first."""
-        return self.pins.held(self.cache.unread_sizes())
+        return self.pins.held(self.cache.unread.sizes())
 
     def batch(self, batch_id: int) -> Batch | None:
         return self.backlog.batches.get(batch_id)

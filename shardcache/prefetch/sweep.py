@@ -86,10 +86,10 @@ class PinSweep:
 
         if plans is not None and shapes:
             await asyncio.to_thread(ask)
-        ended = self.pins.expired(self.cache.unread_sizes(), readers.get, covered.__contains__)
+        ended = self.pins.expired(self.cache.unread.sizes(), readers.get, covered.__contains__)
         if not ended:
             return 0
-        released = self.cache.release_unread([url for url, _ in ended])
+        released = self.cache.unread.release([url for url, _ in ended])
         why: collections.Counter[Ending] = collections.Counter(reason for _, reason in ended)
         self.ended.update(why)
         log.info(

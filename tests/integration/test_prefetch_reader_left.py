@@ -23,7 +23,7 @@ def test_a_prefetch_completes_when_a_reader_of_its_object_came_and_left(
     hit. Found: a miss, the origin sent a further GET. The reader's own fill is now let go
     of at once and stopped ("every reader left") while the prefetch's HEAD is still out;
     when the HEAD returns, `ShardCache.start_prefetch` sees a fill for the key that finished
-    meanwhile (`_finished` counts the abandoned one too) and takes the object as CACHED, so
+    meanwhile (`Flights.ended` counts the abandoned one too) and takes the object as CACHED, so
     nothing is fetched. Before the watch the fill lived until the origin answered, and the
     prefetch joined it."""
     data = os.urandom(1 << 20)

@@ -84,6 +84,7 @@ ORDER: dict[str, list[str]] = {
         "prefetch.pins",
         "prefetch.tuning",
         "prefetch.lanes",
+        "prefetch.item_state",
         "prefetch.missing",
         "prefetch",
     ],

@@ -14,7 +14,7 @@ import pytest
 
 from shardcache.cache.fill import FillState
 from shardcache.cache.lease import Result
-from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache
+from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache, Sized
 from shardcache.cache.store import Store
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
@@ -114,16 +114,16 @@ async def test_a_prefetch_goes_on_without_readers_and_so_does_a_fill_it_joined(
     cache: ShardCache, origin: FakeOrigin
 ) -> None:
     origin.put("b.tar", os.urandom(MiB))
-
-    async def admit(size_bytes: int) -> None:
-        return None
-
-    outcome, fetched = await cache.start_prefetch("fake", "a.tar", admit)
+    sized = await cache.size_prefetch("fake", "a.tar")
+    assert isinstance(sized, Sized)
+    outcome, fetched = await cache.start_prefetch(sized)
     assert outcome is PrefetchOutcome.FETCHED and fetched is not None
     lease = await cache.open("fake", "a.tar")  # a client reads it early, then leaves
     await lease.aclose()
     client = await cache.open("fake", "b.tar")  # a client's fill, then a prefetch joins it
-    outcome, joined = await cache.start_prefetch("fake", "b.tar", admit)
+    joining = await cache.size_prefetch("fake", "b.tar")  # nothing to size: it joins
+    assert not isinstance(joining, Sized)
+    outcome, joined = joining
     assert outcome is PrefetchOutcome.JOINED and joined is client.fill
     await client.aclose()
     origin.gate.set()

@@ -247,3 +247,48 @@ def test_a_detached_fill_is_joined_by_no_one_but_still_iterated(fills: list[Fill
     assert list(flights) == [second] and flights.get(first.cache_key) is second
     flights.detach(first)  # no longer registered: detaching it again changes nothing
     assert list(flights) == [second]
+
+
+def test_an_ended_fill_is_counted_for_the_recheck_and_a_forgotten_one_is_not(
+    fills: list[Fill],
+) -> None:
+    flights = Flights()
+    first, second, other = fills
+    mark = flights.mark(first.cache_key)
+    flights.join_or_start(first.cache_key, lambda: first)
+    flights.finish(first)  # stopped, its task not ended yet: not counted
+    assert not flights.ended_since(first.cache_key, mark)
+    flights.ended(first)
+    assert flights.ended_since(first.cache_key, mark)
+    assert not flights.ended_since(other.cache_key, flights.mark(other.cache_key))
+    flights.join_or_start(first.cache_key, lambda: second)
+    flights.ended(first)  # an old fill ending late counts, and leaves the new one registered
+    assert flights.get(first.cache_key) is second
+
+
+async def test_look_asks_again_when_a_fill_ended_during_the_lookup(fills: list[Fill]) -> None:
+    """(1) nothing in flight; (2) the lookup runs and finds nothing; (3) meanwhile a fill
+    ends; (4) `look` asks again, and the second lookup finds the entry."""
+    flights = Flights()
+    first, second, _ = fills
+    answers: list[str | None] = [None, "entry"]
+
+    async def lookup() -> str | None:
+        if len(answers) == 2:  # (3): during the first lookup
+            flights.join_or_start(first.cache_key, lambda: first)
+            flights.ended(first)
+        return answers.pop(0)
+
+    assert await flights.look(first.cache_key, lookup) == "entry"
+    assert answers == []
+
+    async def nothing() -> str | None:
+        return None
+
+    assert await flights.look(first.cache_key, nothing) is None  # no fill ended: one look
+    flights.join_or_start(first.cache_key, lambda: second)
+
+    async def unasked() -> str | None:
+        raise AssertionError("a fill in flight is joined without a lookup")
+
+    assert await flights.look(first.cache_key, unasked) is second
