@@ -134,7 +134,12 @@ def test_concurrent_plan_and_prefetch_posts_keep_the_loop_and_memory_bounded(
         f"accepted {len(accepted_plans)} plans, {len(accepted_prefetches)} prefetch posts; "
         f"{len(waited)} refused after waiting their turn"
     )
-    assert 1 <= len(accepted_plans) <= 10 and 1 <= len(accepted_prefetches) <= 2
+    # Some post is always served; a kind whose posts all waited past the body timeout (the
+    # sixteen plans took the turns first, on a loaded machine) may have none accepted.
+    assert len(accepted_plans) <= 10 and len(accepted_prefetches) <= 2
+    assert accepted_plans or accepted_prefetches
+    if not accepted_prefetches:
+        assert any("took more than" in str(a["error"]) for s, a in prefetch_answers if s == 429)
     if not waited:
         assert (len(accepted_plans), len(accepted_prefetches)) == (10, 2)
     assert watch.slowest_s < HEALTHZ_BOUND_S, f"/healthz took {watch.slowest_s:.2f} s"
