@@ -48,7 +48,7 @@ from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
 from shardcache.serving.server import make_app
-from shardcache.serving.server_state import InFlight, ServerState
+from shardcache.serving.server_state import InFlight, ServerState, ServingContext
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
@@ -241,7 +241,9 @@ class Daemon:
             settings.is_loopback,
             settings.s3_access_keys,
         )
-        app = make_app(cache, prefetch, self.metrics, self.state, access, self.guard)
+        app = make_app(
+            ServingContext(cache, prefetch, self.metrics, self.state, access, self.guard)
+        )
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(
             app,

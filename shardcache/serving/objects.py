@@ -56,17 +56,10 @@ from shardcache.serving.conditionals import (
     quoting_bare_etags,
     range_applies,
 )
-from shardcache.serving.middleware import (
-    CACHE_KEY,
-    FAILURES_KEY,
-    GUARD_KEY,
-    METRICS_KEY,
-    PREFETCH_KEY,
-    STATE_KEY,
-    json_error,
-)
+from shardcache.serving.middleware import json_error
 from shardcache.serving.ranges import ByteRange, parse_range
 from shardcache.serving.s3_errors import S3_KEY
+from shardcache.serving.server_state import CONTEXT_KEY
 
 log = logging.getLogger("shardcache.server")
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -175,7 +168,7 @@ async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | 
     leaves the answer to the GET."""
     origin, key = request.match_info["origin"], request.match_info["key"]
     try:
-        result, info = await request.app[CACHE_KEY].head(origin, key, wants_checksums=False)
+        result, info = await request.app[CONTEXT_KEY].cache.head(origin, key, wants_checksums=False)
     except OriginNotFound:
         raise
     except OriginError as exc:
@@ -183,14 +176,14 @@ async def _answer_before_fetching(request: web.Request) -> web.StreamResponse | 
         return None
     answer = _precondition_response(request, result, Validators(info.etag, info.last_modified))
     if answer is not None:
-        request.app[METRICS_KEY].requests.labels(origin, result.value).inc()
+        request.app[CONTEXT_KEY].metrics.requests.labels(origin, result.value).inc()
     return answer
 
 
 async def get_object(request: web.Request) -> web.StreamResponse:
-    if request.app[STATE_KEY].is_shutting_down:
+    if request.app[CONTEXT_KEY].state.is_shutting_down:
         raise ShuttingDown("the daemon is shutting down")
-    with request.app[STATE_KEY].in_flight:
+    with request.app[CONTEXT_KEY].state.in_flight:
         return await _get_object(request)
 
 
@@ -199,7 +192,7 @@ def _refuse_tier_loop(request: web.Request) -> None:
     for an origin that has a tier or mirrors here too: tiers are one level deep, and two daemons
     must not be each other's mirror. Logged once per origin."""
     origin = request.match_info["origin"]
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY].state
     if not request.headers.get(TIER_REQUEST_HEADER) or not state.origins.has_upstreams(origin):
         return
     problem = (
@@ -215,12 +208,12 @@ def _refuse_tier_loop(request: web.Request) -> None:
 
 async def _get_object(request: web.Request) -> web.StreamResponse:
     _refuse_tier_loop(request)
-    cache = request.app[CACHE_KEY]
-    metrics = request.app[METRICS_KEY]
+    cache = request.app[CONTEXT_KEY].cache
+    metrics = request.app[CONTEXT_KEY].metrics
     loop = asyncio.get_running_loop()
     began = loop.time()
     origin, key = request.match_info["origin"], request.match_info["key"]
-    guard = request.app.get(GUARD_KEY)
+    guard = request.app[CONTEXT_KEY].guard
     reader_left = guard.lost(request.transport) if guard is not None else None
     conditional = is_conditional(request.headers)
     if conditional:
@@ -235,7 +228,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
     if not request.headers.get(TIER_REQUEST_HEADER):
         # A tier member sees only its share of a numbered run: the next number belongs to
         # another member, and the node that asked reads ahead itself.
-        request.app[PREFETCH_KEY].on_client_read(lease.origin, request.match_info["key"])
+        request.app[CONTEXT_KEY].prefetch.on_client_read(lease.origin, request.match_info["key"])
     if lease.result is not Result.HIT:  # waiting for the origin's first byte is loader stall
         metrics.waited(lease.origin, loop.time() - began)
     try:
@@ -248,7 +241,9 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         byte_range = _wanted_range(request, validators, lease.size_bytes)
         start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
         if start == end:  # an empty object (ranges of it are 416)
-            await settle_empty(lease.fill, lease.stream, request.app[STATE_KEY].read_timeout_s)
+            await settle_empty(
+                lease.fill, lease.stream, request.app[CONTEXT_KEY].state.read_timeout_s
+            )
         is_hit = lease.result is Result.HIT
         published = lease.checksums if is_hit else await _asked(request, lease, byte_range)
         response = object_response(
@@ -271,7 +266,7 @@ async def _get_object(request: web.Request) -> web.StreamResponse:
         # Counted by result once it is known (below): a read that fails after its headers is
         # an "error", not the miss it started as (its first byte's time is a miss's, though).
         metrics.first_byte(lease.result.value, loop.time() - began)
-        state = request.app[STATE_KEY]
+        state = request.app[CONTEXT_KEY].state
         sender = FileSender(request.transport, response.write, state.client_send_timeout_s)
         is_counted = False  # under the result, once the body is out: the client may see it end
         try:
@@ -371,8 +366,8 @@ def _failed_after_headers(
     # A local file shorter than its index says, or unreadable: the cache's failure.
     kind = exc.kind if isinstance(exc, ShardcacheError) else "cache"
     if lease.stream is not None and isinstance(exc, IntegrityError):
-        request.app[METRICS_KEY].origin_failed(lease.origin, kind)
-    request.app[FAILURES_KEY].failed(
+        request.app[CONTEXT_KEY].metrics.origin_failed(lease.origin, kind)
+    request.app[CONTEXT_KEY].failures.failed(
         lease.origin,
         kind,
         "%s %s aborted after %d of %d bytes (%s, origin %s): %s",
@@ -388,7 +383,7 @@ def _failed_after_headers(
 
 def _count_corrupt_hit(request: web.Request, origin: str, exc: IntegrityError) -> None:
     """A hit whose bytes failed their block check: counted, and a WARNING naming the key."""
-    request.app[METRICS_KEY].hit_corrupt_total.labels(origin).inc()
+    request.app[CONTEXT_KEY].metrics.hit_corrupt_total.labels(origin).inc()
     log.warning("dropping cached %s/%s: %s", origin, request.match_info["key"], exc)
 
 
@@ -396,7 +391,7 @@ def _client_left(request: web.Request, origin: str) -> None:
     """A client going away mid-response is normal (`tar t | head`): a 499 and a counter, never an
     error; a fill it started goes on for the cache and for other readers."""
     request[CLIENT_GONE] = True
-    request.app[METRICS_KEY].client_disconnects.labels(origin).inc()
+    request.app[CONTEXT_KEY].metrics.client_disconnects.labels(origin).inc()
 
 
 async def _send_body(
@@ -413,7 +408,7 @@ async def _send_body(
 
     if start == end:
         return  # settled before the headers
-    checker = request.app[STATE_KEY].hit_checker
+    checker = request.app[CONTEXT_KEY].state.hit_checker
     entry = lease.entry
     if entry is not None and checker is not None and checker.can_check(entry.meta):
         name = f"{lease.origin}/{request.match_info['key']}"
@@ -430,7 +425,7 @@ async def _send_body(
     elif lease.fill is not None:
         await send_fill(sender, lease.fill, lease.fill_fd, start, end, on_wait, reader_left)
     elif lease.stream is not None:
-        state = request.app[STATE_KEY]
+        state = request.app[CONTEXT_KEY].state
         await send_stream(
             lease.stream,
             sender.write,
@@ -445,7 +440,7 @@ async def _send_body(
 
 async def head_object(request: web.Request) -> web.StreamResponse:
     _refuse_tier_loop(request)
-    cache = request.app[CACHE_KEY]
+    cache = request.app[CONTEXT_KEY].cache
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     validators = Validators(info.etag, info.last_modified)
     answer = _precondition_response(request, result, validators)

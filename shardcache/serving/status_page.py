@@ -23,7 +23,8 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.serving.middleware import FAILURES_KEY, STATE_KEY, redacted
+from shardcache.serving.middleware import redacted
+from shardcache.serving.server_state import CONTEXT_KEY
 from shardcache.serving.status_page_html import page
 
 
@@ -62,9 +63,9 @@ HEADERS = {
 
 async def status_page(request: web.Request) -> web.Response:
     """The page, with the figures of `/_/status` now in it (its polls redraw them)."""
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY].state
     document = await asyncio.to_thread(state.status)
-    document["recent_failures"] = request.app[FAILURES_KEY].recent()
+    document["recent_failures"] = request.app[CONTEXT_KEY].failures.recent()
     return web.Response(
         body=with_figures(BODY.decode(), redacted(document)).encode(), headers=HEADERS
     )
