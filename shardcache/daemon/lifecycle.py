@@ -380,11 +380,11 @@ class Daemon:
 
     def _count_closed_connection(self, reason: str) -> None:
         if reason == "limit":
-            self.metrics.client_refused.labels("connection_limit").inc()
+            self.metrics.client_refusal("connection_limit")
         elif reason == "client_limit":
-            self.metrics.client_refused.labels("client_connection_limit").inc()
+            self.metrics.client_refusal("client_connection_limit")
         else:
-            self.metrics.client_timeouts.labels(reason).inc()
+            self.metrics.client_timed_out(reason)
 
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""

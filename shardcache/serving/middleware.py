@@ -113,7 +113,7 @@ async def admit_request(
     headers = request.headers
     access = request.app[CONTEXT_KEY].access
     if access.loopback_only and is_foreign_host(headers.get("Host")):
-        request.app[CONTEXT_KEY].metrics.client_refused.labels("cross_site").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("cross_site")
         raise CrossSite(
             "this daemon listens on loopback and answers only to localhost, 127.0.0.1 or "
             "[::1] as Host (another name may be a DNS rebinding)"
@@ -125,12 +125,12 @@ async def admit_request(
         headers.get("Origin"),
         headers.get("Sec-Fetch-Site"),
     ):
-        request.app[CONTEXT_KEY].metrics.client_refused.labels("cross_site").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("cross_site")
         raise CrossSite("a change to the daemon sent by a web page of another site is refused")
     if access.is_protected(path or request.path) and SIGNER_KEY not in request:
         basic = access.takes_basic(request.method, request.path)  # the status page
         if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):
-            request.app[CONTEXT_KEY].metrics.client_refused.labels("unauthorized").inc()
+            request.app[CONTEXT_KEY].metrics.client_refusal("unauthorized")
             raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
     return await handler(request)
 
@@ -147,7 +147,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         headers = {"WWW-Authenticate": f'{scheme} realm="shardcache"', ERROR_KIND_HEADER: exc.kind}
         return json_error(exc.status, str(exc), headers)
     except RequestTimeout as exc:
-        request.app[CONTEXT_KEY].metrics.client_timeouts.labels("body").inc()
+        request.app[CONTEXT_KEY].metrics.client_timed_out("body")
         response = json_error(exc.status, str(exc), {"Connection": "close"})
         response.force_close()  # the rest of the body may never come: do not wait for it
         return response
@@ -203,7 +203,7 @@ def _origin_of(request: web.Request) -> str | None:
 def _count_error(request: web.Request, exc: ShardcacheError) -> None:
     origin = _origin_of(request)
     if origin is not None:
-        request.app[CONTEXT_KEY].metrics.requests.labels(origin, "error").inc()
+        request.app[CONTEXT_KEY].metrics.request_counted(origin, "error")
 
 
 def _log_failure(request: web.Request, exc: ShardcacheError) -> None:

@@ -159,7 +159,7 @@ def _check_signature(request: web.Request, path: str) -> None:
     try:
         request[SIGNER_KEY] = verify(signed, access.s3_keys, time.time())
     except SignatureRefused:
-        request.app[CONTEXT_KEY].metrics.client_refused.labels("unauthorized").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("unauthorized")
         raise
 
 
