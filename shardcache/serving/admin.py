@@ -1,13 +1,7 @@
-"""The `/_/` endpoints: purge (one key, or a glob's page), cached entries, prefetch (queue,
-show, drop), plans, verify, origins, status.
-
-Every one of them needs the admin token when one is configured (`middleware.admit_request`).
-A prefetch or plan body is read within the body timeout and at most MAX_BODY_BYTES, and parsed,
-expanded and acted on off the event loop, one post at a time (`PostTurns`): a worker thread
-parsing 100,000 names shares the GIL with the event loop, and sixteen side by side held it for
-seconds. A post the prefetch queue or the plans cannot take is refused before its names are
-expanded, and before its body is read when the queue is full already.
-"""
+"""The `/_/` endpoints: purge, cached entries, prefetch (queue, show, drop), plans, verify,
+origins, status. Each needs the admin token when one is configured (`middleware`). A body is
+read within the body timeout and MAX_BODY_BYTES, then parsed and acted on off the event loop,
+one post at a time (`server_state.PostTurns`); a post that cannot be taken is refused first."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""What every request goes through before (and around) its handler, and the parts the
-handlers share through the application.
-
-    track_connection   tells the connection guard a request is in progress (its idle and
-                       header clocks stop)
-    errors_as_json     every error raised before the response started becomes
-                       `{"error": "..."}` with the status its exception class carries; origin
-                       failures are told without the origin's location to a client without
-                       the admin token; credentials in messages are masked
-    admit_request      refuses an encoded body (415) and a protected path without the admin
-                       token (401) or an S3 signature checked before (`SIGNER_KEY`), before
-                       anything is done for the request
-"""
+"""What every request goes through around its handler, one layer each (every layer costs every
+request): `track_connection` stops the guard's clocks; `errors_as_json` turns every error before
+the response started into `{"error": "..."}` with its class's status, credentials masked;
+`admit_request` refuses an encoded body, a foreign Host, a cross-site change, a missing token."""
 
 from __future__ import annotations
 

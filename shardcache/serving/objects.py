@@ -1,15 +1,7 @@
-"""The object path: `GET|HEAD /NAME/KEY`, from the lease the cache hands out to the last byte.
-
-Preconditions (a conditional GET's 304 or 412 before a miss fetches, and again against what it
-reads), the range, the status and headers (`object_response`, the HTTP contract's one place),
-the body from a hit, a fill being tailed or a stream through, and what is counted and logged.
-Before the first body byte every failure is a JSON error with the status its exception class
-carries. After it, the connection is aborted: headers promised a Content-Length, and a client
-such as `curl -f` must see a failed transfer, never a clean but short body.
-
-What this module must not know: how a miss is filled or verified (it asks `ShardCache`), the
-`/_/` routes, how the application is assembled (`server`).
-"""
+"""The object path, `GET|HEAD /NAME/KEY`, from the cache's lease to the last byte in named steps
+(lease, respond, send, settle). Before the first body byte a failure is a JSON error; after it
+the connection is aborted, never a clean but short body. Must not know how a miss is filled or
+verified (it asks `ShardCache`), the `/_/` routes, or how the application is assembled."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
-"""The HTTP contract: routes, JSON errors, `X-Shardcache`, Range, and aborting on mid-body failure.
-
-    GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced (`objects.py`)
-    DELETE   /_/cache/NAME/KEY    purge one entry
-    GET|DELETE /_/cache?origin=NAME&pattern=GLOB  list cached entries / purge them, a page a call
-    POST|GET|DELETE /_/prefetch   queue shards ahead of the loader / show / empty the queue
-    POST|GET /_/verify            check every cached entry now (`shardcache verify`) / progress
-    GET      /_/origins           origin names and URLs (for `shardcache url`)
-    GET      /_/status            one JSON document for people and `shardcache stats`
-    GET      /_/                  the status page: HTML that polls /_/status (`serving`)
-    GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
-    GET|HEAD /BUCKET/KEY, /BUCKET?list-type=2…  the S3-compatible read API (`s3_api.py`)
-
-With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
-shard read) needs `Authorization: Bearer TOKEN`; a request without it is a 401 (`access.py`).
-What every request goes through first is in `middleware.py`; the `/_/` handlers in `admin.py`.
-
-Before the first body byte every failure is a JSON error with the status its exception class
-carries (`middleware.errors_as_json`); after it, the object path aborts (`objects.py`).
-"""
+"""The application: its routes (drawn in docs/architecture.md), its middlewares in order, the
+probes and `/metrics`. Handlers reach the daemon only through the `ServingContext` that
+`make_app` installs under `CONTEXT_KEY`."""
 
 from __future__ import annotations
 
