@@ -252,9 +252,9 @@ class Daemon:
             shutdown_timeout=1.0,
             # A backstop only: the guard closes idle connections first (and counts them).
             keepalive_timeout=2 * settings.client_idle_timeout,
-            # aiohttp would inflate a gzip/deflate request body on the event loop as it
-            # arrives, read or not: 500 KB of gzip held the loop for 1.5 s. Bodies stay raw,
-            # and an encoded one is refused (server.refuse_encoded_bodies).
+            # aiohttp inflates a gzip/deflate request body on the event loop as it arrives,
+            # read or not (500 KB of gzip holds the loop for 1.5 s). Bodies stay raw, and an
+            # encoded one is refused (`middleware.admit_request`).
             auto_decompress=False,
         )
         return Started(store, cache, prefetch, scrub, runner, readouts)
