@@ -5,7 +5,6 @@ probes and `/metrics`. Handlers reach the daemon only through the `ServingContex
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from aiohttp import web
 
@@ -36,8 +35,6 @@ from shardcache.serving.s3_api import s3_requests
 from shardcache.serving.s3_errors import add_request_id
 from shardcache.serving.server_state import CONTEXT_KEY, ServingContext
 from shardcache.serving.status_page import status_page
-
-log = logging.getLogger("shardcache.server")
 
 
 async def healthz(request: web.Request) -> web.Response:
