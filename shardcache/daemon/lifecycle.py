@@ -48,7 +48,7 @@ from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
 from shardcache.serving.server import make_app
-from shardcache.serving.server_state import InFlight, ServerState
+from shardcache.serving.server_state import InFlight, ServerState, ServingContext
 from shardcache.units import format_size
 
 log = logging.getLogger("shardcache.daemon")
@@ -241,7 +241,9 @@ class Daemon:
             settings.is_loopback,
             settings.s3_access_keys,
         )
-        app = make_app(cache, prefetch, self.metrics, self.state, access, self.guard)
+        app = make_app(
+            ServingContext(cache, prefetch, self.metrics, self.state, access, self.guard)
+        )
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(
             app,
@@ -250,9 +252,9 @@ class Daemon:
             shutdown_timeout=1.0,
             # A backstop only: the guard closes idle connections first (and counts them).
             keepalive_timeout=2 * settings.client_idle_timeout,
-            # aiohttp would inflate a gzip/deflate request body on the event loop as it
-            # arrives, read or not: 500 KB of gzip held the loop for 1.5 s. Bodies stay raw,
-            # and an encoded one is refused (server.refuse_encoded_bodies).
+            # aiohttp inflates a gzip/deflate request body on the event loop as it arrives,
+            # read or not (500 KB of gzip holds the loop for 1.5 s). Bodies stay raw, and an
+            # encoded one is refused (`middleware.admit_request`).
             auto_decompress=False,
         )
         return Started(store, cache, prefetch, scrub, runner, readouts)
@@ -378,11 +380,11 @@ class Daemon:
 
     def _count_closed_connection(self, reason: str) -> None:
         if reason == "limit":
-            self.metrics.client_refused.labels("connection_limit").inc()
+            self.metrics.client_refusal("connection_limit")
         elif reason == "client_limit":
-            self.metrics.client_refused.labels("client_connection_limit").inc()
+            self.metrics.client_refusal("client_connection_limit")
         else:
-            self.metrics.client_timeouts.labels(reason).inc()
+            self.metrics.client_timed_out(reason)
 
     def _check_ready(self) -> str | None:
         """Why the daemon is not fully ready (it still serves, uncached), or None."""

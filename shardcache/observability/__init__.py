@@ -15,5 +15,6 @@ Parts:
 With `daemon.lifecycle` (which makes the registry), the only importer of prometheus_client.
 What this folder must not know: how the figures come about (fills, queues and origins report
 through `observer.Observer`, or are read at scrape time by the daemon's `readouts`), the
-routes, the cache's internals.
+routes, the cache's internals. Serving reports through `Metrics` methods too, never a
+family's `.labels()`.
 """

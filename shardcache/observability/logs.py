@@ -164,7 +164,7 @@ ROUTINE_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/_/status"})
 CLIENT_GONE = "shardcache.client_gone"  # request key: the client left before the response ended
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", what log readers know
 # Request key: the body bytes an object response sent (sendfile's included). aiohttp's
-# `body_length` counts the status line and headers too, so a 1,177,600-byte shard read 1,177,952.
+# `body_length` counts the status line and headers too (1,177,952 for a 1,177,600-byte shard).
 BODY_BYTES = "shardcache.body_bytes"
 _BODILESS_STATUSES = frozenset({204, 304})  # never a body (RFC 9110 §15.3.5, §15.4.5)
 

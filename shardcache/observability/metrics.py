@@ -266,6 +266,26 @@ class Metrics:
     def request_finished(self, result: str, seconds: float) -> None:
         self._child(self.duration, result).observe(seconds)
 
+    def client_left(self, origin: str) -> None:
+        """A client left a shard response before its end (logged as 499)."""
+        self._child(self.client_disconnects, origin).inc()
+
+    def client_timed_out(self, phase: str) -> None:
+        """A client connection closed for being too slow in `phase` (CLIENT_TIMEOUT_PHASES)."""
+        self._child(self.client_timeouts, phase).inc()
+
+    def client_refusal(self, reason: str) -> None:
+        """A request or connection refused for `reason` (CLIENT_REFUSAL_REASONS)."""
+        self._child(self.client_refused, reason).inc()
+
+    def hit_corrupt(self, origin: str) -> None:
+        """A hit whose cached bytes failed their block check."""
+        self._child(self.hit_corrupt_total, origin).inc()
+
+    def hit_checked(self, size_bytes: int) -> None:
+        """Bytes of a cached entry read and hashed to check a hit (`verify_hits`)."""
+        self.hit_checked_bytes_total.inc(size_bytes)
+
     def _child(self, family: MetricWrapperBase, *values: str) -> Any:
         """`family.labels(*values)`, kept: a 64 KiB hit reports four series, and `labels`
         validates and converts its values each call. `forget` drops what it kept."""

@@ -1,14 +1,7 @@
 """Loader stall: the wall-clock time during which at least one client waited (pure, no I/O).
 
-Adding up every stream's waits (`shardcache_client_wait_seconds_total`) counts eight workers
-waiting at once as eight seconds a second, most of which a `DataLoader`'s buffering hides.
-What a training loop feels is closer to the union of the wait intervals: time during which
-some client was waiting for bytes not yet on local disk. Waits are reported when they end, as
-(start, end) on the event loop's clock, so they arrive out of start order; `StallClock` keeps
-the merged intervals of the last HORIZON_S seconds and counts only the part of each new
-interval that none of them covers. A wait that began before the horizon (longer than any
-origin timeout allows in practice) counts from the horizon on.
-"""
+`StallClock` keeps the merged wait intervals of the last HORIZON_S seconds and counts only the
+part of each new one that none of them covers: the union of the waits, not their sum."""
 
 from __future__ import annotations
 

@@ -5,16 +5,17 @@ Parts, top down:
 
 - `server`: the application and its routes (health, metrics, the `/_/` catch-all); `objects`:
   the object path (`GET|HEAD /NAME/KEY`): preconditions, range, the status and headers, the
-  body, and the abort after the first byte; `admin`: the `/_/`
-  routes (purge, ls, prefetch, plans, verify, origins, status) and their request bodies.
+  body, and the abort after the first byte; `admin`: the `/_/` routes (purge, ls, prefetch,
+  plans, verify, origins, status) and their request bodies.
 - `middleware`: what every request passes before its handler (the Host check, the admin
-  token, connection limits, the request id and the access line); `server_state`: the typed
-  `ServerState` the handlers read.
+  token, the connection guard's clocks, JSON errors); `server_state`: `ServingContext`, the
+  one typed object the handlers reach the daemon through (one `AppKey`, built by the daemon),
+  and the `ServerState` they read.
 - `body`: response bodies on the socket: `os.sendfile` from cache files and from fills being
   tailed, pass-through streams; any failure after the first byte aborts the connection.
 - `ranges`: one `Range` header parsed (pure); `conditionals`: the RFC 9110 §13 preconditions
-  (If-Match, If-None-Match, the dates, If-Range), pure; `access`: who may do what (the admin token);
-  `connections`: how many client connections, and how long each may sit idle.
+  (If-Match, If-None-Match, the dates, If-Range), pure; `access`: who may do what (the admin
+  token); `connections`: how many client connections, and how long each may sit idle.
 - `s3_api`: the S3-compatible read API (an S3 client's request served through the object
   path; listings, bucket operations); `s3_errors`: which requests are an S3 client's, S3's
   XML errors and `x-amz-request-id`; `s3_names`: `s3://BUCKET/KEY` to an origin and its key.
@@ -23,7 +24,7 @@ Parts, top down:
   they are expanded.
 
 With the daemon (and `observability.logs`, the access line), the only importer of
-`aiohttp.web`. What this folder must not know: how a
-miss is filled or verified (it asks `cache.ShardCache` and sends what it gets), how origins
-are reached, how the daemon is wired (it is handed a `ServerState`).
+`aiohttp.web`. What this folder must not know: how a miss is filled or verified (it asks
+`cache.ShardCache` and sends what it gets), how origins are reached, how the daemon is wired
+(it is handed a `ServingContext`). Each module's longer account is in docs/architecture.md.
 """

@@ -1,32 +1,7 @@
-"""Who may do what: the admin token that guards the `/_/` endpoints (and shard reads, if asked).
-
-The daemon holds origin credentials; anyone who can reach its port can make it fetch with them,
-purge a node's cache or read its configuration. On loopback only this machine can reach it, and
-a token is optional; on any other address one is required (see `config.settings._check_access`).
-
-Protected, when a token is configured: every `/_/` endpoint (prefetch, purge, origins, status),
-and with `require_for_reads` every other path except the probes and `/metrics`, which
-orchestrators and Prometheus call without credentials. There an S3 client's read signed (SigV4)
-by one of `s3_keys` stands for the token (`s3_api` checks it with `s3_signatures`). The token
-is compared as a SHA-256 digest with `hmac.compare_digest`, so neither its bytes nor its length
-show in the timing, and it is never logged or echoed.
-
-A browser cannot send a Bearer token, so the status page (`GET /_/`) and the document it polls
-(`GET /_/status`) also take the token as HTTP Basic's password (any user name): the browser asks
-for it once and sends it with the page's requests. Only there and only for GET and HEAD: a
-browser sends remembered Basic credentials with requests other sites make it send too, and a
-read of these two changes nothing (and the same-origin policy keeps its answer from them).
-
-A change to the daemon (any `/_/` request but GET, HEAD and OPTIONS) that a web page made a
-browser send is refused, token or not (`is_cross_site`): without a token a loopback daemon would
-otherwise take a prefetch, a plan or a verify from any page open on the node. Browsers mark such
-requests (`Sec-Fetch-Site`, `Origin`); the commands, the client and curl send neither.
-
-A daemon on a loopback address answers only requests whose `Host` names this machine's loopback
-(`localhost`, `127.x.x.x`, `[::1]`; `is_foreign_host`): a page whose name an attacker re-points
-at 127.0.0.1 (DNS rebinding) makes the browser send its own name as `Host` and `Origin`, which
-would otherwise pass as same-origin and read shards, status and origins, or purge.
-"""
+"""Who may do what: the admin token that guards the `/_/` endpoints (and shard reads, if asked),
+an S3 read signed by one of `s3_keys` standing for it, Basic for the status page's reads, and
+the refusal of cross-site changes and, on loopback, of foreign `Host` names. The token is
+compared as a SHA-256 digest in constant time, and never logged or echoed."""
 
 from __future__ import annotations
 

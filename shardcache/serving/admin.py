@@ -1,22 +1,13 @@
-"""The `/_/` endpoints: purge (one key, or a glob's page), cached entries, prefetch (queue,
-show, drop), plans, verify, origins, status.
-
-Every one of them needs the admin token when one is configured (`middleware.admit_request`).
-A prefetch or plan body is read within the body timeout and at most MAX_BODY_BYTES, and parsed,
-expanded and acted on off the event loop, one post at a time (`PostTurns`): a worker thread
-parsing 100,000 names shares the GIL with the event loop, and sixteen side by side held it for
-seconds. A post the prefetch queue or the plans cannot take is refused before its names are
-expanded, and before its body is read when the queue is full already.
-"""
+"""The `/_/` endpoints: purge, cached entries, prefetch (queue, show, drop), plans, verify,
+origins, status. Each needs the admin token when one is configured (`middleware`). A body is
+read within the body timeout and MAX_BODY_BYTES, then parsed and acted on off the event loop,
+one post at a time (`server_state.PostTurns`); a post that cannot be taken is refused first."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import sys
-from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -34,71 +25,17 @@ from shardcache.errors import (
 )
 from shardcache.patterns import MAX_EXPANSION, count, literal_chars
 from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.serving.middleware import CACHE_KEY, FAILURES_KEY, PREFETCH_KEY, STATE_KEY, redacted
+from shardcache.serving.middleware import redacted
+from shardcache.serving.server_state import CONTEXT_KEY
 from shardcache.serving.targets import parse_targets
 
 MAX_BODY_BYTES = 4 << 20  # a prefetch list of 100,000 keys; a larger body is a 413
-MAX_WAITING_POSTS = 32  # posts waiting for their turn, bodies unread; more are a 429
-# During a turn, a worker thread busy in Python (100,000 names expanded and indexed) holds
-# the GIL this long each time the event loop asks for it, and a request asks several times;
-# Python's 5 ms default made /healthz wait 150-400 ms. Only during turns: the origin threads'
-# receive loops pay 10-15 % more CPU per GB at 1 ms (BENCHMARKS, issue 23).
-TURN_SWITCH_INTERVAL_S = 0.001
-
-
-class PostTurns:
-    """Admin posts (and `/_/cache` listings) take turns: one at a time is read, parsed and
-    acted on.
-
-    A turn is CPU on a worker thread for up to a second (100,000 names expanded, validated and
-    indexed), and every runnable thread competes with the event loop for the GIL: one at a time
-    keeps the loop's wait for it to one switch interval, and the memory to one body's worth.
-    Waiting posts have not read their bodies (aiohttp stops reading a connection whose body
-    is not consumed, so the bytes stay in the socket); past MAX_WAITING_POSTS, or after waiting
-    the body timeout, a post is refused with 429 before anything is read.
-    """
-
-    def __init__(self, max_waiting: int = MAX_WAITING_POSTS) -> None:
-        self._turn = asyncio.Lock()
-        self._waiting = 0
-        self._max_waiting = max_waiting
-
-    @contextlib.asynccontextmanager
-    async def turn(self, timeout_s: float) -> AsyncIterator[None]:
-        """Hold the turn for the block; raises QueueFull when the line is full or the wait
-        passes `timeout_s`."""
-        if self._turn.locked() and self._waiting >= self._max_waiting:
-            raise QueueFull(
-                f"{self._waiting} admin posts are waiting their turn: this one was not read; "
-                "post again shortly"
-            )
-        self._waiting += 1
-        try:
-            async with asyncio.timeout(timeout_s):
-                await self._turn.acquire()
-        except TimeoutError:
-            raise QueueFull(
-                f"admin posts ahead of this one took more than {timeout_s:g} s: it was not "
-                "read; post again shortly"
-            ) from None
-        finally:
-            self._waiting -= 1
-        usual = sys.getswitchinterval()
-        sys.setswitchinterval(min(usual, TURN_SWITCH_INTERVAL_S))
-        try:
-            yield
-        finally:
-            sys.setswitchinterval(usual)
-            self._turn.release()
-
-
-TURNS_KEY = web.AppKey("admin_turns", PostTurns)
 
 
 async def delete_object(request: web.Request) -> web.Response:
     """Purge one key: its entry, and its fill in flight (which finishes for its readers and
     is not kept); 404 when there is neither."""
-    purged = await request.app[CACHE_KEY].purge(
+    purged = await request.app[CONTEXT_KEY].cache.purge(
         request.match_info["origin"], request.match_info["key"]
     )
     return web.json_response(
@@ -133,9 +70,10 @@ async def _catalog_page(request: web.Request, pattern_required: bool, with_pins:
     turn with the admin posts (a scan is a thread busy in Python too: 64 listings at once held
     /healthz up to 0.9 s), so at most one runs and a long line is refused with 429."""
     name, pattern, after, limit = _catalog_query(request, pattern_required)
-    cache = request.app[CACHE_KEY]
+    context = request.app[CONTEXT_KEY]
+    cache = context.cache
     origin = cache.origin(name)  # 404 for an unknown one
-    async with request.app[TURNS_KEY].turn(request.app[STATE_KEY].client_body_timeout_s):
+    async with context.turns.turn(context.state.client_body_timeout_s):
         return await asyncio.to_thread(
             list_page, cache.store, origin, pattern, after, limit, with_pins
         )
@@ -161,7 +99,7 @@ async def delete_cache(request: web.Request) -> web.Response:
     listing shows, as `DELETE /_/cache/NAME/KEY` purges one (`ShardCache.purge_entries`);
     call again with `after=next` until `next` is null."""
     page = await _catalog_page(request, pattern_required=True, with_pins=False)
-    cache = request.app[CACHE_KEY]
+    cache = request.app[CONTEXT_KEY].cache
     origin = cache.origin(request.query["origin"])
     # Fills in flight are not in the index yet: each page reaches those matching now (a
     # purged one is joined by no one after, so no later page counts it again).
@@ -182,13 +120,13 @@ async def delete_cache(request: web.Request) -> web.Response:
 
 
 async def post_prefetch(request: web.Request) -> web.Response:
-    queue = request.app[PREFETCH_KEY]
+    queue = request.app[CONTEXT_KEY].prefetch
     _refuse_when_full(queue, None)  # before waiting for a turn
-    timeout_s = request.app[STATE_KEY].client_body_timeout_s
-    async with request.app[TURNS_KEY].turn(timeout_s):
+    timeout_s = request.app[CONTEXT_KEY].state.client_body_timeout_s
+    async with request.app[CONTEXT_KEY].turns.turn(timeout_s):
         _refuse_when_full(queue, None)  # the posts ahead of it may have filled the queue
         raw = await _read_body(request)
-        origins = set(request.app[CACHE_KEY].origins)
+        origins = set(request.app[CONTEXT_KEY].cache.origins)
         # Parsing and expanding up to MAX_EXPANSION keys takes longer than the loop may be held.
         targets, warm = await asyncio.to_thread(_parse_prefetch_body, raw, origins, queue)
         submitted = await queue.submit(targets, warm=warm)
@@ -223,7 +161,7 @@ async def _read_body(request: web.Request) -> bytes:
     announced = request.content_length
     if announced is not None and announced > MAX_BODY_BYTES:
         raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY_BYTES, actual_size=announced)
-    timeout_s = request.app[STATE_KEY].client_body_timeout_s
+    timeout_s = request.app[CONTEXT_KEY].state.client_body_timeout_s
     try:
         async with asyncio.timeout(timeout_s):
             return await request.read()  # aiohttp answers 413 past client_max_size
@@ -262,12 +200,12 @@ def _parse_prefetch_body(
 async def post_plan(request: web.Request) -> web.Response:
     """`{"job": ID, "epoch": N, "urls": ["/NAME/KEY", ...]}`: the keys job ID reads next, in
     order (the rest of this epoch, then optionally the next). Replaces the job's last plan."""
-    cache = request.app[CACHE_KEY]
+    cache = request.app[CONTEXT_KEY].cache
     plans = cache.store.plans
     if plans is None:
         raise PlansOff("plans are off (--eviction lru): nothing would use this plan")
-    timeout_s = request.app[STATE_KEY].client_body_timeout_s
-    async with request.app[TURNS_KEY].turn(timeout_s):
+    timeout_s = request.app[CONTEXT_KEY].state.client_body_timeout_s
+    async with request.app[CONTEXT_KEY].turns.turn(timeout_s):
         raw = await _read_body(request)
 
         def post() -> Plan:  # up to MAX_EXPANSION keys: parsed and indexed off the event loop
@@ -335,14 +273,14 @@ def _batch_id(request: web.Request) -> int | None:
     # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
     if (
         re.fullmatch(r"[0-9]{1,18}", batch_id) is None
-        or request.app[PREFETCH_KEY].batch(int(batch_id)) is None
+        or request.app[CONTEXT_KEY].prefetch.batch(int(batch_id)) is None
     ):
         raise web.HTTPNotFound(reason=f"no prefetch batch {batch_id[:40]!r}")
     return int(batch_id)
 
 
 async def get_prefetch(request: web.Request) -> web.Response:
-    queue = request.app[PREFETCH_KEY]
+    queue = request.app[CONTEXT_KEY].prefetch
     document = queue.status()
     batch_id = _batch_id(request)
     if batch_id is not None:
@@ -353,12 +291,12 @@ async def get_prefetch(request: web.Request) -> web.Response:
 async def delete_prefetch(request: web.Request) -> web.Response:
     """Drop what is queued (of one batch, with `?batch=N`) and release the look-ahead budget
     its fetched shards hold: prefetched, unread shards stay cached, unpinned."""
-    dropped, released = request.app[PREFETCH_KEY].clear(_batch_id(request))
+    dropped, released = request.app[CONTEXT_KEY].prefetch.clear(_batch_id(request))
     return web.json_response({"dropped": dropped, "released_bytes": released})
 
 
 def _scrubber(request: web.Request) -> Scrubber:
-    scrub = request.app[STATE_KEY].scrub
+    scrub = request.app[CONTEXT_KEY].state.scrub
     if not isinstance(scrub, Scrubber):  # an app without a store (tests of other routes)
         raise CacheError("this daemon has no cache to verify")
     return scrub
@@ -369,8 +307,8 @@ async def post_verify(request: web.Request) -> web.Response:
     dropped); or join the check under way. The body is empty or `{}`. Answers 202 with the
     pass's tally; `GET /_/verify` shows its progress until `is_finished`."""
     scrub = _scrubber(request)
-    timeout_s = request.app[STATE_KEY].client_body_timeout_s
-    async with request.app[TURNS_KEY].turn(timeout_s):
+    timeout_s = request.app[CONTEXT_KEY].state.client_body_timeout_s
+    async with request.app[CONTEXT_KEY].turns.turn(timeout_s):
         raw = await _read_body(request)
         if raw.strip():
             body = _json_body(raw)
@@ -389,12 +327,12 @@ async def get_verify(request: web.Request) -> web.Response:
 
 
 async def get_status(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY].state
     document = await asyncio.to_thread(state.status)
     # Failures clients were answered with (the prefetch's own are under "prefetch").
-    document["recent_failures"] = request.app[FAILURES_KEY].recent()
+    document["recent_failures"] = request.app[CONTEXT_KEY].failures.recent()
     return web.json_response(redacted(document))
 
 
 async def get_origins(request: web.Request) -> web.Response:
-    return web.json_response({"origins": request.app[STATE_KEY].origins.shown_urls()})
+    return web.json_response({"origins": request.app[CONTEXT_KEY].state.origins.shown_urls()})

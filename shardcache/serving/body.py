@@ -1,14 +1,7 @@
-"""Putting response bodies on the socket: zero-copy from files, tailing fills, passthrough.
-
-Hits and fills are sent with `os.sendfile` straight from the cache file to the client socket.
-uvloop implements no `loop.sendfile` (aiohttp's FileResponse then silently copies through
-Python), so this module calls `os.sendfile` on the transport's socket itself and, when the
-socket buffer is full, waits for writability on a *dup* of the fd (uvloop refuses `add_writer`
-on an fd a transport owns; a dup is a separate registration of the same socket).
-
+"""Response bodies on the socket: `os.sendfile` from cache files and from fills being tailed
+(on the transport's socket itself: uvloop has no `loop.sendfile`), and pass-through streams.
 Every function raises on failure; the caller must then abort the connection, because the
-response headers promised a Content-Length that will not be met.
-"""
+headers promised a Content-Length that will not be met."""
 
 from __future__ import annotations
 

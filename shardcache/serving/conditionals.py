@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # RFC 9110 §8.8.3: entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE
-# A list member: commas are optional to the regex (an alternation with `$` made it 2.5 times
+# A list member: commas are optional to the regex (an alternation with `$` is 2.5 times
 # slower) and adjacent tags are accepted; `_entity_tags` refuses anything else between them.
 # §5.6.1.2: a recipient accepts empty list elements (`"a", , "b"`), so commas may repeat.
 # Matched only where the previous member ended (`match` at a position): a search from every

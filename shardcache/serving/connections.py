@@ -1,25 +1,6 @@
-"""Client connections: how many may be open, and how long each may sit without progress.
-
-A neighbour on the network can open connections and then do nothing, send a request's headers a
-byte a minute, or stop reading a response; each such connection holds a file descriptor (and,
-mid-response, a cache entry's) for as long as it stays open. `ConnectionGuard` wraps the HTTP
-server's protocol factory, so it sees every connection from accept to close without touching the
-HTTP parser, and closes:
-
-- a connection between requests (never used, or kept alive after its last response) that sends
-  nothing for `idle_s`;
-- a connection that has begun a request's headers but not finished them within `header_s`
-  (slowloris);
-- every connection beyond `max_connections`, answered with a 503 and closed at once, with one log
-  line when the limit is reached and one when there is room again;
-- every connection beyond `max_per_client` from one address, the same way: one neighbour cannot
-  take every slot (and with them the orchestrator's health probes).
-
-The other two phases are bounded where they happen: the request body by the handler that reads
-it (`server.py`), and a response the client stops reading by `body.FileSender` (`send_timeout_s`).
-The HTTP layer marks requests with `request_started`/`request_finished`; everything else here is
-plain asyncio, so the rules are tested without a server.
-"""
+"""Client connections: how many may be open (in all, and per address) and how long each may sit
+idle or spend on its headers. `ConnectionGuard` wraps the protocol factory, so it sees every
+connection from accept to close without touching the HTTP parser; plain asyncio otherwise."""
 
 from __future__ import annotations
 

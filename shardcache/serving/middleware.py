@@ -1,16 +1,7 @@
-"""What every request goes through before (and around) its handler, and the parts the
-handlers share through the application.
-
-    track_connection   tells the connection guard a request is in progress (its idle and
-                       header clocks stop)
-    errors_as_json     every error raised before the response started becomes
-                       `{"error": "..."}` with the status its exception class carries; origin
-                       failures are told without the origin's location to a client without
-                       the admin token; credentials in messages are masked
-    admit_request      refuses an encoded body (415) and a protected path without the admin
-                       token (401) or an S3 signature checked before (`SIGNER_KEY`), before
-                       anything is done for the request
-"""
+"""What every request goes through around its handler, one layer each (every layer costs every
+request): `track_connection` stops the guard's clocks; `errors_as_json` turns every error before
+the response started into `{"error": "..."}` with its class's status, credentials masked;
+`admit_request` refuses an encoded body, a foreign Host, a cross-site change, a missing token."""
 
 from __future__ import annotations
 
@@ -22,7 +13,6 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.cache.shard_cache import ShardCache
 from shardcache.errors import (
     CrossSite,
     OriginBusy,
@@ -38,23 +28,13 @@ from shardcache.errors import (
     Unauthorized,
 )
 from shardcache.keys import ERROR_KIND_HEADER
-from shardcache.observability.logs import FailureLog, redact
-from shardcache.observability.metrics import Metrics
-from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.serving.access import AccessPolicy, is_cross_site, is_foreign_host
-from shardcache.serving.connections import ConnectionGuard
-from shardcache.serving.server_state import ServerState
+from shardcache.observability.logs import redact
+from shardcache.serving.access import is_cross_site, is_foreign_host
+from shardcache.serving.server_state import CONTEXT_KEY
 
 log = logging.getLogger("shardcache.server")
 _BODY_HEADERS = {"content-type", "content-length"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CACHE_KEY = web.AppKey("cache", ShardCache)
-PREFETCH_KEY = web.AppKey("prefetch", PrefetchQueue)
-METRICS_KEY = web.AppKey("metrics", Metrics)
-STATE_KEY = web.AppKey("state", ServerState)
-ACCESS_KEY = web.AppKey("access", AccessPolicy)
-GUARD_KEY = web.AppKey("guard", ConnectionGuard)
-FAILURES_KEY = web.AppKey("failures", FailureLog)
 # The access key id an S3 client's request was validly signed with (`s3_api`): it stands for
 # the token where reads need one.
 SIGNER_KEY = web.RequestKey("s3_signer", str)
@@ -85,7 +65,7 @@ def _retry_after(seconds: float | None) -> dict[str, str]:
 def _origin_error_message(request: web.Request, exc: OriginError) -> str:
     """What a client is told of an origin failure. Behind an admin token, a client without it
     learns the kind, not the origin's host, prefix or root: those are configuration."""
-    access = request.app[ACCESS_KEY]
+    access = request.app[CONTEXT_KEY].access
     if access.is_enabled and not access.is_authorized(request.headers.get("Authorization")):
         what = request.path if len(request.path) <= 200 else request.path[:200] + "…"
         return f"{what}: {exc.kind.replace('_', ' ')} at the origin (details in the daemon's log)"
@@ -95,7 +75,7 @@ def _origin_error_message(request: web.Request, exc: OriginError) -> str:
 @web.middleware
 async def track_connection(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Tell the connection guard a request is in progress: its idle and header clocks stop."""
-    guard = request.app.get(GUARD_KEY)
+    guard = request.app[CONTEXT_KEY].guard
     if guard is None:
         return await handler(request)
     guard.request_started(request.transport)
@@ -122,9 +102,9 @@ async def admit_request(
         response.force_close()
         return response
     headers = request.headers
-    access = request.app[ACCESS_KEY]
+    access = request.app[CONTEXT_KEY].access
     if access.loopback_only and is_foreign_host(headers.get("Host")):
-        request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("cross_site")
         raise CrossSite(
             "this daemon listens on loopback and answers only to localhost, 127.0.0.1 or "
             "[::1] as Host (another name may be a DNS rebinding)"
@@ -136,12 +116,12 @@ async def admit_request(
         headers.get("Origin"),
         headers.get("Sec-Fetch-Site"),
     ):
-        request.app[METRICS_KEY].client_refused.labels("cross_site").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("cross_site")
         raise CrossSite("a change to the daemon sent by a web page of another site is refused")
     if access.is_protected(path or request.path) and SIGNER_KEY not in request:
         basic = access.takes_basic(request.method, request.path)  # the status page
         if not access.is_authorized(request.headers.get("Authorization"), allow_basic=basic):
-            request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
+            request.app[CONTEXT_KEY].metrics.client_refusal("unauthorized")
             raise Unauthorized("this endpoint needs the admin token: Authorization: Bearer TOKEN")
     return await handler(request)
 
@@ -158,7 +138,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         headers = {"WWW-Authenticate": f'{scheme} realm="shardcache"', ERROR_KIND_HEADER: exc.kind}
         return json_error(exc.status, str(exc), headers)
     except RequestTimeout as exc:
-        request.app[METRICS_KEY].client_timeouts.labels("body").inc()
+        request.app[CONTEXT_KEY].metrics.client_timed_out("body")
         response = json_error(exc.status, str(exc), {"Connection": "close"})
         response.force_close()  # the rest of the body may never come: do not wait for it
         return response
@@ -203,7 +183,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 def _origin_of(request: web.Request) -> str | None:
     """The configured origin a shard request is for; None for other requests."""
     origin = request.match_info.get("origin")
-    if origin in request.app[CACHE_KEY].origins and request.match_info.get("key") is not None:
+    if (
+        origin in request.app[CONTEXT_KEY].cache.origins
+        and request.match_info.get("key") is not None
+    ):
         return origin
     return None
 
@@ -211,7 +194,7 @@ def _origin_of(request: web.Request) -> str | None:
 def _count_error(request: web.Request, exc: ShardcacheError) -> None:
     origin = _origin_of(request)
     if origin is not None:
-        request.app[METRICS_KEY].requests.labels(origin, "error").inc()
+        request.app[CONTEXT_KEY].metrics.request_counted(origin, "error")
 
 
 def _log_failure(request: web.Request, exc: ShardcacheError) -> None:
@@ -221,7 +204,7 @@ def _log_failure(request: web.Request, exc: ShardcacheError) -> None:
         log.info("%s %s: %s", request.method, request.path, exc)
         return
     origin = _origin_of(request) or "-"
-    request.app[FAILURES_KEY].failed(
+    request.app[CONTEXT_KEY].failures.failed(
         origin,
         exc.kind,
         "%s %s failed (%s, origin %s): %s",

@@ -56,11 +56,7 @@ from shardcache.origins.listing import (
 from shardcache.origins.location import US_EAST_1
 from shardcache.serving.access import OPEN_PATHS
 from shardcache.serving.middleware import (
-    ACCESS_KEY,
-    CACHE_KEY,
-    METRICS_KEY,
     SIGNER_KEY,
-    STATE_KEY,
     Handler,
     admit_request,
 )
@@ -75,6 +71,7 @@ from shardcache.serving.s3_errors import (
 )
 from shardcache.serving.s3_names import View, buckets_of, object_view, views_of
 from shardcache.serving.s3_signatures import SignedRequest, is_signed, verify
+from shardcache.serving.server_state import CONTEXT_KEY
 
 READS = ("GET", "HEAD")
 MAX_TOKEN_CHARS = 4096
@@ -162,7 +159,7 @@ def _check_signature(request: web.Request, path: str) -> None:
     """Where reads need the token and S3 access keys are configured, a signed request's SigV4
     signature: valid, it stands for the token (`SIGNER_KEY`); else S3's error. An unsigned
     request, or one with the token, is left to `admit_request`."""
-    access = request.app[ACCESS_KEY]
+    access = request.app[CONTEXT_KEY].access
     if not access.s3_keys or not access.is_protected(path):
         return
     headers = request.headers
@@ -181,7 +178,7 @@ def _check_signature(request: web.Request, path: str) -> None:
     try:
         request[SIGNER_KEY] = verify(signed, access.s3_keys, time.time())
     except SignatureRefused:
-        request.app[METRICS_KEY].client_refused.labels("unauthorized").inc()
+        request.app[CONTEXT_KEY].metrics.client_refusal("unauthorized")
         raise
 
 
@@ -192,7 +189,7 @@ def _map_names(request: web.Request) -> None:
     name, key = info.get("origin"), info.get("key")
     if name is None or key is None or request.method not in READS:
         return
-    table = request.app[STATE_KEY].origins
+    table = request.app[CONTEXT_KEY].state.origins
     if table.get(name) is not None:
         return
     view = object_view(views_of(name, table.origins.keys(), table.specs), key)
@@ -223,12 +220,12 @@ async def serve_s3(request: web.Request) -> web.StreamResponse:
             f"{', '.join(sorted(refused))}: not supported; this cache serves reads of whole "
             "objects, ranges and listings only"
         )
-    table = request.app[STATE_KEY].origins
+    table = request.app[CONTEXT_KEY].state.origins
     names = table.origins.keys()
     if not bucket:
         return _list_buckets(buckets_of(names, table.specs))
     views = views_of(bucket, names, table.specs)
-    add_bucket = request.app[STATE_KEY].add_bucket
+    add_bucket = request.app[CONTEXT_KEY].state.add_bucket
     if not views and add_bucket is not None and await add_bucket(bucket):
         views = views_of(bucket, table.origins.keys(), table.specs)  # `--s3-buckets-on-demand`
     if not views:
@@ -268,7 +265,7 @@ async def _head_bucket(request: web.Request, views: list[View]) -> None:
     """HeadBucket: each S3 origin the bucket shows is asked whether its bucket is there and
     readable (a one-key listing under its prefix, kept a minute: `s3_buckets`); a file or
     HTTP origin's bucket is there while it is configured. Raises the origin's refusal."""
-    state, cache = request.app[STATE_KEY], request.app[CACHE_KEY]
+    state, cache = request.app[CONTEXT_KEY].state, request.app[CONTEXT_KEY].cache
     one_key = ListQuery(ListVersion.V2, max_keys=1)
     for view in views:
         spec = state.origins.specs.get(view.origin)
@@ -282,7 +279,7 @@ async def _bucket_location(request: web.Request, views: list[View]) -> str:
     asked of it (kept a minute: `s3_buckets`), as S3's `LocationConstraint` (us-east-1's is
     empty); a bucket only file or HTTP origins show is us-east-1's. Raises the origin's
     refusal."""
-    state, cache = request.app[STATE_KEY], request.app[CACHE_KEY]
+    state, cache = request.app[CONTEXT_KEY].state, request.app[CONTEXT_KEY].cache
     for view in views:
         spec = state.origins.specs.get(view.origin)
         if spec is not None and spec.scheme == "s3":
@@ -391,7 +388,7 @@ async def _ask(request: web.Request, params: ListParams, view: View, origin_pref
     query = ListQuery(
         params.version, origin_prefix, params.delimiter, params.max_keys, after, params.token
     )
-    return await request.app[CACHE_KEY].list_objects(view.origin, query)
+    return await request.app[CONTEXT_KEY].cache.list_objects(view.origin, query)
 
 
 def _listing_xml(bucket: str, params: ListParams, listing: Listing, under: str) -> str:

@@ -1,40 +1,17 @@
-"""The HTTP contract: routes, JSON errors, `X-Shardcache`, Range, and aborting on mid-body failure.
-
-    GET|HEAD /NAME/KEY            the object; X-Shardcache: hit | miss | coalesced (`objects.py`)
-    DELETE   /_/cache/NAME/KEY    purge one entry
-    GET|DELETE /_/cache?origin=NAME&pattern=GLOB  list cached entries / purge them, a page a call
-    POST|GET|DELETE /_/prefetch   queue shards ahead of the loader / show / empty the queue
-    POST|GET /_/verify            check every cached entry now (`shardcache verify`) / progress
-    GET      /_/origins           origin names and URLs (for `shardcache url`)
-    GET      /_/status            one JSON document for people and `shardcache stats`
-    GET      /_/                  the status page: HTML that polls /_/status (`serving`)
-    GET      /healthz, /readyz    probes;  GET /metrics  Prometheus text format
-    GET|HEAD /BUCKET/KEY, /BUCKET?list-type=2…  the S3-compatible read API (`s3_api.py`)
-
-With an admin token configured, every `/_/` endpoint (and with `--require-token-for-reads` every
-shard read) needs `Authorization: Bearer TOKEN`; a request without it is a 401 (`access.py`).
-What every request goes through first is in `middleware.py`; the `/_/` handlers in `admin.py`.
-
-Before the first body byte every failure is a JSON error with the status its exception class
-carries (`middleware.errors_as_json`); after it, the object path aborts (`objects.py`).
-"""
+"""The application: its routes (drawn in docs/architecture.md), its middlewares in order, the
+probes and `/metrics`. Handlers reach the daemon only through the `ServingContext` that
+`make_app` installs under `CONTEXT_KEY`."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from aiohttp import web
 
-from shardcache.cache.shard_cache import ShardCache
 from shardcache.observability.logs import FailureLog
-from shardcache.observability.metrics import CONTENT_TYPE, Metrics
-from shardcache.prefetch.queue import PrefetchQueue
-from shardcache.serving.access import AccessPolicy
+from shardcache.observability.metrics import CONTENT_TYPE
 from shardcache.serving.admin import (
     MAX_BODY_BYTES,
-    TURNS_KEY,
-    PostTurns,
     delete_cache,
     delete_object,
     delete_prefetch,
@@ -47,15 +24,7 @@ from shardcache.serving.admin import (
     post_prefetch,
     post_verify,
 )
-from shardcache.serving.connections import ConnectionGuard
 from shardcache.serving.middleware import (
-    ACCESS_KEY,
-    CACHE_KEY,
-    FAILURES_KEY,
-    GUARD_KEY,
-    METRICS_KEY,
-    PREFETCH_KEY,
-    STATE_KEY,
     admit_request,
     errors_as_json,
     json_error,
@@ -64,10 +33,8 @@ from shardcache.serving.middleware import (
 from shardcache.serving.objects import get_object, head_object
 from shardcache.serving.s3_api import s3_requests
 from shardcache.serving.s3_errors import add_request_id
-from shardcache.serving.server_state import ServerState
+from shardcache.serving.server_state import CONTEXT_KEY, ServingContext
 from shardcache.serving.status_page import status_page
-
-log = logging.getLogger("shardcache.server")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -75,7 +42,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY].state
     if state.is_shutting_down:
         return json_error(503, "shutting down")
     problem = await asyncio.to_thread(state.check_ready)
@@ -86,7 +53,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def metrics_page(request: web.Request) -> web.Response:
     # Rendering reads the store's usage (SQLite, stat): off the event loop.
-    body = await asyncio.to_thread(request.app[METRICS_KEY].render)
+    body = await asyncio.to_thread(request.app[CONTEXT_KEY].metrics.render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
@@ -116,31 +83,16 @@ async def _close_failures(failures: FailureLog) -> None:
     failures.close()  # the counts of failures not yet summarized, before the log ends
 
 
-def make_app(
-    cache: ShardCache,
-    prefetch: PrefetchQueue,
-    metrics: Metrics,
-    state: ServerState,
-    access: AccessPolicy | None = None,
-    guard: ConnectionGuard | None = None,
-) -> web.Application:
-    """Return the aiohttp application; `state` is what its handlers read of the daemon."""
+def make_app(context: ServingContext) -> web.Application:
+    """Return the aiohttp application; `context` is all its handlers reach of the daemon."""
     app = web.Application(
         # s3_requests runs admit_request itself for an S3 client's request (see `s3_api`).
         middlewares=[track_connection, errors_as_json, s3_requests, admit_request],
         client_max_size=MAX_BODY_BYTES,
     )
-    app[ACCESS_KEY] = access or AccessPolicy(None)
-    if guard is not None:
-        app[GUARD_KEY] = guard
-    app[CACHE_KEY] = cache
-    app[PREFETCH_KEY] = prefetch
-    app[METRICS_KEY] = metrics
-    app[STATE_KEY] = state
-    failures = app[FAILURES_KEY] = FailureLog(log)
-    app.on_cleanup.append(lambda app: _close_failures(failures))
+    app[CONTEXT_KEY] = context
+    app.on_cleanup.append(lambda app: _close_failures(context.failures))
     app.on_response_prepare.append(add_request_id)  # x-amz-request-id, for S3 clients
-    app[TURNS_KEY] = PostTurns()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)

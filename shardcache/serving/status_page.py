@@ -1,15 +1,6 @@
-"""`GET /_/`: the status page, one HTML document that polls `/_/status` and draws it.
-
-Not every cluster has Grafana; a browser pointed at the daemon should show what it does. The
-page is served whole (inline CSS, JS and SVG: nothing from another host, works offline) under a
-Content-Security-Policy that lets only its own script and style run (by hash), fetch only from
-this daemon and be framed by no one; its script inserts every string of the document as text,
-never as HTML (origin names, keys and error messages come from clients and origins). Access is
-the other `/_/` routes' (`access`, `middleware.admit_request`): with an admin token the browser
-asks for it as a Basic password. The page arrives with the status document's first figures
-already in it (rendered here, escaped), so a browser without scripts, or a screenshot taken
-before the first poll, shows data; the script then redraws it from its polls.
-"""
+"""`GET /_/`: the status page, one self-contained HTML document that polls `/_/status`, sent
+with its first figures already in it (escaped). Its Content-Security-Policy lets only its own
+hashed script and style run, fetch only from this daemon, and be framed by no one."""
 
 from __future__ import annotations
 
@@ -23,7 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
-from shardcache.serving.middleware import FAILURES_KEY, STATE_KEY, redacted
+from shardcache.serving.middleware import redacted
+from shardcache.serving.server_state import CONTEXT_KEY
 from shardcache.serving.status_page_html import page
 
 
@@ -62,9 +54,9 @@ HEADERS = {
 
 async def status_page(request: web.Request) -> web.Response:
     """The page, with the figures of `/_/status` now in it (its polls redraw them)."""
-    state = request.app[STATE_KEY]
+    state = request.app[CONTEXT_KEY].state
     document = await asyncio.to_thread(state.status)
-    document["recent_failures"] = request.app[FAILURES_KEY].recent()
+    document["recent_failures"] = request.app[CONTEXT_KEY].failures.recent()
     return web.Response(
         body=with_figures(BODY.decode(), redacted(document)).encode(), headers=HEADERS
     )

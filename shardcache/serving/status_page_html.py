@@ -1,12 +1,6 @@
 """The status page's HTML, CSS and JS (strings: no package data to ship, no build step).
-
-The script polls `status` (relative: `/_/status`, also behind a path prefix) every few seconds,
-keeps the last HISTORY polls in the page (bounded; the daemon keeps no history) and draws them as
-inline SVG. Rules it keeps, which `status_page`'s CSP and the tests hold it to: every string from
-the document goes in with `textContent` or `setAttribute` of a fixed attribute, never as HTML;
-it requests nothing but `status`; its only inline style and script are the two hashed blocks.
-`?every=SECONDS` sets the poll interval (0.2 to 60, default 2).
-"""
+Every string from the document goes in as text (`textContent`, a fixed attribute), never as
+HTML; it requests nothing but `status`; its only inline style and script are two hashed blocks."""
 
 from __future__ import annotations
 

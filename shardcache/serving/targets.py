@@ -13,7 +13,7 @@ from shardcache.keys import validate_key
 from shardcache.patterns import MAX_EXPANSION, count, expand
 
 # Characters the names of one request may add up to, counted before expanding: 100,000 names
-# of 4,000 characters each were 400 MB of strings before the key-length check saw one.
+# of 4,000 characters each would be 400 MB of strings before the key-length check saw one.
 MAX_EXPANDED_CHARS = 16 << 20
 
 

@@ -25,6 +25,8 @@ KEPT_LONGER = {
     "loader/__init__.py",
     "origins/__init__.py",
     "prefetch/__init__.py",
+    "observability/__init__.py",
+    "serving/__init__.py",
     "errors.py",
     "cache/fill_state.py",
 }
@@ -34,23 +36,11 @@ KEPT_LONGER = {
 PENDING = {
     "cache/index.py",
     "cache/store.py",
-    "observability/__init__.py",
-    "observability/stall.py",
-    "serving/__init__.py",
-    "serving/access.py",
-    "serving/admin.py",
-    "serving/body.py",
-    "serving/connections.py",
-    "serving/middleware.py",
-    "serving/objects.py",
     "serving/s3_api.py",
     "serving/s3_buckets.py",
     "serving/s3_errors.py",
     "serving/s3_names.py",
     "serving/s3_signatures.py",
-    "serving/server.py",
-    "serving/status_page.py",
-    "serving/status_page_html.py",
 }
 
 

@@ -1,5 +1,5 @@
-"""`admin.PostTurns`: admin posts take turns, a bounded line waits, the rest are refused before
-anything is read (issue 23, item 7)."""
+"""`server_state.PostTurns`: admin posts take turns, a bounded line waits, the rest are refused
+before anything is read (issue 23, item 7)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from shardcache.errors import QueueFull
-from shardcache.serving.admin import PostTurns
+from shardcache.serving.server_state import PostTurns
 
 
 async def test_one_turn_at_a_time_a_bounded_line_and_a_bounded_wait() -> None:
