@@ -149,7 +149,7 @@ def _bare_bucket(request: web.Request) -> S3Request | None:
     segment = request.path[1:]
     if request.method != "HEAD" or not segment or "/" in segment or request.path in OPEN_PATHS:
         return None
-    table = request.app[STATE_KEY].origins
+    table = request.app[CONTEXT_KEY].state.origins
     if segment not in buckets_of(table.origins.keys(), table.specs):
         return None
     return S3Request(secrets.token_hex(8).upper())

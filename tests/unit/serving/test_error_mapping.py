@@ -8,6 +8,7 @@ credentials stay out of what a client without the admin token is told."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -15,7 +16,7 @@ import logging
 import math
 import pkgutil
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiohttp import web
@@ -44,13 +45,8 @@ from shardcache.observability.logs import FailureLog
 from shardcache.observability.metrics import Metrics
 from shardcache.observer import NullObserver
 from shardcache.serving.access import AccessPolicy
-from shardcache.serving.middleware import (
-    ACCESS_KEY,
-    CACHE_KEY,
-    FAILURES_KEY,
-    METRICS_KEY,
-    errors_as_json,
-)
+from shardcache.serving.middleware import errors_as_json
+from shardcache.serving.server_state import CONTEXT_KEY, ServingContext
 from tests.unit.fakes import FakeOrigin
 
 TOKEN = "s3cr3t-admin-token"
@@ -107,12 +103,22 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardCache]:
 
 @pytest.fixture
 def app(cache: ShardCache) -> web.Application:
+    """An application with what `errors_as_json` reads of the context (the cache's origin
+    names, the metrics, the access policy, the failure log); the rest is never reached."""
     application = web.Application()
-    application[ACCESS_KEY] = AccessPolicy(None)
-    application[CACHE_KEY] = cache
-    application[METRICS_KEY] = Metrics(CollectorRegistry(), ["fake"])
-    application[FAILURES_KEY] = FailureLog(logging.getLogger("test.errors"))
+    application[CONTEXT_KEY] = ServingContext(
+        cache=cache,
+        prefetch=cast(Any, None),
+        metrics=Metrics(CollectorRegistry(), ["fake"]),
+        state=cast(Any, None),
+        access=AccessPolicy(None),
+        failures=FailureLog(logging.getLogger("test.errors")),
+    )
     return application
+
+
+def _with_access(app: web.Application, access: AccessPolicy) -> None:
+    app[CONTEXT_KEY] = dataclasses.replace(app[CONTEXT_KEY], access=access)
 
 
 async def answer(
@@ -143,7 +149,7 @@ def error_of(response: web.Response) -> str:
 
 
 def shard_errors(app: web.Application) -> float:
-    value = app[METRICS_KEY].registry.get_sample_value(
+    value = app[CONTEXT_KEY].metrics.registry.get_sample_value(
         "shardcache_requests_total", {"origin": "fake", "result": "error"}
     )
     return value or 0.0
@@ -211,7 +217,7 @@ async def test_unauthorized_carries_the_challenge(
 async def test_a_slow_request_body_closes_the_connection_and_is_counted(
     app: web.Application,
 ) -> None:
-    registry = app[METRICS_KEY].registry
+    registry = app[CONTEXT_KEY].metrics.registry
     response = await answer(app, RequestTimeout("body too slow"), "/_/prefetch")
     assert response.status == 408
     assert response.headers["Connection"] == "close" and not response.keep_alive
@@ -287,7 +293,7 @@ async def test_credentials_in_an_origin_failure_are_masked(app: web.Application)
 async def test_behind_a_token_an_origin_failure_hides_the_origin_from_others(
     app: web.Application, authorized: bool
 ) -> None:
-    app[ACCESS_KEY] = AccessPolicy(TOKEN)
+    _with_access(app, AccessPolicy(TOKEN))
     headers = {"Authorization": f"Bearer {TOKEN}"} if authorized else None
     response = await answer(app, origin_failure(), headers=headers)
     assert response.status == 502
