@@ -91,6 +91,7 @@ class Fill:
         self._on_unwanted = on_unwanted
         self._stop_reason: ShardcacheError | None = None
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
+        self._has_run = False  # `run` began: a task cancelled before that never enters it
         self.is_prefetch = False  # started by the prefetch queue rather than a client
         # A HEAD's answer just before the fill (a prefetch sizing it): its checksums serve
         # when the first response is the same version, instead of a second HEAD.
@@ -149,8 +150,13 @@ class Fill:
 
     def cancel(self) -> None:
         """Stop the download (shutdown); readers get ShuttingDown and abort."""
-        if self.task is not None:
-            self.task.cancel()
+        if self.task is None:
+            return
+        self.task.cancel()
+        if not self._has_run:  # its first step throws into `run` before its first line: end here
+            self._fail(self._stop_reason or ShuttingDown("the daemon is shutting down"))
+            self._checksums_known.set()
+            self._finished.set()
 
     def stop(self, reason: ShardcacheError) -> None:
         """Stop the download for `reason` (the fill fails with it); nobody is left to read."""
@@ -298,6 +304,7 @@ class Fill:
 
     async def run(self) -> None:
         """Fetch, verify and commit the object; never raises except CancelledError."""
+        self._has_run = True
         started_at = self._clock()
         first: OriginStream | None = None
         try:

@@ -326,18 +326,21 @@ async def test_a_body_already_complete_is_committed_whoever_is_left(
     assert await fill.wait_finished() is FillState.COMMITTED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a fill stopped before its task first ran never enters `run`, so it stays STARTING: "
-    "its readers' wait_started and wait_finished never return",
-)
+@pytest.mark.parametrize("how", ["stop", "cancel"])
 async def test_a_fill_stopped_before_its_task_ran_still_fails(
-    origin: FakeOrigin, start: Callable[..., Fill]
+    origin: FakeOrigin, start: Callable[..., Fill], how: str
 ) -> None:
     origin.put("a.tar", b"x" * CHUNK)
     fill = start("a.tar")
-    fill.stop(FillAbandoned("every reader left"))  # the same step that started it
+    if how == "stop":  # the same step that started it
+        fill.stop(FillAbandoned("every reader left"))
+    else:
+        fill.cancel()
+    expected = FillAbandoned if how == "stop" else ShuttingDown
     assert fill.task is not None
     await asyncio.gather(fill.task, return_exceptions=True)
     assert fill.state is FillState.FAILED
-    assert isinstance(fill.error, FillAbandoned)
+    assert isinstance(fill.error, expected)
+    with pytest.raises(expected):
+        await fill.wait_started()
+    assert await fill.wait_finished() is FillState.FAILED
