@@ -276,15 +276,11 @@ async def send_fill(
     `on_wait(seconds)` is told how long the client waited for bytes not yet on disk.
     Raises the fill's error if it fails before the range is complete; ClientGone once
     `reader_left` is set (the connection closed) while it waits for bytes or for the
-    verification (one watcher a response, not a wake-up a chunk).
+    verification (the fill's readers watch it: `Readers.watching`).
     """
     loop = asyncio.get_running_loop()
     position = start
-    watcher = None
-    if reader_left is not None:
-        watcher = asyncio.ensure_future(reader_left.wait())
-        watcher.add_done_callback(lambda done: None if done.cancelled() else fill.wake_readers())
-    try:
+    with fill.readers.watching(reader_left):
         while position < end:
             began = loop.time()
             try:
@@ -294,9 +290,6 @@ async def send_fill(
             on_wait(loop.time() - began)
             await sender.send(fd, position, limit - position)
             position = limit
-    finally:
-        if watcher is not None:
-            watcher.cancel()
 
 
 async def settle_empty(

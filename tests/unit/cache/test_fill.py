@@ -14,7 +14,7 @@ from typing import Literal
 
 import pytest
 
-from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import (
@@ -85,14 +85,8 @@ async def start(origin: FakeOrigin, store: Store) -> AsyncIterator[Callable[...,
     fills: list[Fill] = []
 
     def starting(key: str, on_unwanted: Callable[[Fill], None] | None = None) -> Fill:
-        fill = Fill(
-            origin.url_for(key),
-            origin,
-            key,
-            store,
-            POLICY,
-            NullObserver(),
-            on_unwanted=on_unwanted,
+        fill = FillFactory.of(store, POLICY, NullObserver()).new(
+            origin.url_for(key), origin, key, on_unwanted=on_unwanted
         )
         fill.task = asyncio.create_task(fill.run())
         fills.append(fill)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
 from shardcache.errors import IntegrityError, OriginChanged, ShardcacheError
 from shardcache.fetch.segments import RetryPolicy
@@ -80,7 +80,7 @@ async def passthrough(
     fills: list[Fill] = []
 
     def starting(key: str) -> Fill:
-        fill = Fill(origin.url_for(key), origin, key, store, POLICY, observer)
+        fill = FillFactory.of(store, POLICY, observer).new(origin.url_for(key), origin, key)
         fill.task = asyncio.create_task(fill.run())
         fills.append(fill)
         return fill
