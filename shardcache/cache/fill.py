@@ -30,7 +30,6 @@ from shardcache.errors import (
     CacheFull,
     FillAbandoned,
     NotAdmitted,
-    OriginChanged,
     OriginError,
     ShardcacheError,
     ShuttingDown,
@@ -138,10 +137,6 @@ class Fill:
 
     def _move(self, new: FillState) -> None:
         self.state = check_transition(self.state, new, self.cache_key)
-        self.readers.wake()
-
-    def wake_readers(self) -> None:
-        """Wake the readers waiting for bytes: more landed, or a reader's client left."""
         self.readers.wake()
 
     def is_started(self) -> bool:
@@ -296,14 +291,7 @@ class Fill:
     async def _join_passthrough(self) -> OriginStream:
         if self.state is not FillState.PASSTHROUGH or self.info is None:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
-        info = self.info
-        stream = await self._requests.open(0, None, info.etag, for_new_reader=True)
-        self._requests.count("ok")  # counted when opened, as the starter's stream is
-        change = info.differs_from(stream.info)
-        if change is not None:
-            await stream.aclose()
-            raise OriginChanged(f"{self.origin_key} changed while streamed: {change}")
-        return RelayedStream(stream, self._requests, self.checksums)
+        return await RelayedStream.open(self._requests, self.info, self.checksums)
 
     def acquire_reader(self) -> int:
         """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
@@ -367,7 +355,7 @@ class Fill:
             file = self.readers.file
             assert file is not None
             self._download = SegmentedDownload(
-                self._requests, info, file.fd, self.wake_readers, self._parts.extra_slots
+                self._requests, info, file.fd, self.readers.wake, self._parts.extra_slots
             )
             handed, first = first, None  # the download owns and closes it
             await self.check.run(self._download, handed, info, file.fd, self.known_info)

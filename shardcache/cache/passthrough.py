@@ -72,6 +72,22 @@ class RelayedStream:
     """One more reader's whole-object stream of an uncacheable object, with the checksums its
     version is verified against, its bytes counted as a fill's are."""
 
+    @classmethod
+    async def open(
+        cls, requests: OriginRequests, info: ObjectInfo, checksums: tuple[Checksum, ...]
+    ) -> RelayedStream:
+        """Another reader's own whole-object GET of the version `info` describes (If-Match on
+        its ETag), verified against `checksums`. Another version is refused (OriginChanged),
+        whatever the origin did with If-Match: its body could only have been checked against
+        its length."""
+        stream = await requests.open(0, None, info.etag, for_new_reader=True)
+        requests.count("ok")  # counted when opened, as the starter's stream is
+        change = info.differs_from(stream.info)
+        if change is not None:
+            await stream.aclose()
+            raise OriginChanged(f"{requests.key} changed while streamed: {change}")
+        return cls(stream, requests, checksums)
+
     def __init__(
         self, stream: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
     ) -> None:

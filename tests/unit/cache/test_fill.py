@@ -247,7 +247,7 @@ async def test_a_reader_that_left_stops_waiting_and_the_fill_goes_on(
     staying = asyncio.create_task(read_all(fill, len(data)))
     await asyncio.wait({leaving}, timeout=0)
     left.set()
-    fill.wake_readers()  # what a response's watcher does when its client goes
+    fill.readers.wake()  # what a response's watcher does when its client goes
     with pytest.raises(FillAbandoned):
         await leaving
     gate(origin).set()
