@@ -338,3 +338,36 @@ async def test_a_fill_stopped_before_its_task_ran_still_fails(
     with pytest.raises(expected):
         await fill.wait_started()
     assert await fill.wait_finished() is FillState.FAILED
+
+
+async def test_a_reader_that_left_before_the_origin_answered_stops_waiting(
+    origin: FakeOrigin, start: Callable[..., Fill], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its client gone while the origin has not answered (a turn under a cap, say): the
+    reader's wait ends with FillAbandoned at once; the fill goes on for whoever holds it."""
+    origin.put("a.tar", os.urandom(2 * CHUNK))
+    answer = asyncio.Event()
+    opening = origin.open
+
+    async def held_open(*args: object, **kwargs: object) -> object:
+        await answer.wait()
+        return await opening(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(origin, "open", held_open)
+    fill = start("a.tar")
+    left = asyncio.Event()
+
+    async def waiting() -> FillState:
+        with fill.readers.watching(left):
+            return await fill.wait_started(left)
+
+    waiter = asyncio.create_task(waiting())
+    await asyncio.wait({waiter}, timeout=0)
+    assert not waiter.done() and fill.state is FillState.STARTING
+    left.set()  # nothing else wakes the fill's waiters: the origin has not answered
+    with pytest.raises(FillAbandoned):
+        async with asyncio.timeout(5):  # a deadline, not a pace: a watcher that never wakes it
+            await waiter
+    assert fill.state is FillState.STARTING
+    answer.set()
+    assert await fill.wait_started() is FillState.FILLING
