@@ -9,8 +9,9 @@ Parts, top down (each imports only those below it; `tests/unit/test_layering.py`
 - `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial
   file that readers tail, verified, then committed; `fill_state` its lifecycle (the transition
   table); `body_check`: what its body is verified against and the digests kept with it (the
-  CRC-32C per block from the landings' spans); `passthrough`: the streams of a fill that is
-  not cached (not admitted, no room).
+  CRC-32C per block from the landings' spans); `fill_readers`: who holds it and its file, and
+  how they wait (the reader that left included); `passthrough`: the streams of a fill that is
+  not cached (not admitted, no room), each verifying itself.
 - `scrub`, `scrub_check`, `verify`: every entry's bytes checked against the digest kept for
   it, by the daemon's paced scrub or offline (`shardcache verify`); `catalog`: what the cache
   holds by origin and glob, for `ls` and `purge`. All over the store. `hit_check`: a hit's

@@ -1,8 +1,9 @@
 """`BodyCheck`: what a fill's body is checked against and hashed into before it is committed.
 
-Its parts: the published checksums (`learn`), the in-order pass beside the download (`run`),
-and the digests kept with the entry (`keep`); a digest kept always describes the bytes committed.
-It knows the fill's file descriptor and its download, not the fill's readers or lifecycle."""
+Its parts: the published checksums (`learn`), the in-order pass beside the download with a second
+opinion on a mismatch (`run`), and the digests kept with the entry (`keep`, `entry_meta`); a
+digest kept always describes the bytes committed. It knows the fill's file descriptor and its
+download, not the fill's readers or lifecycle."""
 
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ import os
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 
-from shardcache.cache.blocks import DIGEST_BYTES, READ_BYTES, block_count
+from shardcache.cache.blocks import DIGEST_BYTES, READ_BYTES, block_count, encode
+from shardcache.cache.entry import EntryMeta
 from shardcache.checksums import (
     LOCAL_DIGEST,
     Checksum,
     Verifier,
     cheapest,
+    composite_part_bytes,
     crc32c,
     crc32c_combine,
     has_storable_digest,
+    to_headers,
 )
 from shardcache.crc_spans import BLOCK_BYTES, Span, crc32c_shift
-from shardcache.errors import CacheError, OriginChanged
+from shardcache.errors import CacheError, IntegrityError, OriginChanged
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.second_opinion import SecondOpinion
 from shardcache.fetch.segments import OriginRequests, SegmentedDownload
@@ -35,24 +39,39 @@ HASH_BATCH_BYTES = 8 << 20  # hash the verified prefix in steps this large (fewe
 
 class BodyCheck:
     """One fill's checksums and digests. `written()`: the contiguous prefix on disk;
-    `progressed()`: wait until it grows."""
+    `until(ready)`: the fill's wait until `ready()` (`Readers.until`); `on_learned()`: the
+    checksums are known (`learn`).
+    `keeps_block_digests`: take the CRC-32C per block that hits are checked against."""
 
     def __init__(
         self,
         requests: OriginRequests,
         trust: ChecksumTrust,
         written: Callable[[], int],
-        progressed: Callable[[], Awaitable[object]],
+        until: Callable[[Callable[[], bool]], Awaitable[None]],
+        on_learned: Callable[[], None],
+        keeps_block_digests: bool = True,
     ) -> None:
         self._requests = requests
         self._trust = trust
         self._written = written
-        self._progressed = progressed
+        self._until = until
+        self._on_learned = on_learned
+        self._keeps_block_digests = keeps_block_digests
+        self.is_learned = False  # `checksums` are the object's (none, maybe): no HEAD to ask
         self.published: tuple[Checksum, ...] = ()  # every usable one: second opinions
         self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
         self.digests: dict[str, str] = {}  # algorithm → hex of the verified body
         self.block_digests = b""  # CRC-32C per block (`blocks`)
-        self.stale_sender: tuple[str, ...] = ()  # the upstream whose copy the HEAD disowned
+        self._stale_sender: tuple[str, ...] = ()  # the upstream whose copy the HEAD disowned
+        # The upstreams (not the home) whose bytes were in a body that failed verification:
+        # the cache fetches it again from the next one (`ShardCache`), once.
+        self.blamed: tuple[str, ...] = ()
+
+    @property
+    def verified_by(self) -> tuple[str, ...]:
+        """What the body is checked against: its length and the checksum used."""
+        return ("length", *(c.source for c in self.checksums))
 
     async def learn(
         self, info: ObjectInfo, known_info: ObjectInfo | None = None
@@ -65,8 +84,8 @@ class BodyCheck:
         has not said it publishes no checksum; one that answers 405/501 has: length only),
         OriginChanged when the HEAD describes another version than the first response; when a
         tier member or mirror sent that response (a stale copy: the home's HEAD names another
-        version), it counts against it as bytes that failed verification (`stale_sender`),
-        and the cache fetches the object again from the next upstream."""
+        version), it counts against it as bytes that failed verification (`blamed`), and the
+        cache fetches the object again from the next upstream."""
         found = info.checksums
         if not found and known_info and info.differs_from(known_info) is None:
             found = known_info.checksums
@@ -76,11 +95,17 @@ class BodyCheck:
             except OriginChanged as exc:
                 if info.sent_by is not None:
                     info.sent_by.bytes_failed(str(exc))
-                    self.stale_sender = (info.sent_by.name,)
+                    self._stale_sender = (info.sent_by.name,)
                 raise
             found = head.checksums if head is not None else ()
         self.published = self._trust.usable(self._requests.origin.name, found)
         self.checksums = cheapest(self.published)
+        self.is_learned = True
+        self._on_learned()
+        if not self.checksums:
+            log.debug(
+                "%s: the origin publishes no checksum; checking the length", self._requests.key
+            )
         return self.checksums
 
     async def run(
@@ -89,15 +114,32 @@ class BodyCheck:
         first: OriginStream,
         info: ObjectInfo,
         fd: int,
-        on_checksums: Callable[[tuple[Checksum, ...]], None],
         known_info: ObjectInfo | None = None,
     ) -> None:
-        """Run the download while a second task learns the checksums (`on_checksums` gets
-        them) and hashes the contiguous prefix, in order, as it grows (hashing releases the
-        GIL). Either task failing cancels the other at once; both results are always
-        collected, so no task's exception goes unretrieved."""
+        """Run the download while a second task learns the checksums and hashes the
+        contiguous prefix, in order, as it grows (hashing releases the GIL). Either task
+        failing cancels the other at once; both results are always collected, so no task's
+        exception goes unretrieved. A body failing verification counts against the upstreams
+        that sent its bytes (`blamed`)."""
+        try:
+            await self._run_both(download, first, info, fd, known_info)
+        except IntegrityError as exc:
+            self.blamed = download.blame(str(exc))
+            raise
+        except OriginChanged:  # a stale mirror's or tier member's copy, caught by the HEAD
+            self.blamed = self._stale_sender
+            raise
+
+    async def _run_both(
+        self,
+        download: SegmentedDownload,
+        first: OriginStream,
+        info: ObjectInfo,
+        fd: int,
+        known_info: ObjectInfo | None,
+    ) -> None:
         downloading = asyncio.create_task(download.run(first))
-        hashing = asyncio.create_task(self._verify_in_order(info, fd, on_checksums, known_info))
+        hashing = asyncio.create_task(self._verify_in_order(info, fd, known_info))
         pending = {downloading, hashing}
         try:
             while pending:
@@ -111,24 +153,18 @@ class BodyCheck:
             await first.aclose()  # closed already, unless the download was cancelled unstarted
 
     async def _verify_in_order(
-        self,
-        info: ObjectInfo,
-        fd: int,
-        on_checksums: Callable[[tuple[Checksum, ...]], None],
-        known_info: ObjectInfo | None,
+        self, info: ObjectInfo, fd: int, known_info: ObjectInfo | None
     ) -> None:
         """Hash the contiguous prefix in order with the published checksum as it grows, in
         batches (one thread hop per HASH_BATCH_BYTES, not per chunk)."""
         checksums = await self.learn(info, known_info)
-        on_checksums(checksums)
         if not checksums:
             return
         verifier = Verifier(checksums)
         hashed = 0
         while hashed < info.size_bytes:
             batch = min(HASH_BATCH_BYTES, info.size_bytes - hashed)
-            while self._written() - hashed < batch:
-                await self._progressed()
+            await self._until(self._has_written(hashed + batch))
             available = self._written()
             await asyncio.to_thread(hash_from, fd, hashed, available - hashed, verifier)
             hashed = available
@@ -138,18 +174,34 @@ class BodyCheck:
             verifier = await opinion.judge(self._trust, name, key)
         self.checksums, self.digests = verifier.checksums, verifier.digests()
 
-    async def keep(
-        self, download: SegmentedDownload, fd: int, size_bytes: int, with_blocks: bool
-    ) -> None:
+    def _has_written(self, end: int) -> Callable[[], bool]:
+        return lambda: self._written() >= end
+
+    async def keep(self, download: SegmentedDownload, fd: int, size_bytes: int) -> None:
         """The digests kept with the entry, once the body is complete and verified: the
         landings' CRC-32C for `shardcache verify` when no checksum can be rechecked on its
-        own (none published, or only a multipart ETag), and (`with_blocks`) the CRC-32C per
-        block."""
+        own (none published, or only a multipart ETag), and (`keeps_block_digests`) the
+        CRC-32C per block."""
         whole = download.crc32c()
         if not has_storable_digest(self.checksums):
             self.digests = {**self.digests, LOCAL_DIGEST: f"{whole:08x}"}
-        if with_blocks:
+        if self._keeps_block_digests:
             self.block_digests = await block_digests(download.spans(), fd, size_bytes, whole)
+
+    def entry_meta(self, info: ObjectInfo) -> EntryMeta:
+        """The entry's metadata for the verified body of `info`, with what it was checked
+        against and the digests kept (`keep`)."""
+        return EntryMeta(
+            info.size_bytes,
+            info.etag,
+            info.content_type,
+            to_headers(self.checksums),
+            digests=self.digests,
+            verified_by=list(self.verified_by),
+            last_modified=info.last_modified,
+            block_crc32c=encode(self.block_digests),
+            part_bytes=composite_part_bytes(self.checksums),
+        )
 
 
 async def block_digests(spans: Iterable[Span], fd: int, size_bytes: int, whole: int) -> bytes:

@@ -1,5 +1,6 @@
 """`Fill`: one download of one object into a partial file, that any number of readers tail.
-Lifecycle: `fill_state`; what the body is checked against: `body_check`.
+Lifecycle: `fill_state`; what the body is checked against: `body_check`; who reads it and how
+they wait: `fill_readers`; what every fill shares: `FillFactory`, built by the daemon.
 
 Invariant: a reader's last byte waits for VERIFIED, so a fill that fails never completes
 anyone's response. Who keeps a fill going, and when it stops: docs/architecture.md."""
@@ -9,13 +10,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Callable
 
-from shardcache.cache.blocks import encode
 from shardcache.cache.body_check import BodyCheck
-from shardcache.cache.entry import EntryMeta, Reservation
+from shardcache.cache.fill_readers import Readers
 from shardcache.cache.fill_state import (
     BODY_COMPLETE,
     TRANSITIONS,
@@ -25,14 +24,12 @@ from shardcache.cache.fill_state import (
 )
 from shardcache.cache.passthrough import ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
-from shardcache.checksums import Checksum, composite_part_bytes, to_headers
+from shardcache.checksums import Checksum
 from shardcache.errors import (
     CacheError,
     CacheFull,
     FillAbandoned,
-    IntegrityError,
     NotAdmitted,
-    OriginChanged,
     OriginError,
     ShardcacheError,
     ShuttingDown,
@@ -43,86 +40,108 @@ from shardcache.fetch.segments import OriginRequests, RetryPolicy, SegmentedDown
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
-__all__ = ["Fill", "FillState", "IllegalTransition", "RetryPolicy"]
+__all__ = ["Fill", "FillFactory", "FillState", "IllegalTransition", "RetryPolicy"]
 
 log = logging.getLogger("shardcache.fill")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FillFactory:
+    """What every fill of one cache shares; `new()` makes one. `extra_slots`: the connections
+    past each fill's first, shared by all; `trust`: the kinds of checksum each origin gets
+    wrong (the cache's); `keeps_block_digests`: take the CRC-32C per block hits are checked
+    against (`blocks`)."""
+
+    store: Store
+    policy: RetryPolicy
+    observer: Observer
+    trust: ChecksumTrust
+    extra_slots: asyncio.Semaphore
+    clock: Callable[[], float] = time.monotonic
+    keeps_block_digests: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        store: Store,
+        policy: RetryPolicy,
+        observer: Observer,
+        clock: Callable[[], float] = time.monotonic,
+        keeps_block_digests: bool = True,
+    ) -> FillFactory:
+        """A factory with its own trust and `policy.shared_connections` extra slots."""
+        slots = asyncio.Semaphore(policy.shared_connections)
+        trust = ChecksumTrust(observer)
+        return cls(store, policy, observer, trust, slots, clock, keeps_block_digests)
+
+    def new(
+        self,
+        cache_key: str,
+        origin: Origin,
+        origin_key: str,
+        limiter: RequestLimiter | None = None,
+        on_unwanted: Callable[[Fill], None] | None = None,
+    ) -> Fill:
+        """A fill of `origin_key` (cache key `cache_key`), not started: its owner runs
+        `run()` as a task it keeps in `Fill.task`. `on_unwanted(fill)`: the last holder let
+        go of a fill nothing else wants (see the module docstring); the owner stops it, or
+        closes the stream nobody took."""
+        return Fill(self, cache_key, origin, origin_key, limiter, on_unwanted)
 
 
 class Fill:
     def __init__(
         self,
+        parts: FillFactory,
         cache_key: str,
         origin: Origin,
         origin_key: str,
-        store: Store,
-        policy: RetryPolicy,
-        observer: Observer,
-        clock: Callable[[], float] = time.monotonic,
-        extra_slots: asyncio.Semaphore | None = None,
         limiter: RequestLimiter | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
-        trust: ChecksumTrust | None = None,
-        keeps_block_digests: bool = True,
     ) -> None:
-        """`on_unwanted(fill)`: the last holder let go of a fill nothing else wants (see the
-        module docstring); the owner stops it, or closes the stream nobody took. `trust`: the
-        cache's. `keeps_block_digests`: take the CRC-32C per block that hits are checked
-        against (`blocks`)."""
+        """Made by `FillFactory.new`, which says what the arguments are."""
         self.cache_key, self.origin, self.origin_key = cache_key, origin, origin_key
+        self._parts = parts
         self.state = FillState.STARTING
         self.info: ObjectInfo | None = None
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
-        self._tally = FailureTally(observer)  # counts a failure no request was counted under
-        self._started = asyncio.Event()  # the origin answered: a client may be reading
-        started = self._started.is_set
-        self._requests = OriginRequests(origin, origin_key, policy, self._tally, limiter, started)
-        self._store = store
-        self._policy = policy
-        self._observer = observer
-        self._clock = clock
-        self._extra_slots = extra_slots
-        self._reservation: Reservation | None = None
+        self._tally = FailureTally(parts.observer)  # counts a failure no request was counted under
+        self.readers = Readers(cache_key, self._tell_owner_if_unwanted)
+        started = self.is_started
+        self._requests = OriginRequests(
+            origin, origin_key, parts.policy, self._tally, limiter, started
+        )
         self._passthrough: OriginStream | None = None
-        self._readers = 0  # open file descriptors handed out (`acquire_reader`)
-        self._holders = 0  # readers that want the bytes (`hold`), from before they wait
-        self._kept_unread = False  # the prefetch queue wants it cached (`keep_unread`)
         self.is_kept = True  # False once purged: it finishes for its readers, uncommitted
         self._on_unwanted = on_unwanted
         self._stop_reason: ShardcacheError | None = None
         self.task: asyncio.Task[None] | None = None  # set by the owner that runs the fill
+        self._has_run = False  # `run` began: a task cancelled before that never enters it
+        self._has_ended = False  # `run` ended: final, its data file aborted or committed
         self.is_prefetch = False  # started by the prefetch queue rather than a client
         # A HEAD's answer just before the fill (a prefetch sizing it): its checksums serve
         # when the first response is the same version, instead of a second HEAD.
         self.known_info: ObjectInfo | None = None
-        self._finished = asyncio.Event()
-        self.checksums: tuple[Checksum, ...] = ()  # what the body is verified against
-        trust = trust if trust is not None else ChecksumTrust(observer)
-        self._check = BodyCheck(
-            self._requests, trust, lambda: self.written_bytes, lambda: self._progress.wait()
+        self.check = BodyCheck(
+            self._requests,
+            parts.trust,
+            lambda: self.written_bytes,
+            self.readers.until,
+            self.readers.wake,
+            parts.keeps_block_digests,
         )
-        self.digests: dict[str, str] = {}  # algorithm → hex of the verified body, kept per entry
-        self.block_digests = b""  # CRC-32C per block (`blocks`), kept per entry for hits
-        self._keeps_block_digests = keeps_block_digests
-        self._checksums_known = asyncio.Event()
-        self._progress = asyncio.Event()
-        # The upstreams (not the home) whose bytes were in a body that failed verification:
-        # the cache fetches it again from the next one (`ShardCache`), once.
-        self.blamed: tuple[str, ...] = ()
         self.is_second_fetch = False
 
     # -- state ---------------------------------------------------------------------------
 
     def _move(self, new: FillState) -> None:
         self.state = check_transition(self.state, new, self.cache_key)
-        if new is not FillState.STARTING:
-            self._started.set()
-        self.wake_readers()
+        self.readers.wake()
 
-    def wake_readers(self) -> None:
-        """Wake the readers waiting for bytes: more landed, or a reader's client left."""
-        event, self._progress = self._progress, asyncio.Event()
-        event.set()
+    def is_started(self) -> bool:
+        """The origin answered (or the fill failed): a client may be reading."""
+        return self.state is not FillState.STARTING
 
     @property
     def written_bytes(self) -> int:
@@ -135,9 +154,18 @@ class Fill:
         return self._download.received_bytes if self._download is not None else 0
 
     @property
+    def checksums(self) -> tuple[Checksum, ...]:
+        """What the body is verified against (`body_check`), once learned."""
+        return self.check.checksums
+
+    @property
     def verified_by(self) -> tuple[str, ...]:
-        """What the body is checked against: its length and the checksum used."""
-        return ("length", *(c.source for c in self.checksums))
+        return self.check.verified_by
+
+    @property
+    def blamed(self) -> tuple[str, ...]:
+        """The upstreams whose bytes failed verification (`BodyCheck.blamed`)."""
+        return self.check.blamed
 
     @property
     def is_finished(self) -> bool:
@@ -149,8 +177,12 @@ class Fill:
 
     def cancel(self) -> None:
         """Stop the download (shutdown); readers get ShuttingDown and abort."""
-        if self.task is not None:
-            self.task.cancel()
+        if self.task is None:
+            return
+        self.task.cancel()
+        if not self._has_run:  # its first step throws into `run` before its first line: end here
+            self._fail(self._stop_reason or ShuttingDown("the daemon is shutting down"))
+            self._end()
 
     def stop(self, reason: ShardcacheError) -> None:
         """Stop the download for `reason` (the fill fails with it); nobody is left to read."""
@@ -162,22 +194,20 @@ class Fill:
     def hold(self) -> None:
         """A reader wants the bytes: call it in the step that joins or starts the fill (no
         await between), and `let_go()` once, when its response ends."""
-        self._holders += 1
+        self.readers.hold()
 
     def let_go(self) -> None:
         """A reader is done (served, gone, or failed); the last one out tells the owner when
         nothing else wants the fill (see the module docstring)."""
-        self._holders -= 1
-        self._tell_owner_if_unwanted()
+        self.readers.let_go()
 
     def keep_unread(self) -> None:
         """The prefetch queue started or joined this fill: finish it with no reader left."""
-        self._kept_unread = True
+        self.readers.keep_unread()
 
     def forget_unread(self) -> None:
         """The daemon is stopping: with no reader holding it, the fill stops now."""
-        self._kept_unread = False
-        self._tell_owner_if_unwanted()
+        self.readers.forget_unread()
 
     def do_not_keep(self) -> bool:
         """A purge: finish for the readers holding it, but do not commit the body (their
@@ -189,9 +219,8 @@ class Fill:
         return True
 
     def _tell_owner_if_unwanted(self) -> None:
-        if self._on_unwanted is not None and not (self._holders or self._kept_unread):
-            if self.is_fetching or self._passthrough is not None:
-                self._on_unwanted(self)
+        if self._on_unwanted is not None and (self.is_fetching or self._passthrough is not None):
+            self._on_unwanted(self)
 
     @property
     def is_fetching(self) -> bool:
@@ -207,10 +236,11 @@ class Fill:
 
     # -- readers -------------------------------------------------------------------------
 
-    async def wait_started(self) -> FillState:
+    async def wait_started(self, reader_left: asyncio.Event | None = None) -> FillState:
         """Wait until the origin answered; return FILLING (or later) or PASSTHROUGH. Raises
-        the fill's OriginError (404, 502, 504…) when it failed before the first byte."""
-        await self._started.wait()
+        the fill's OriginError (404, 502, 504…) when it failed before the first byte, and
+        FillAbandoned once `reader_left` is set (watched: `Readers.watching`)."""
+        await self.readers.until(self.is_started, reader_left)
         if self.state is FillState.FAILED:
             assert self.error is not None
             raise self.error
@@ -218,16 +248,16 @@ class Fill:
 
     async def wait_checksums(self) -> tuple[Checksum, ...]:
         """The object's published checksums once the fill has learned them (or has ended)."""
-        await self._checksums_known.wait()
+        await self.readers.until(lambda: self.has_checksums)
         return self.checksums
 
     @property
     def has_checksums(self) -> bool:  # learned (or given up on): no HEAD left to ask
-        return self._checksums_known.is_set()
+        return self.check.is_learned or self._has_ended
 
     async def wait_finished(self) -> FillState:
         """Wait until the fill reached a final state and return it (never raises)."""
-        await self._finished.wait()
+        await self.readers.until(lambda: self._has_ended)
         return self.state
 
     def take_passthrough(self) -> OriginStream:
@@ -237,39 +267,39 @@ class Fill:
             raise RuntimeError("passthrough stream already taken")
         return stream
 
-    async def join_passthrough(self) -> OriginStream:
+    async def join_passthrough(self, reader_left: asyncio.Event | None = None) -> OriginStream:
         """A stream for another reader of an uncacheable object: its own whole-object GET of
         the version the starter learned checksums for (If-Match on its ETag), with those
         checksums. Another version is refused (OriginChanged), whatever the origin did with
-        If-Match: its body could only have been checked against its length."""
+        If-Match: its body could only have been checked against its length. FillAbandoned
+        once `reader_left` is set: the GET (a turn it waits for under a cap) is given up."""
+        if reader_left is None:
+            return await self._join_passthrough()
+        joining = asyncio.ensure_future(self._join_passthrough())
+        joining.add_done_callback(lambda _: self.readers.wake())
+        try:
+            with self.readers.watching(reader_left):
+                await self.readers.until(joining.done, reader_left)
+        except FillAbandoned:
+            if joining.done() and not joining.cancelled() and joining.exception() is None:
+                await joining.result().aclose()  # opened as its reader left: nobody takes it
+            raise
+        finally:
+            joining.cancel()  # a no-op once done
+        return joining.result()
+
+    async def _join_passthrough(self) -> OriginStream:
         if self.state is not FillState.PASSTHROUGH or self.info is None:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
-        info = self.info
-        stream = await self._requests.open(0, None, info.etag, for_new_reader=True)
-        self._requests.count("ok")  # counted when opened, as the starter's stream is
-        change = info.differs_from(stream.info)
-        if change is not None:
-            await stream.aclose()
-            raise OriginChanged(f"{self.origin_key} changed while streamed: {change}")
-        return RelayedStream(stream, self._requests, self.checksums)
+        return await RelayedStream.open(self._requests, self.info, self.checksums)
 
     def acquire_reader(self) -> int:
         """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
         must `release_reader()`. The fd stays valid after commit renames the file."""
-        if self._reservation is None or self._reservation.fd < 0:  # closed: finished, unread
-            raise RuntimeError("fill has no data file")
-        self._readers += 1
-        return self._reservation.fd
+        return self.readers.acquire()
 
     def release_reader(self) -> None:
-        self._readers -= 1
-        self._close_if_idle()
-
-    def _close_if_idle(self) -> None:
-        if self._readers == 0 and self.is_finished and self._reservation is not None:
-            if self._reservation.fd >= 0:
-                os.close(self._reservation.fd)
-                self._reservation.fd = -1
+        self.readers.release(self.is_finished)
 
     async def wait_readable(
         self, position: int, end: int, reader_left: asyncio.Event | None = None
@@ -278,59 +308,61 @@ class Fill:
         Blocks until that is past `position`. The response's final byte becomes readable only
         once the body is verified, so no read, whole or ranged, completes before verification.
         Raises the fill's error if it failed, FillAbandoned once `reader_left` is set (the
-        reader's watcher wakes it: `wake_readers`)."""
-        while True:
-            if reader_left is not None and reader_left.is_set():
-                raise FillAbandoned(f"the reader of {self.cache_key} left")
-            if self.state in BODY_COMPLETE:
-                return end
-            if self.state is FillState.FAILED:
-                assert self.error is not None
-                raise self.error
+        reader's watcher wakes it: `Readers.watching`)."""
+
+        def readable() -> bool:
             # A range's bytes may be a splice of two versions, or corrupt, until the whole
             # object verified: its last byte waits, so a failure aborts the reader's response.
-            limit = min(self.written_bytes, end - 1)
-            if limit > position:
-                return limit
-            await self._progress.wait()
+            done = self.state in BODY_COMPLETE or self.state is FillState.FAILED
+            return done or self._limit(end) > position
+
+        await self.readers.until(readable, reader_left)
+        if self.state in BODY_COMPLETE:
+            return end
+        if self.state is FillState.FAILED:
+            assert self.error is not None
+            raise self.error
+        return self._limit(end)
+
+    def _limit(self, end: int) -> int:
+        return min(self.written_bytes, end - 1)
 
     # -- the download ------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Fetch, verify and commit the object; never raises except CancelledError."""
-        started_at = self._clock()
+        self._has_run = True
+        started_at = self._parts.clock()
         first: OriginStream | None = None
+        policy = self._parts.policy
         try:
             # The first request asks for the first segment only, so that no byte is fetched
             # twice (a full GET could not be cut short without discarding what the network
             # carried). With one connection the first request is the plain GET of all of it
             # (each more request would pay the origin's time to first byte again).
-            first_end = None if self._policy.connections == 1 else self._policy.first_segment_bytes
+            first_end = None if policy.connections == 1 else policy.first_segment_bytes
             first = await self._requests.open(0, first_end, None)
             if first.info.strong_etag is None:
                 first = await self._whole_object(first, is_ranged=first_end is not None)
             info = self.info = first.info
             if not await self._reserve(info.size_bytes):
-                checksums = await self._check.learn(info, self.known_info)
-                self._know_checksums(checksums)
+                checksums = await self.check.learn(info, self.known_info)
                 self._passthrough = ContinuedStream(first, self._requests, checksums)
                 first = None  # the passthrough stream owns it now
                 self._move(FillState.PASSTHROUGH)
                 return
             self._move(FillState.FILLING)
-            assert self._reservation is not None
+            file = self.readers.file
+            assert file is not None
             self._download = SegmentedDownload(
-                self._requests, info, self._reservation.fd, self.wake_readers, self._extra_slots
+                self._requests, info, file.fd, self.readers.wake, self._parts.extra_slots
             )
             handed, first = first, None  # the download owns and closes it
-            await self._download_and_verify(handed, info)
+            await self.check.run(self._download, handed, info, file.fd, self.known_info)
             self._download.vouch()
-            fd, size, with_blocks = self._reservation.fd, info.size_bytes, self._keeps_block_digests
-            await self._check.keep(self._download, fd, size, with_blocks)
-            self.checksums, self.digests = self._check.checksums, self._check.digests
-            self.block_digests = self._check.block_digests
+            await self.check.keep(self._download, file.fd, info.size_bytes)
             self._move(FillState.VERIFIED)
-            self._observer.fetch_finished(self.origin.name, self._clock() - started_at)
+            self._parts.observer.fetch_finished(self.origin.name, self._parts.clock() - started_at)
             await self._commit(info)
         except asyncio.CancelledError:
             self._fail(self._stop_reason or ShuttingDown("the daemon is shutting down"))
@@ -344,8 +376,7 @@ class Fill:
             if first is not None:
                 await first.aclose()
             await self._release_space()
-            self._checksums_known.set()
-            self._finished.set()
+            self._end()
 
     async def _whole_object(self, first: OriginStream, is_ranged: bool) -> OriginStream:
         """An object whose responses carry no strong ETag: nothing could reliably tell a later
@@ -353,54 +384,33 @@ class Fill:
         segments, no resume)."""
         # An origin that serves no ranges answered with the whole object already (a 200).
         is_part = is_ranged and first.info.accepts_ranges
-        if is_part and first.info.size_bytes > self._policy.first_segment_bytes:
+        if is_part and first.info.size_bytes > self._parts.policy.first_segment_bytes:
             await first.aclose()
             self._requests.count("ok")
             first = await self._requests.open(0, None, None)
         first.info = dataclasses.replace(first.info, accepts_ranges=False)
         return first
 
-    async def _download_and_verify(self, first: OriginStream, info: ObjectInfo) -> None:
-        """Download the body while `body_check` learns its checksums and verifies it; a body
-        failing verification counts against the upstreams that sent its bytes."""
-        assert self._download is not None and self._reservation is not None
-        fd = self._reservation.fd
-        try:
-            await self._check.run(
-                self._download, first, info, fd, self._know_checksums, self.known_info
-            )
-        except IntegrityError as exc:
-            self.blamed = self._download.blame(str(exc))
-            raise
-        except OriginChanged:  # a stale mirror's or tier member's copy, caught by the HEAD
-            self.blamed = self._check.stale_sender
-            raise
-
-    def _know_checksums(self, checksums: tuple[Checksum, ...]) -> None:
-        self.checksums = checksums
-        self._checksums_known.set()
-        if not checksums:
-            log.debug("%s: the origin publishes no checksum; checking the length", self.cache_key)
-
     async def _reserve(self, size_bytes: int) -> bool:
-        if size_bytes > self._store.capacity_bytes:
+        store = self._parts.store
+        if size_bytes > store.capacity_bytes:
             log.info("%s (%d bytes) is over the cache size: streamed", self.cache_key, size_bytes)
             return False
         try:
-            read_now = self.is_prefetch and self._holders > 0  # a read joined it
-            self._reservation = await asyncio.to_thread(
-                self._store.reserve, size_bytes, self.cache_key, read_now
+            read_now = self.is_prefetch and self.readers.is_held  # a read joined it
+            self.readers.file = await asyncio.to_thread(
+                store.reserve, size_bytes, self.cache_key, read_now
             )
         except NotAdmitted as exc:  # the steady state of a dataset larger than the cache
             log.debug("%s streamed through uncached: %s", self.cache_key, exc)
             return False
         except CacheFull as exc:
-            self._store.warnings.warning(
+            store.warnings.warning(
                 log, "full", "%s streamed through uncached: %s", self.cache_key, exc
             )
             return False
         except CacheError as exc:  # a broken cache dir must not fail reads
-            self._store.warnings.warning(
+            store.warnings.warning(
                 log,
                 "unusable",
                 "%s streamed through uncached, the cache is unusable: %s",
@@ -411,24 +421,15 @@ class Fill:
         return True
 
     async def _commit(self, info: ObjectInfo) -> None:
-        assert self._reservation is not None
+        file = self.readers.file
+        assert file is not None
         if not self.is_kept:  # its readers hold the fd; `_release_space` drops the file
             log.info("%s was purged while it was filled: not cached", self.cache_key)
             self._move(FillState.DISCARDED)
             return
-        meta = EntryMeta(
-            info.size_bytes,
-            info.etag,
-            info.content_type,
-            to_headers(self.checksums),
-            digests=self.digests,
-            verified_by=list(self.verified_by),
-            last_modified=info.last_modified,
-            block_crc32c=encode(self.block_digests),
-            part_bytes=composite_part_bytes(self.checksums),
-        )
+        meta = self.check.entry_meta(info)
         try:
-            await asyncio.to_thread(self._store.commit, self._reservation, self.cache_key, meta)
+            await asyncio.to_thread(self._parts.store.commit, file, self.cache_key, meta)
         except CacheError as exc:
             # The body is verified and readers hold its fd: they finish; it is just not kept.
             log.error("verified %s but could not cache it: %s", self.cache_key, exc)
@@ -451,7 +452,12 @@ class Fill:
             )
 
     async def _release_space(self) -> None:
-        reservation = self._reservation
-        if reservation is not None and self.state is not FillState.COMMITTED:
-            await asyncio.to_thread(self._store.abort, reservation)
-        self._close_if_idle()
+        file = self.readers.file
+        if file is not None and self.state is not FillState.COMMITTED:
+            await asyncio.to_thread(self._parts.store.abort, file)
+        self.readers.close_if_idle(self.is_finished)
+
+    def _end(self) -> None:
+        """`run` is over (or never began): its waiters see the final state."""
+        self._has_ended = True
+        self.readers.wake()

@@ -1,7 +1,8 @@
 """The streams of an object streamed through uncached (a fill in PASSTHROUGH, see `fill`):
-the starter's, which continues the fill's first request, and each other reader's own. Their
-`info` carries the checksums `body.send_stream` verifies before the last byte leaves, and
-their bytes are counted as a fill's are.
+the starter's, which continues the fill's first request, and each other reader's own. Each
+verifies itself: it ends only once its bytes had the object's length and matched the checksums
+its `info` carries, so a relay that holds its last chunk back never ends a bad body whole.
+Their bytes are counted as a fill's are.
 """
 
 from __future__ import annotations
@@ -9,17 +10,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import AsyncIterator
 
-from shardcache.checksums import Checksum
-from shardcache.errors import OriginChanged
+from shardcache.checksums import Checksum, Verifier
+from shardcache.errors import IntegrityError, OriginChanged
 from shardcache.fetch.segments import OriginRequests
-from shardcache.origins.base import Landed, OriginStream, Spot, land_chunks
+from shardcache.origins.base import Landed, ObjectInfo, OriginStream, Spot, land_chunks
 
 
 class ContinuedStream:
     """An uncacheable object streamed through: the first segment's open stream, then the rest
     of the object from one more request (If-Match on the first response's ETag, and refused
     if it is another version). Its `info` carries the object's published checksums, which
-    `body.send_stream` verifies before the last byte leaves."""
+    its chunks are verified against before they end (`verified`)."""
 
     def __init__(
         self, first: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
@@ -32,7 +33,10 @@ class ContinuedStream:
         self._requests = requests
         requests.count("ok")  # counted when opened: its body's fate is the client's to see
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return verified(self._chunks(), self.info)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         position = 0
         async for chunk in self._first:
             self._requests.received(len(chunk))  # shardcache_origin_bytes_total, as a fill's
@@ -68,6 +72,22 @@ class RelayedStream:
     """One more reader's whole-object stream of an uncacheable object, with the checksums its
     version is verified against, its bytes counted as a fill's are."""
 
+    @classmethod
+    async def open(
+        cls, requests: OriginRequests, info: ObjectInfo, checksums: tuple[Checksum, ...]
+    ) -> RelayedStream:
+        """Another reader's own whole-object GET of the version `info` describes (If-Match on
+        its ETag), verified against `checksums`. Another version is refused (OriginChanged),
+        whatever the origin did with If-Match: its body could only have been checked against
+        its length."""
+        stream = await requests.open(0, None, info.etag, for_new_reader=True)
+        requests.count("ok")  # counted when opened, as the starter's stream is
+        change = info.differs_from(stream.info)
+        if change is not None:
+            await stream.aclose()
+            raise OriginChanged(f"{requests.key} changed while streamed: {change}")
+        return cls(stream, requests, checksums)
+
     def __init__(
         self, stream: OriginStream, requests: OriginRequests, checksums: tuple[Checksum, ...]
     ) -> None:
@@ -75,7 +95,10 @@ class RelayedStream:
         self._stream = stream
         self._requests = requests
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return verified(self._chunks(), self.info)
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
         async for chunk in self._stream:
             self._requests.received(len(chunk))
             yield chunk
@@ -94,4 +117,27 @@ class RelayedStream:
         await self._stream.aclose()
 
 
-__all__ = ["ContinuedStream", "RelayedStream"]
+async def verified(chunks: AsyncIterator[bytes], info: ObjectInfo) -> AsyncIterator[bytes]:
+    """Yield `chunks`, the whole object `info` describes; once they end, raise IntegrityError
+    unless they had its length and matched its published checksums. The upstream that sent
+    them (`ObjectInfo.sent_by`, a tier member or mirror) hears the checksums' verdict, as from
+    a fill."""
+    verifier = Verifier(info.checksums)
+    position = 0
+    async for chunk in chunks:
+        verifier.update(chunk)
+        position += len(chunk)
+        yield chunk
+    if position != info.size_bytes:
+        raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
+    try:
+        verifier.verify()
+    except IntegrityError as exc:  # counts against the mirror or tier member that sent it
+        if info.sent_by is not None:
+            info.sent_by.bytes_failed(str(exc))
+        raise
+    if info.sent_by is not None:
+        info.sent_by.bytes_verified()
+
+
+__all__ = ["ContinuedStream", "RelayedStream", "verified"]

@@ -13,18 +13,16 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Mapping
 
 from shardcache.cache.entry import Entry, EntryMeta
-from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
 from shardcache.cache.unread import Hold, UnreadLedger
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
-from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.fetch.segments import OriginRequests, RetryPolicy
 from shardcache.keys import validate_key
@@ -34,7 +32,6 @@ from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
 
 log = logging.getLogger("shardcache.cache")
-T = TypeVar("T")
 
 
 class PrefetchOutcome(enum.Enum):
@@ -75,11 +72,14 @@ class ShardCache:
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
         keeps_block_digests: bool = True,
+        fills: FillFactory | None = None,
     ) -> None:
-        """`keeps_block_digests`: fills take the CRC-32C per block hits are checked against
-        (off with `verify_hits`: a miss then costs what it did before)."""
+        """`fills`: what makes each fill, built by the daemon; without it, one of `store`,
+        `policy`, `observer`, `clock` and `keeps_block_digests` (fills take the CRC-32C per
+        block hits are checked against; off with `verify_hits`: a miss then costs what it did
+        before)."""
         self.store = store
-        self.keeps_block_digests = keeps_block_digests
+        self._fills = fills or FillFactory.of(store, policy, observer, clock, keeps_block_digests)
         # Each origin with its limiter, built as one by the daemon, which replaces it whole on
         # a reload; this cache closes it (`aclose`). A mapping is a table built by hand.
         self._origins = (
@@ -90,10 +90,9 @@ class ShardCache:
         self._observer = observer
         self._clock = clock
         # The kinds of checksum each origin publishes but cannot get right (fills report).
-        self.checksum_trust = ChecksumTrust(observer)
+        self.checksum_trust = self._fills.trust
         self._tasks: set[asyncio.Task[None]] = set()
         self._is_closing = False  # `aclose` began: no fill is started again
-        self._segment_slots = asyncio.Semaphore(policy.shared_connections)
         # The one owner of look-ahead bytes: held for prefetches about to start, and pinned
         # in the store (not evictable) until a client reads them; the queue's budget counts them.
         self.unread = UnreadLedger(store)
@@ -162,8 +161,9 @@ class ShardCache:
             # No suspension when it started already: a fill whose body is complete may commit,
             # finish and close its file between two steps of the loop (then no fd to share).
             state = await fill.wait_started()
-        else:
-            state = await _unless_left(fill.wait_started(), reader_left, url)
+        else:  # a turn it waits for under a cap is not waited for nobody
+            with fill.readers.watching(reader_left):
+                state = await fill.wait_started(reader_left)
         result = Result.COALESCED if joined else Result.MISS
         if joined and fill.is_body_complete:
             # Every byte is on local disk and verified; only the index write is pending (the
@@ -172,10 +172,8 @@ class ShardCache:
         if state is FillState.PASSTHROUGH:
             if not joined:
                 stream = fill.take_passthrough()
-            elif reader_left is None:
-                stream = await fill.join_passthrough()
             else:  # its own GET, which may wait for a turn under a cap: not for nobody
-                stream = await _unless_left(fill.join_passthrough(), reader_left, url)
+                stream = await fill.join_passthrough(reader_left)
             fill.let_go()
             return Lease.of(result, origin, stream.info, stream=stream)
         assert fill.info is not None
@@ -381,20 +379,8 @@ class ShardCache:
 
     def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
         slot = self._origins.slot_of(origin)  # the limiter of this backend, also mid-reload
-        return Fill(
-            url,
-            origin,
-            key,
-            self.store,
-            self._policy,
-            self._observer,
-            self._clock,
-            self._segment_slots,
-            None if slot is None else slot.limiter,
-            self._drop_unwanted,
-            self.checksum_trust,
-            keeps_block_digests=self.keeps_block_digests,
-        )
+        limiter = None if slot is None else slot.limiter
+        return self._fills.new(url, origin, key, limiter, self._drop_unwanted)
 
     def _drop_unwanted(self, fill: Fill) -> None:
         """Stop a fill whose last reader let go and that nothing wants cached (`fill`'s
@@ -481,19 +467,3 @@ class ShardCache:
                 fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._origins.aclose()
-
-
-async def _unless_left(started: Awaitable[T], reader_left: asyncio.Event, url: str) -> T:
-    """What `started` gives, unless `reader_left` is set first: then FillAbandoned, and
-    `started` is cancelled (a turn it waited for under a cap is given back)."""
-    waiting = asyncio.ensure_future(started)
-    left = asyncio.ensure_future(reader_left.wait())
-    try:
-        await asyncio.wait({waiting, left}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        left.cancel()
-        if not waiting.done():
-            waiting.cancel()
-    if waiting.done() and not waiting.cancelled():
-        return waiting.result()
-    raise FillAbandoned(f"the reader of {url} left before the origin answered")

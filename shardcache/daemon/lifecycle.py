@@ -30,6 +30,7 @@ from shardcache.daemon.buckets import BucketsOnDemand
 from shardcache.daemon.notify import monotonic_usec, notify
 from shardcache.daemon.readouts import Readouts, upstream_rows
 from shardcache.daemon.wiring import (
+    build_fills,
     configure_origins,
     listen_backlog,
     open_store,
@@ -203,9 +204,8 @@ class Daemon:
             segment_bytes=settings.segment_size,
             first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
         )
-        cache = ShardCache(
-            store, self.origins, policy, self.metrics, keeps_block_digests=settings.verify_hits
-        )
+        fills = build_fills(settings, store, policy, self.metrics)
+        cache = ShardCache(store, self.origins, policy, self.metrics, fills=fills)
         prefetch = PrefetchQueue(
             cache,
             settings.prefetch_concurrency,

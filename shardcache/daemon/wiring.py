@@ -1,7 +1,7 @@
 """The daemon's wiring: one backend per configured origin (and the `OriginTable` entries holding
-them) and the store, built from `Settings`; the open-file limit and listen backlog set before
-the port is bound. Apart from `lifecycle` so that `shardcache check` builds origins exactly as
-the daemon does without importing the server."""
+them), the store and what makes its fills, built from `Settings`; the open-file limit and listen
+backlog set before the port is bound. Apart from `lifecycle` so that `shardcache check` builds
+origins exactly as the daemon does without importing the server."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 
 from shardcache.cache.admission import ScanResistantAdmission
+from shardcache.cache.fill import FillFactory
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.store import Store
 from shardcache.cluster.tier import redact_url
@@ -21,6 +22,7 @@ from shardcache.config import OriginSpec, Settings
 from shardcache.daemon.origin_factory import make_origin
 from shardcache.errors import CacheError, ConfigError
 from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
+from shardcache.fetch.segments import RetryPolicy
 from shardcache.observability.logs import redact
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Origin, Timeouts
@@ -135,6 +137,15 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
         )
     except CacheError as exc:
         raise ConfigError(f"--cache-dir: {exc}") from None
+
+
+def build_fills(
+    settings: Settings, store: Store, policy: RetryPolicy, metrics: Metrics
+) -> FillFactory:
+    """What makes the cache's fills: over `store`, fetching by `policy`, reporting to
+    `metrics`, keeping the CRC-32C per block that hits are checked against when
+    `--verify-hits` is on."""
+    return FillFactory.of(store, policy, metrics, keeps_block_digests=settings.verify_hits)
 
 
 def raise_open_file_limit(max_connections: int) -> None:

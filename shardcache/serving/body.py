@@ -15,9 +15,8 @@ import termios
 from collections.abc import Awaitable, Callable
 
 from shardcache.cache.fill import Fill
-from shardcache.checksums import Verifier
 from shardcache.config.options import default as option_default
-from shardcache.errors import FillAbandoned, IntegrityError
+from shardcache.errors import FillAbandoned
 from shardcache.origins.base import OriginStream, with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
@@ -270,15 +269,11 @@ async def send_fill(
     `on_wait(seconds)` is told how long the client waited for bytes not yet on disk.
     Raises the fill's error if it fails before the range is complete; ClientGone once
     `reader_left` is set (the connection closed) while it waits for bytes or for the
-    verification (one watcher a response, not a wake-up a chunk).
+    verification (the fill's readers watch it: `Readers.watching`).
     """
     loop = asyncio.get_running_loop()
     position = start
-    watcher = None
-    if reader_left is not None:
-        watcher = asyncio.ensure_future(reader_left.wait())
-        watcher.add_done_callback(lambda done: None if done.cancelled() else fill.wake_readers())
-    try:
+    with fill.readers.watching(reader_left):
         while position < end:
             began = loop.time()
             try:
@@ -288,9 +283,6 @@ async def send_fill(
             on_wait(loop.time() - began)
             await sender.send(fd, position, limit - position)
             position = limit
-    finally:
-        if watcher is not None:
-            watcher.cancel()
 
 
 async def settle_empty(
@@ -323,21 +315,17 @@ async def send_stream(
     """Relay bytes [start, end) of an uncached origin stream; `on_sent(n)` counts them; a
     stream slower than `min_bytes_per_s` fails (`SpeedFloor`) rather than hold the client.
 
-    The stream runs from the object's first byte to its last, whatever the range, so the
-    last chunk sent is held back until the stream has ended with the right length and the
-    published checksums matched: a failure never yields a complete response, whole or ranged.
-    The upstream that sent it (`ObjectInfo.sent_by`, a tier member or mirror) hears the
-    verdict, as from a fill.
+    The stream runs from the object's first byte to its last, whatever the range, and ends
+    only once its length and published checksums were checked (`cache.passthrough`), so the
+    last chunk sent is held back until it has ended: a failure never yields a complete
+    response, whole or ranged.
     """
-    info = stream.info
-    verifier = Verifier(info.checksums)
     loop = asyncio.get_running_loop()
     position = 0  # offset in the object of the next byte the stream yields
     pending = b""
     began = loop.time()
     async for chunk in with_read_timeout(stream, read_timeout_s, min_bytes_per_s):
         on_wait(loop.time() - began)
-        verifier.update(chunk)
         piece = chunk[max(0, start - position) : max(0, end - position)]
         position += len(chunk)
         if piece:
@@ -346,15 +334,5 @@ async def send_stream(
                 on_sent(len(pending))
             pending = piece
         began = loop.time()
-    if position != info.size_bytes:
-        raise IntegrityError(f"origin sent {position} of {info.size_bytes} bytes")
-    try:
-        verifier.verify()
-    except IntegrityError as exc:  # counts against the mirror or tier member that sent it
-        if info.sent_by is not None:
-            info.sent_by.bytes_failed(str(exc))
-        raise
-    if info.sent_by is not None:
-        info.sent_by.bytes_verified()
     await write(pending)
     on_sent(len(pending))

@@ -108,6 +108,7 @@ ORDER: dict[str, list[str]] = {
         "cache.flights",
         "cache.fill",
         "cache.body_check",
+        "cache.fill_readers",
         "cache.fill_state",
         "cache.passthrough",
         "cache.hit_check",

@@ -14,7 +14,7 @@ from typing import Literal
 
 import pytest
 
-from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import (
@@ -85,14 +85,8 @@ async def start(origin: FakeOrigin, store: Store) -> AsyncIterator[Callable[...,
     fills: list[Fill] = []
 
     def starting(key: str, on_unwanted: Callable[[Fill], None] | None = None) -> Fill:
-        fill = Fill(
-            origin.url_for(key),
-            origin,
-            key,
-            store,
-            POLICY,
-            NullObserver(),
-            on_unwanted=on_unwanted,
+        fill = FillFactory.of(store, POLICY, NullObserver()).new(
+            origin.url_for(key), origin, key, on_unwanted=on_unwanted
         )
         fill.task = asyncio.create_task(fill.run())
         fills.append(fill)
@@ -253,7 +247,7 @@ async def test_a_reader_that_left_stops_waiting_and_the_fill_goes_on(
     staying = asyncio.create_task(read_all(fill, len(data)))
     await asyncio.wait({leaving}, timeout=0)
     left.set()
-    fill.wake_readers()  # what a response's watcher does when its client goes
+    fill.readers.wake()  # what a response's watcher does when its client goes
     with pytest.raises(FillAbandoned):
         await leaving
     gate(origin).set()
@@ -326,18 +320,54 @@ async def test_a_body_already_complete_is_committed_whoever_is_left(
     assert await fill.wait_finished() is FillState.COMMITTED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a fill stopped before its task first ran never enters `run`, so it stays STARTING: "
-    "its readers' wait_started and wait_finished never return",
-)
+@pytest.mark.parametrize("how", ["stop", "cancel"])
 async def test_a_fill_stopped_before_its_task_ran_still_fails(
-    origin: FakeOrigin, start: Callable[..., Fill]
+    origin: FakeOrigin, start: Callable[..., Fill], how: str
 ) -> None:
     origin.put("a.tar", b"x" * CHUNK)
     fill = start("a.tar")
-    fill.stop(FillAbandoned("every reader left"))  # the same step that started it
+    if how == "stop":  # the same step that started it
+        fill.stop(FillAbandoned("every reader left"))
+    else:
+        fill.cancel()
+    expected = FillAbandoned if how == "stop" else ShuttingDown
     assert fill.task is not None
     await asyncio.gather(fill.task, return_exceptions=True)
     assert fill.state is FillState.FAILED
-    assert isinstance(fill.error, FillAbandoned)
+    assert isinstance(fill.error, expected)
+    with pytest.raises(expected):
+        await fill.wait_started()
+    assert await fill.wait_finished() is FillState.FAILED
+
+
+async def test_a_reader_that_left_before_the_origin_answered_stops_waiting(
+    origin: FakeOrigin, start: Callable[..., Fill], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its client gone while the origin has not answered (a turn under a cap, say): the
+    reader's wait ends with FillAbandoned at once; the fill goes on for whoever holds it."""
+    origin.put("a.tar", os.urandom(2 * CHUNK))
+    answer = asyncio.Event()
+    opening = origin.open
+
+    async def held_open(*args: object, **kwargs: object) -> object:
+        await answer.wait()
+        return await opening(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(origin, "open", held_open)
+    fill = start("a.tar")
+    left = asyncio.Event()
+
+    async def waiting() -> FillState:
+        with fill.readers.watching(left):
+            return await fill.wait_started(left)
+
+    waiter = asyncio.create_task(waiting())
+    await asyncio.wait({waiter}, timeout=0)
+    assert not waiter.done() and fill.state is FillState.STARTING
+    left.set()  # nothing else wakes the fill's waiters: the origin has not answered
+    with pytest.raises(FillAbandoned):
+        async with asyncio.timeout(5):  # a deadline, not a pace: a watcher that never wakes it
+            await waiter
+    assert fill.state is FillState.STARTING
+    answer.set()
+    assert await fill.wait_started() is FillState.FILLING

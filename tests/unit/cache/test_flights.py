@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shardcache.cache.entry import Entry
-from shardcache.cache.fill import Fill
+from shardcache.cache.fill import Fill, FillFactory
 from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result
 from shardcache.cache.shard_cache import ShardCache
@@ -199,7 +199,7 @@ async def test_a_fill_that_came_and_went_during_the_lookup_is_found_by_the_reche
 @pytest.fixture
 def fills(store: Store, origin: HeldOrigin) -> list[Fill]:
     def fill(key: str) -> Fill:
-        return Fill(origin.url_for(key), origin, key, store, POLICY, NullObserver())
+        return FillFactory.of(store, POLICY, NullObserver()).new(origin.url_for(key), origin, key)
 
     return [fill("a"), fill("a"), fill("b")]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.fill import Fill, FillState
+from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
-from shardcache.errors import IntegrityError, OriginChanged, ShardcacheError
+from shardcache.errors import FillAbandoned, IntegrityError, OriginChanged, ShardcacheError
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import OriginStream
@@ -80,7 +80,7 @@ async def passthrough(
     fills: list[Fill] = []
 
     def starting(key: str) -> Fill:
-        fill = Fill(origin.url_for(key), origin, key, store, POLICY, observer)
+        fill = FillFactory.of(store, POLICY, observer).new(origin.url_for(key), origin, key)
         fill.task = asyncio.create_task(fill.run())
         fills.append(fill)
         return fill
@@ -222,3 +222,34 @@ async def test_a_short_body_is_never_a_whole_response(
     sent, error = await relay(await streamed(passthrough("a.tar")))
     assert isinstance(error, ShardcacheError)
     assert len(sent) < 60_000 and data.startswith(sent)
+
+
+async def test_another_reader_that_left_gives_up_its_own_get(
+    origin: FakeOrigin, passthrough: Callable[[str], Fill], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joiner's client goes while its own GET waits for the origin (a turn under a cap,
+    say): it stops waiting with FillAbandoned, and the GET is given up, not waited for nobody."""
+    origin.put("a.tar", os.urandom(SIZE))
+    fill = passthrough("a.tar")
+    starters = await streamed(fill)
+    opening, given_up = origin.open, asyncio.Event()
+
+    async def held_open(*args: object, **kwargs: object) -> object:
+        try:
+            await asyncio.Event().wait()  # the origin never answers
+        except asyncio.CancelledError:
+            given_up.set()
+            raise
+        return await opening(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(origin, "open", held_open)
+    left = asyncio.Event()
+    joining = asyncio.create_task(fill.join_passthrough(left))
+    await asyncio.wait({joining}, timeout=0)
+    assert not joining.done()
+    left.set()
+    async with asyncio.timeout(5):  # deadlines, not a pace: a wait nobody wakes fails here
+        with pytest.raises(FillAbandoned):
+            await joining
+        await given_up.wait()
+    await starters.aclose()

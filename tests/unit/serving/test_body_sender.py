@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from shardcache.cache.fill import Fill
+from shardcache.cache.fill import FillFactory
 from shardcache.cache.store import Store
 from shardcache.errors import IntegrityError, OriginUnavailable
 from shardcache.fetch.segments import RetryPolicy
@@ -168,9 +168,8 @@ async def test_a_fill_is_sent_as_it_lands(pair: Pair, tmp_path: Path, data: byte
     origin = FakeOrigin(chunk_bytes=64 * 1024)
     origin.put("a.tar", data)
     store = Store(tmp_path / "cache", 8 * MiB)
-    fill = Fill(
-        origin.url_for("a.tar"), origin, "a.tar", store, RetryPolicy(connections=1), NullObserver()
-    )
+    fills = FillFactory.of(store, RetryPolicy(connections=1), NullObserver())
+    fill = fills.new(origin.url_for("a.tar"), origin, "a.tar")
     fill.task = asyncio.create_task(fill.run())
     try:
         await fill.wait_started()
@@ -203,7 +202,9 @@ async def test_a_failed_fill_is_never_a_whole_response(
     gate = origin.gate = asyncio.Event()
     store = Store(tmp_path / "cache", 8 * MiB)
     policy = RetryPolicy(retries=1, base_s=0.001, connections=1)
-    fill = Fill(origin.url_for("a.tar"), origin, "a.tar", store, policy, NullObserver())
+    fill = FillFactory.of(store, policy, NullObserver()).new(
+        origin.url_for("a.tar"), origin, "a.tar"
+    )
     fill.task = asyncio.create_task(fill.run())
     left = asyncio.Event()
     try:
