@@ -1,16 +1,7 @@
-"""The index: diskcache's `Cache` as the store uses it, and the only module that imports diskcache.
-
-diskcache has no public query for "oldest by access time", "rows after this rowid" or "keys in
-this range", so the store reads its `Cache` table with `_sql` and removes files through its
-`Disk` (`_disk`); every such call is here, over the columns in `COLUMNS_USED`, and
-`tests/unit/cache/test_index.py` checks that schema and the `Disk` seam against the installed
-diskcache, so an upgrade that changes them fails there, loudly. `map_store_errors` is the
-vendor edge: no `sqlite3` or diskcache error leaves the store as anything but a `CacheError`.
-
-The `Disk` here *adopts* a finished partial file by renaming it into the index tree (one write
-of each byte, no copy) and hands out raw descriptors for sendfile. diskcache deletes a file
-only after the index change commits. All methods block; the caller holds its own locks.
-"""
+"""The index: diskcache's `Cache` as the store uses it, and the only module that imports
+diskcache (its private `_sql` and `_disk` included; `test_index` checks them). No `sqlite3` or
+diskcache error leaves as anything but a `CacheError` (`map_store_errors`). Rows read before
+are remembered for the event loop; every write forgets the keys it changes. All else blocks."""
 
 from __future__ import annotations
 

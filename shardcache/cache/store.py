@@ -1,20 +1,7 @@
 """The store: space, reservations, commit and abort, lookups, over the index and the directory.
-
-A fill reserves its size first (`reserve`: eviction, by `cache.evictor`, runs *before* a byte is
-written, so the index plus reservations never exceed `capacity_bytes`, nor what the filesystem
-has free), writes a partial file (`cache.directory`), and is indexed only once complete, verified
-by the caller and fsynced (`commit`: the index adopts the file by renaming it, `cache.index`);
-diskcache deletes a file only after the index change commits, so a crash leaves either a whole
-entry or an orphan file that opening removes. Which entry eviction takes, and when a fill is
-not admitted (`NotAdmitted`: it streams through) are the policy's (`cache.eviction`), which
-the store tells what happens and never asks which it is; look-ahead prefetches are held in its
-transient area (`cache.transient`).
-
-All methods block: callers run them on a worker thread, one hop per logical operation. Every
-failure of the index or the disk is a `CacheError` (`map_store_errors`): the caller streams
-through uncached. `problem()` says why the directory is unusable and reopens the store when its
-directory was replaced. This module knows nothing of HTTP or origins.
-"""
+Index plus reservations never exceed the capacity; an entry is indexed only complete, verified
+and fsynced. Tells the eviction policy its events, never asks which it is. Blocking (but
+`lookup_remembered`): callers use a worker thread. Every failure is a `CacheError`."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
-"""The S3-compatible read API: an S3 client pointed at the daemon (`AWS_ENDPOINT_URL`) reads
-`s3://BUCKET/KEY` through the cache with its own bucket and key names.
-
-    GET|HEAD /BUCKET/KEY              GetObject, HeadObject: the object path (`objects`), for
-                                      the origin and key `s3_names` maps the names to
-    GET  /BUCKET?list-type=2&…        ListObjectsV2;  GET /BUCKET (&marker=…): ListObjects (V1)
-    HEAD /BUCKET                      HeadBucket (an S3 origin's bucket asked once a minute:
-                                      `s3_buckets`);  GET /BUCKET?location: GetBucketLocation
-                                      (an S3 origin's bucket's region, asked alike)
-    GET  /                            ListBuckets: the buckets the configured origins show
-    anything else                     refused: MethodNotAllowed (writes), NotImplemented (ACLs,
-                                      multipart, versions, `partNumber`, …)
-
-Path-style (`/BUCKET/KEY`) and virtual-hosted (`Host: BUCKET.localhost:8470`) alike. An S3
-client's request (`s3_errors.is_s3_request`) is served here whatever route aiohttp matched
-(a virtual-hosted `/KEY` names no origin in its path); anyone else's goes its route as before,
-with only its `/BUCKET/KEY` names mapped when BUCKET names no origin. The daemon fetches with
-its own credentials; a client's SigV4 signature is checked only where reads need the token and
-S3 access keys are configured (`s3_signatures`), else it is not looked at.
-
-Listing is asked of the origin each time (`ShardCache.list_objects`), never cached: objects
-come and go at the origin, and a stale page would hide new shards or list deleted ones.
-
-What this module must not know: how an object is served (`objects`), how an origin lists.
-"""
+"""The S3-compatible read API: GetObject, HeadObject, ListObjects(V2), HeadBucket,
+GetBucketLocation, ListBuckets, path-style and virtual-hosted, for an S3 client pointed at the
+daemon; everything else refused as S3 refuses it. Listings are never cached. Must not know how
+an object is served (`objects`) nor how an origin lists."""
 
 from __future__ import annotations
 

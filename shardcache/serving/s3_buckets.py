@@ -1,21 +1,7 @@
-"""What an S3 origin's bucket answers to the bucket-level operations, kept a minute per origin
-however many clients ask (SDKs and s3fs HEAD a bucket before their transfers):
-
-- HeadBucket: a one-key listing under the origin's prefix;
-- GetBucketLocation: the bucket's region (fixed when the bucket is made).
-
-The answer is passed on as S3 gives it: the value, a missing bucket (`BucketNotFound`,
-NoSuchBucket 404), credentials it refuses (`OriginDenied`, AccessDenied 403). A failure that
-may pass (a timeout, a 5xx) is not kept: the next request asks.
-
-Concurrent requests for one origin wait for the one question in flight (single flight):
-
-    1. request a: no answer kept -> a future kept for the origin, the origin asked
-    2. request b: the future is there -> waits on it, asks nothing
-    3. the origin answers -> the future gets its outcome; kept until TTL_S if it is one to keep
-
-What this module must not know: how an origin lists or locates its bucket, HTTP.
-"""
+"""What an S3 origin's bucket answers to HeadBucket and GetBucketLocation, kept a minute per
+origin (a missing bucket and refused credentials too; a failure that may pass is not kept),
+one question in flight per origin however many clients ask. Must not know how an origin lists
+or locates its bucket, nor HTTP."""
 
 from __future__ import annotations
 

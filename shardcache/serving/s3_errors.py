@@ -1,24 +1,7 @@
-"""S3's answers to S3 clients: which requests are theirs, the `x-amz-request-id` every answer
-carries, and errors as S3's XML with S3's codes and statuses.
-
-Which requests are an S3 client's (`is_s3_request`): a virtual-hosted bucket in `Host`
-(`BUCKET.localhost`), an `Authorization` of AWS's schemes (`AWS4-HMAC-SHA256 …`, `AWS …`), any
-`x-amz-*` header (every SDK signs `x-amz-date` and `x-amz-content-sha256`), an AWS SDK's
-`User-Agent` (an unsigned SDK may send no other mark), or an S3 query
-parameter (`list-type`, `prefix`, `location`, `partNumber`, `x-id`, a presigned
-`X-Amz-Signature`, …). A plain `curl http://127.0.0.1:8470/NAME/KEY` has none of these and
-keeps its JSON errors; the admin routes (`/_/…`) and the probes never take S3's shape.
-
-Errors are what the JSON path would answer (`middleware.errors_as_json` counts and logs them,
-once), told as S3 tells them:
-
-    NoSuchKey 404, NoSuchBucket 404, InvalidArgument 400, InvalidRange 416,
-    AccessDenied 403, MethodNotAllowed 405, PreconditionFailed 412, SlowDown 503 (+ Retry-After),
-    ServiceUnavailable 503 (the origin or the local store failed: clients retry it),
-    NotImplemented 501, InternalError 500 (a bug, logged with its traceback)
-
-What this module must not know: how a request is served (`s3_api`, `objects`).
-"""
+"""S3's answers to S3 clients: which requests are theirs (`is_s3_request`), the
+`x-amz-request-id` every answer carries, and errors as S3's XML with S3's codes and statuses
+(the JSON path's errors, counted and logged there once). Must not know how a request is
+served (`s3_api`, `objects`)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""S3 names to origins: which configured origin serves a client's `s3://BUCKET/KEY`, and under
-what key (pure).
-
-    BUCKET names an origin          that origin; KEY is its key (`/NAME/KEY`, as today)
-    else, S3 origins of BUCKET      the one whose prefix is the longest that starts KEY;
-                                    its key is the rest (`lake=s3://my-bucket/datasets/laion`
-                                    serves `s3://my-bucket/datasets/laion/a.tar` as `a.tar`)
-
-An origin's name wins over another origin's bucket of the same name, so that a `/NAME/KEY`
-URL never changes meaning when an origin is added; an S3 origin named after its own bucket
-(with no prefix) is both at once. Two S3 origins of one bucket and one prefix (the same bucket
-name at two endpoints) are told apart by name: the first by name serves it. A cache entry is
-the origin's URL of the object (`keys`), so a key read as `s3://BUCKET/KEY` and as
-`/NAME/KEY` is one entry, filled once.
-
-Virtual-hosted requests name the bucket in `Host`: `BUCKET.localhost[:PORT]` (RFC 6761 keeps
-every `*.localhost` name on loopback) or `BUCKET.127.0.0.1[:PORT]`; no other name is taken
-for a bucket, so the loopback Host guard (`access.is_foreign_host`) still refuses the rest.
-"""
+"""S3 names to origins (pure): a client's `s3://BUCKET/KEY` is served by the origin named BUCKET,
+else by the S3 origin of BUCKET whose prefix is the longest that starts KEY, under the rest of
+KEY; `s3://B/P/KEY` and `/NAME/KEY` are one entry. Virtual-hosted buckets only from loopback
+names (`BUCKET.localhost`, `BUCKET.127.0.0.1`)."""
 
 from __future__ import annotations
 

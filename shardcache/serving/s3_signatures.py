@@ -1,27 +1,7 @@
-"""AWS Signature Version 4 as S3 checks it: whether an S3 client's request was signed with an
-access key the daemon is configured with (`--s3-access-keys-file`), in the `Authorization`
-header (`AWS4-HMAC-SHA256 Credential=…, SignedHeaders=…, Signature=…`) or as a presigned URL's
-query (`X-Amz-Algorithm=…&X-Amz-Signature=…`). Pure: the request's parts and the clock in.
-
-    canonical request   METHOD, the path decoded and encoded again as S3 encodes it (each byte
-                        but A-Z a-z 0-9 - . _ ~ / as %XX: never encoded twice), the query sorted
-                        and encoded (a presigned URL's X-Amz-Signature left out), each signed
-                        header's value trimmed, the signed header names, the payload's hash
-                        (`x-amz-content-sha256`; UNSIGNED-PAYLOAD for a presigned URL)
-    string to sign      AWS4-HMAC-SHA256, the request's time, its scope, the canonical
-                        request's SHA-256
-    signing key         HMAC-SHA256 from "AWS4" + secret through date, region, "s3",
-                        "aws4_request"; the signature compared with `hmac.compare_digest`
-
-Refused as S3 refuses (`SignatureRefused`, S3's code): a key id not configured
-(`InvalidAccessKeyId`), a signature that does not match (`SignatureDoesNotMatch`), a request
-time more than 15 minutes from the daemon's clock (`RequestTimeTooSkewed`), a presigned URL past
-its `X-Amz-Expires` (`AccessDenied`, "Request has expired"), an `x-amz-*` header that was not
-signed (`AccessDenied`), a malformed header or query (400). The region is the client's: any
-region signs. A secret is never put in a message, a log line or an answer.
-
-What this module must not know: aiohttp, where the keys come from, who may read what (`access`).
-"""
+"""AWS Signature Version 4 as S3 checks it, header and presigned forms, against the access keys
+the daemon is configured with (pure: the request's parts and the clock in). Refused as S3
+refuses (`SignatureRefused` with S3's code); a secret is never put in a message or a log.
+Must not know aiohttp, where the keys come from, or who may read what (`access`)."""
 
 from __future__ import annotations
 
