@@ -1,5 +1,5 @@
 """What runs in training workers: the standard library only, so a training image needs no
-daemon dependency (`pip install shardcache`, no extra, or these files copied).
+daemon dependency (the package without an extra, from a clone, or these files copied).
 
 Parts:
 
