@@ -4,8 +4,8 @@ goes through.
 Parts, top down:
 
 - `server`: the application and its routes (health, metrics, the `/_/` catch-all); `objects`:
-  the object path (`GET|HEAD /NAME/KEY`): preconditions, range, the status and headers, the
-  body, and the abort after the first byte; `admin`: the `/_/` routes (purge, ls, prefetch,
+  the object path (`GET|HEAD /NAME/KEY`): the lease, the body, and the abort after the first
+  byte; `object_headers`: its status and headers, the 304 or 412, the range; `admin`: the `/_/` routes (purge, ls, prefetch,
   plans, verify, origins, status) and their request bodies.
 - `middleware`: what every request passes before its handler (the Host check, the admin
   token, the connection guard's clocks, JSON errors); `server_state`: `ServingContext`, the

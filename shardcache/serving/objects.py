@@ -10,14 +10,14 @@ import contextlib
 import logging
 import socket
 import struct
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 
 from shardcache.cache.fill import FillState
 from shardcache.cache.lease import Lease, Result
-from shardcache.checksums import Checksum, to_headers
+from shardcache.checksums import Checksum
 from shardcache.errors import (
     FillAbandoned,
     IntegrityError,
@@ -27,7 +27,7 @@ from shardcache.errors import (
     ShuttingDown,
     TierLoop,
 )
-from shardcache.keys import ERROR_KIND_HEADER, TIER_REQUEST_HEADER
+from shardcache.keys import TIER_REQUEST_HEADER
 from shardcache.observability.logs import BODY_BYTES, CLIENT_GONE
 from shardcache.observability.metrics import Metrics
 from shardcache.serving.body import (
@@ -40,22 +40,18 @@ from shardcache.serving.body import (
     settle_empty,
 )
 from shardcache.serving.conditionals import (
-    Outcome,
     Validators,
-    evaluate,
-    fields_of,
-    http_date,
     is_conditional,
-    quoting_bare_etags,
-    range_applies,
 )
-from shardcache.serving.middleware import json_error
-from shardcache.serving.ranges import ByteRange, parse_range
-from shardcache.serving.s3_errors import S3_KEY
+from shardcache.serving.object_headers import (
+    object_response,
+    precondition_response,
+    wanted_range,
+)
+from shardcache.serving.ranges import ByteRange
 from shardcache.serving.server_state import CONTEXT_KEY, ServerState, ServingContext
 
 log = logging.getLogger("shardcache.server")
-DEFAULT_CONTENT_TYPE = "application/octet-stream"
 CHECKSUM_MODE_HEADER = "x-amz-checksum-mode"
 
 
@@ -76,82 +72,6 @@ def _abort(request: web.Request, discard_unsent: bool = False) -> None:
     request.transport.abort()
 
 
-def object_response(
-    result: Result,
-    size_bytes: int,
-    etag: str | None,
-    content_type: str | None,
-    byte_range: ByteRange | None,
-    checksums: tuple[Checksum, ...] = (),
-    verified_by: tuple[str, ...] = (),
-    last_modified: float | None = None,
-) -> web.StreamResponse:
-    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
-
-    A whole-object answer republishes the checksums the cache verified (`Content-MD5`,
-    `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well; a hit says
-    what its entry was verified against (`X-Shardcache-Verified: length, Content-MD5`).
-    """
-    headers = {
-        "Accept-Ranges": "bytes",
-        "Content-Type": content_type or DEFAULT_CONTENT_TYPE,
-        "X-Shardcache": result.value,
-    }
-    if etag:
-        headers["ETag"] = etag
-    if last_modified is not None:
-        headers["Last-Modified"] = http_date(last_modified)
-    if verified_by:
-        headers["X-Shardcache-Verified"] = ", ".join(verified_by)
-    if byte_range is None:
-        headers.update(to_headers(checksums))
-    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
-    if byte_range is not None:
-        response.headers["Content-Range"] = byte_range.content_range(size_bytes)
-    response.content_length = byte_range.length if byte_range else size_bytes
-    return response
-
-
-def _precondition_response(
-    request: web.Request, result: Result, validators: Validators
-) -> web.StreamResponse | None:
-    """The 304 or 412 that the request's preconditions call for (RFC 9110 §13.2.2), or None
-    to answer with the object.
-
-    A 304 carries the validators a cache needs to update what it holds (§15.4.5) and no
-    body; a 412 is a JSON error like any other."""
-    outcome = evaluate(_conditional_fields(request), validators)
-    if outcome is Outcome.PROCEED:
-        return None
-    headers = {"X-Shardcache": result.value}
-    if validators.etag:
-        headers["ETag"] = validators.etag
-    if validators.last_modified is not None:
-        headers["Last-Modified"] = http_date(validators.last_modified)
-    if outcome is Outcome.NOT_MODIFIED:
-        return web.Response(status=304, headers=headers)
-    headers[ERROR_KIND_HEADER] = "precondition"
-    return json_error(412, "a precondition of the request does not hold", headers)
-
-
-def _conditional_fields(request: web.Request) -> Mapping[str, str]:
-    """The request's conditional fields; an S3 client's bare ETags quoted, as S3 reads them."""
-    fields = fields_of(request.headers)
-    return quoting_bare_etags(fields) if request.get(S3_KEY) is not None else fields
-
-
-def _wanted_range(
-    request: web.Request, validators: Validators, size_bytes: int
-) -> ByteRange | None:
-    """The range to send, or None for the whole object: RFC 9110 §13.1.5, an If-Range that
-    does not hold means the whole object with a 200. Raises RangeNotSatisfiable."""
-    if "Range" not in request.headers:
-        return None
-    if not range_applies(_conditional_fields(request), validators):
-        return None
-    return parse_range(request.headers.get("Range"), size_bytes)
-
-
 async def _answer_before_fetching(
     request: web.Request, context: ServingContext
 ) -> web.StreamResponse | None:
@@ -169,7 +89,7 @@ async def _answer_before_fetching(
     except OriginError as exc:
         log.debug("no validators for %s before its GET: %s", request.path, exc)
         return None
-    answer = _precondition_response(request, result, Validators(info.etag, info.last_modified))
+    answer = precondition_response(request, result, Validators(info.etag, info.last_modified))
     if answer is not None:
         context.metrics.request_counted(origin, result.value)
     return answer
@@ -258,12 +178,12 @@ async def _respond(
     leased, else the status and headers, then the body (`_send`)."""
     metrics = context.metrics
     validators = Validators(lease.etag, lease.last_modified)
-    answer = _precondition_response(request, lease.result, validators) if conditional else None
+    answer = precondition_response(request, lease.result, validators) if conditional else None
     if answer is not None:  # the object changed since the check before the GET
         await _confirmed(lease)
         metrics.request_counted(lease.origin, lease.result.value)
         return answer
-    byte_range = _wanted_range(request, validators, lease.size_bytes)
+    byte_range = wanted_range(request, validators, lease.size_bytes)
     start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
     if start == end:  # an empty object (ranges of it are 416)
         await settle_empty(lease.fill, lease.stream, context.state.read_timeout_s)
@@ -517,10 +437,10 @@ async def head_object(request: web.Request) -> web.StreamResponse:
     cache = context.cache
     result, info = await cache.head(request.match_info["origin"], request.match_info["key"])
     validators = Validators(info.etag, info.last_modified)
-    answer = _precondition_response(request, result, validators)
+    answer = precondition_response(request, result, validators)
     if answer is not None:
         return answer
-    byte_range = _wanted_range(request, validators, info.size_bytes)
+    byte_range = wanted_range(request, validators, info.size_bytes)
     return object_response(
         result,
         info.size_bytes,

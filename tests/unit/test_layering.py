@@ -55,6 +55,7 @@ ORDER: dict[str, list[str]] = {
         "serving.server",
         "serving.s3_api",
         "serving.objects",
+        "serving.object_headers",
         "serving.admin",
         "serving.status_page",
         "serving.s3_errors",
