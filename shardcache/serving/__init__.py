@@ -5,8 +5,8 @@ Parts, top down:
 
 - `server`: the application and its routes (health, metrics, the `/_/` catch-all); `objects`:
   the object path (`GET|HEAD /NAME/KEY`): the lease, the body, and the abort after the first
-  byte; `object_headers`: its status and headers, the 304 or 412, the range; `admin`: the `/_/` routes (purge, ls, prefetch,
-  plans, verify, origins, status) and their request bodies.
+  byte; `object_headers`: its status and headers, the 304 or 412, the range; `admin`: the
+  `/_/` routes (purge, ls, prefetch, plans, verify, origins, status) and their request bodies.
 - `middleware`: what every request passes before its handler (the Host check, the admin
   token, the connection guard's clocks, JSON errors); `server_state`: `ServingContext`, the
   one typed object the handlers reach the daemon through (one `AppKey`, built by the daemon),
