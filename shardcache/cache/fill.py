@@ -22,7 +22,7 @@ from shardcache.cache.fill_state import (
     IllegalTransition,
     check_transition,
 )
-from shardcache.cache.passthrough import ContinuedStream, RelayedStream
+from shardcache.cache.passthrough import CheckedStream, ContinuedStream, RelayedStream
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import (
@@ -112,7 +112,7 @@ class Fill:
         self._requests = OriginRequests(
             origin, origin_key, parts.policy, self._tally, limiter, started
         )
-        self._passthrough: OriginStream | None = None
+        self._passthrough: CheckedStream | None = None
         self.is_kept = True  # False once purged: it finishes for its readers, uncommitted
         self._on_unwanted = on_unwanted
         self._stop_reason: ShardcacheError | None = None
@@ -260,14 +260,14 @@ class Fill:
         await self.readers.until(lambda: self._has_ended)
         return self.state
 
-    def take_passthrough(self) -> OriginStream:
+    def take_passthrough(self) -> CheckedStream:
         """Hand the starter the open origin stream of an uncacheable object (once)."""
         stream, self._passthrough = self._passthrough, None
         if stream is None:
             raise RuntimeError("passthrough stream already taken")
         return stream
 
-    async def join_passthrough(self, reader_left: asyncio.Event | None = None) -> OriginStream:
+    async def join_passthrough(self, reader_left: asyncio.Event | None = None) -> CheckedStream:
         """A stream for another reader of an uncacheable object: its own whole-object GET of
         the version the starter learned checksums for (If-Match on its ETag), with those
         checksums. Another version is refused (OriginChanged), whatever the origin did with
@@ -288,7 +288,7 @@ class Fill:
             joining.cancel()  # a no-op once done
         return joining.result()
 
-    async def _join_passthrough(self) -> OriginStream:
+    async def _join_passthrough(self) -> CheckedStream:
         if self.state is not FillState.PASSTHROUGH or self.info is None:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
         return await RelayedStream.open(self._requests, self.info, self.checksums)

@@ -12,8 +12,9 @@ from typing import Any
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill
+from shardcache.cache.passthrough import CheckedStream
 from shardcache.checksums import Checksum, from_headers
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream
+from shardcache.origins.base import ObjectInfo, Origin
 
 
 def info_of(meta: EntryMeta) -> ObjectInfo:
@@ -48,7 +49,7 @@ class Lease:
     entry: Entry | None = None
     fill: Fill | None = None
     fill_fd: int = -1
-    stream: OriginStream | None = None
+    stream: CheckedStream | None = None  # verifies itself before it ends
     checksums: tuple[Checksum, ...] = ()  # verified ones, published on whole-object answers
     verified_by: tuple[str, ...] = ()  # what a cached entry was verified against, for hits
     last_modified: float | None = None  # the origin's, seconds since the epoch

@@ -140,4 +140,8 @@ async def verified(chunks: AsyncIterator[bytes], info: ObjectInfo) -> AsyncItera
         info.sent_by.bytes_verified()
 
 
-__all__ = ["ContinuedStream", "RelayedStream", "verified"]
+# What a lease streams through: only these, each verifying itself before it ends (`verified`),
+# so the serving side, which only writes bytes, cannot be handed an unchecked stream.
+CheckedStream = ContinuedStream | RelayedStream
+
+__all__ = ["CheckedStream", "ContinuedStream", "RelayedStream", "verified"]

@@ -15,9 +15,10 @@ import termios
 from collections.abc import Awaitable, Callable
 
 from shardcache.cache.fill import Fill
+from shardcache.cache.passthrough import CheckedStream
 from shardcache.config.options import default as option_default
 from shardcache.errors import FillAbandoned
-from shardcache.origins.base import OriginStream, with_read_timeout
+from shardcache.origins.base import with_read_timeout
 
 FALLBACK_CHUNK_BYTES = 1 << 20
 DEFAULT_SEND_TIMEOUT_S: float = option_default("client_send_timeout")  # the table's, not a copy
@@ -286,7 +287,7 @@ async def send_fill(
 
 
 async def settle_empty(
-    fill: Fill | None, stream: OriginStream | None, read_timeout_s: float
+    fill: Fill | None, stream: CheckedStream | None, read_timeout_s: float
 ) -> None:
     """For an empty object, wait for the verdict before any header is sent: an empty
     response has no last byte to hold back, so a failure could not be shown after the headers.
@@ -303,7 +304,7 @@ async def settle_empty(
 
 
 async def send_stream(
-    stream: OriginStream,
+    stream: CheckedStream,
     write: Write,
     start: int,
     end: int,
