@@ -151,23 +151,14 @@ class LeastRecentlyUsed:
         return _state("lru", bypassed, self.area, is_serving=True)
 
 
-class ScanResistant:
+class ScanResistant(LeastRecentlyUsed):
     """LRU, but a fill whose victim admission protects streams through instead; look-ahead
     prefetches wait in the transient area until read once. A read of one is no hit on the
-    resident set."""
-
-    plans: PlanBook | None = None
+    resident set. Overrides only what differs from LRU."""
 
     def __init__(self, admission: ScanResistantAdmission, transient_max_bytes: int = 0) -> None:
         self.admission = admission
         self.area = TransientArea(transient_max_bytes)
-
-    @property
-    def ordinary(self) -> EvictionPolicy:
-        return self
-
-    def on_open(self, cached: Callable[[], Iterable[str]]) -> None:
-        pass
 
     def on_request(self, key: str, found: bool) -> None:
         self.admission.on_request(key, found and not self.area.holds(key))
@@ -175,23 +166,11 @@ class ScanResistant:
     def on_warm(self, key: str) -> None:
         self.admission.on_request(key, False)
 
-    def on_commit(self, key: str) -> None:
-        pass
-
-    def on_evict(self, key: str) -> None:
-        pass
-
     def is_transient(self, key: str, look_ahead: bool, read_now: bool) -> bool:
         return look_ahead or read_now
 
     def is_protected(self, key: str) -> bool:
         return self.admission.is_protected(key)
-
-    def area_free_bytes(self) -> int:
-        return self.area.free_bytes()
-
-    def next_use_s(self, key: str) -> float | None:
-        return None
 
     def choose(
         self,
@@ -200,10 +179,8 @@ class ScanResistant:
         protect: bool,
         is_spared: Callable[[str], bool],
     ) -> str | None:
-        if not candidates:
-            return None
-        key = candidates[0]
-        if protect and self.admission.is_protected(key):
+        key = super().choose(candidates, for_key, protect, is_spared)
+        if key is not None and protect and self.admission.is_protected(key):
             raise NotAdmitted(f"the entries eviction would take are in use (first: {key})")
         return key
 

@@ -175,7 +175,7 @@ def test_with_no_candidate_no_policy_evicts() -> None:
 
 
 def test_the_ordinary_policy_is_lru_without_admission_and_scan_resistant_with() -> None:
-    assert isinstance(policy_for(None, None), LeastRecentlyUsed)
+    assert type(policy_for(None, None)) is LeastRecentlyUsed  # not its subclass
     assert isinstance(policy_for(ScanResistantAdmission(), None), ScanResistant)
 
 
