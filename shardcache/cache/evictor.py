@@ -80,7 +80,8 @@ class Evictor:
     # -- what the store tells it, with its lock held ----------------------------------------
 
     def touch(self, key: str) -> None:
-        """`key` was read now: its access time, written with the next batch."""
+        """`key` was read now: its access time, written with the next batch. Takes no lock (a
+        GIL-atomic store), so a hit on the event loop never waits for an eviction."""
         self._touched[key] = time.time()
 
     def pending_touches(self) -> Mapping[str, float]:
@@ -175,7 +176,11 @@ class Evictor:
 
     def flush_touches(self) -> None:
         """Write the batched access times in one transaction."""
-        touched, self._touched = self._touched, {}
+        batch, self._touched = self._touched, {}
+        # One C-level copy: a touch that took the old batch just before the swap writes into
+        # it unlocked, and must not change it while it is written (at worst that read's time
+        # waits for the next batch).
+        touched = dict(batch)
         if touched:
             self._index().write_access_times(touched)
 

@@ -151,8 +151,7 @@ class Store:
         except CacheError:
             os.close(fd)
             raise
-        with self._lock:
-            self._evictor.touch(key)
+        self._evictor.touch(key)  # no store lock: an eviction may hold it (event loop)
         return Entry(fd, meta)
 
     def note_request(self, key: str, found: bool) -> None:

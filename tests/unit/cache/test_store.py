@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shardcache.cache.entry import EntryMeta
+from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.store import Store
 from shardcache.errors import CacheError, CacheFull
 
@@ -183,3 +184,23 @@ def test_drop_if_open_drops_only_the_version_its_descriptor_holds(store: Store) 
         assert not store.walks.drop_if_open("k", old.fd)  # nothing indexed: nothing to drop
     finally:
         old.close()
+
+
+def test_a_remembered_lookup_never_waits_for_the_store_lock(store: Store) -> None:
+    """`lookup_remembered` runs on the event loop: it must not take the lock an eviction holds
+    on a worker thread (deletes, SQLite, file removal), or every hit waits for the eviction."""
+    _fill(store, "k", b"x" * 100)
+    first = store.lookup("k")  # read once: remembered from now on
+    assert first is not None
+    first.close()
+    found: list[object] = []
+    with store._lock:  # an eviction in progress
+        reader = threading.Thread(target=lambda: found.append(store.lookup_remembered("k")))
+        reader.start()
+        reader.join(5)
+        waited = reader.is_alive()
+    reader.join()
+    assert not waited, "a remembered hit waited for the store's lock"
+    entry = found[0]
+    assert isinstance(entry, Entry) and entry.meta.size_bytes == 100
+    entry.close()
