@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Literal
 
 import pytest
@@ -68,15 +67,6 @@ def origin() -> FakeOrigin:
     fake = FakeOrigin(chunk_bytes=CHUNK)
     fake.gate = Turnstile()
     return fake
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(tmp_path / "cache", 8 * MiB)
-    yield store
-    assert store.check() == []
-    assert store.usage().reserved_bytes == 0, "a fill kept its reservation"
-    store.close()
 
 
 @pytest.fixture

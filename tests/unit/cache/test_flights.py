@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -48,15 +47,6 @@ class HeldOrigin(FakeOrigin):
 @pytest.fixture
 def origin() -> HeldOrigin:
     return HeldOrigin()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    store = Store(tmp_path / "cache", 8 * MiB)
-    yield store
-    assert store.check() == []
-    assert store.usage().reserved_bytes == 0, "a fill kept its reservation"
-    store.close()
 
 
 @pytest.fixture
