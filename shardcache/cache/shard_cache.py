@@ -133,13 +133,7 @@ class ShardCache:
         origin, url = self.cache_key(origin_name, key)
         entry = await self.flights.look(url, lambda: self._lookup(url))  # re-checked inside
         if isinstance(entry, Entry):
-            self.store.note_request(url, found=True)
-            # Unpin only now that the file is open: unpinned before, a reservation could
-            # evict it while the lookup runs (then the prefetch would be wasted, refetched).
-            self._read_prefetched(origin, url, None)
-            verified_by = tuple(entry.meta.verified_by)
-            info = info_of(entry.meta)
-            return Lease.of(Result.HIT, origin, info, entry=entry, verified_by=verified_by)
+            return self._hit_lease(origin, url, entry)
         self.store.note_request(url, found=False)
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
         fill.hold()  # in the same step as joining: see `_drop_unwanted`
@@ -150,6 +144,35 @@ class ShardCache:
         except BaseException:
             fill.let_go()  # a failed fill, or a caller gone while it waited
             raise
+
+    def open_hit(self, origin_name: str, key: str, accept: Callable[[Entry], bool]) -> Lease | None:
+        """`open` at once, on the event loop, for a hit whose index row is remembered (the hit
+        lane's question); None for anything else, or when `accept` declines the entry: then
+        ask `open`. Nothing is counted before `accept` (the entry's access time is touched).
+        Raises UnknownOrigin and InvalidKey as `open` does."""
+        origin, url = self.cache_key(origin_name, key)
+        if self.flights.get(url) is not None:
+            return None  # a fill in flight: `open` decides what it is
+        try:
+            entry = self.store.lookup_remembered(url)
+        except CacheError:
+            return None  # `open` logs it, and treats it as a miss
+        if entry is None:
+            return None
+        if not accept(entry):
+            entry.close()
+            return None
+        return self._hit_lease(origin, url, entry)
+
+    def _hit_lease(self, origin: Origin, url: str, entry: Entry) -> Lease:
+        self.store.note_request(url, found=True)
+        # Unpin only now that the file is open: unpinned before, a reservation could
+        # evict it while the lookup runs (then the prefetch would be wasted, refetched).
+        self._read_prefetched(origin, url, None)
+        verified_by = tuple(entry.meta.verified_by)
+        return Lease.of(
+            Result.HIT, origin, info_of(entry.meta), entry=entry, verified_by=verified_by
+        )
 
     async def _lease_of(
         self, origin: Origin, url: str, fill: Fill, joined: bool, reader_left: asyncio.Event | None

@@ -48,6 +48,7 @@ from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
+from shardcache.serving.hit_lane import HitLane
 from shardcache.serving.server import make_app
 from shardcache.serving.server_state import InFlight, ServerState, ServingContext
 from shardcache.units import format_size
@@ -69,6 +70,7 @@ class Started:
     scrub: Scrubber
     runner: web.AppRunner
     readouts: Readouts  # the status document and the scrape-time gauges, read from the above
+    lane: HitLane  # answers plain hits in front of the runner's protocol
 
 
 class Daemon:
@@ -145,10 +147,10 @@ class Daemon:
         raise_open_file_limit(settings.max_connections)
         try:
             # aiohttp's low-level server as its docs show it (`loop.create_server(server, …)`),
-            # its protocol wrapped so the guard sees every connection.
+            # behind the hit lane, wrapped so the guard sees every connection.
             assert started.runner.server is not None
             self._listener = await asyncio.get_running_loop().create_server(
-                self.guard.protocol_factory(started.runner.server),
+                self.guard.protocol_factory(started.lane.protocol_factory(started.runner.server)),
                 settings.listen_host,
                 settings.listen_port,
                 reuse_address=True,
@@ -219,6 +221,14 @@ class Daemon:
             position_file=settings.cache_dir / LAYOUT_VERSION / "scrub-position.json",
         )
         self.state.scrub = scrub  # POST /_/verify
+        access = AccessPolicy(
+            settings.admin_token,
+            settings.require_token_for_reads,
+            settings.is_loopback,
+            settings.s3_access_keys,
+        )
+        context = ServingContext(cache, prefetch, self.metrics, self.state, access, self.guard)
+        lane = HitLane(context)
         readouts = Readouts(
             listen=settings.listen,
             cache_dir=str(settings.cache_dir),
@@ -230,20 +240,13 @@ class Daemon:
             prefetch=prefetch,
             scrub=scrub,
             guard=self.guard,
+            lane=lane,
             receivers=self.receivers,
             origins=self.origins,
         )
         self.metrics.watch_cache(readouts.cache_gauges)
         self.metrics.watch_scrub(readouts.scrub_gauges)
-        access = AccessPolicy(
-            settings.admin_token,
-            settings.require_token_for_reads,
-            settings.is_loopback,
-            settings.s3_access_keys,
-        )
-        app = make_app(
-            ServingContext(cache, prefetch, self.metrics, self.state, access, self.guard)
-        )
+        app = make_app(context)
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(
             app,
@@ -257,7 +260,7 @@ class Daemon:
             # encoded one is refused (`middleware.admit_request`).
             auto_decompress=False,
         )
-        return Started(store, cache, prefetch, scrub, runner, readouts)
+        return Started(store, cache, prefetch, scrub, runner, readouts, lane)
 
     async def stop(self) -> None:
         """Drain and stop, in order: (1) refuse new work with 503 and fail /readyz, stop the

@@ -26,6 +26,7 @@ from shardcache.origins.base import Origin
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.connections import ConnectionGuard
+from shardcache.serving.hit_lane import HitLane
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,7 @@ class Readouts:
     prefetch: PrefetchQueue
     scrub: Scrubber
     guard: ConnectionGuard
+    lane: HitLane
     receivers: ReceiverPool
     origins: OriginTable  # the daemon's, replaced whole on reload: each reading is current
 
@@ -84,6 +86,7 @@ class Readouts:
             self.prefetch.failed,
             self.cache.unread_bytes,
             self.guard.open_count,
+            self.lane.answered,
             state.policy,
             state.bypassed,
             state.transient_bytes,

@@ -29,6 +29,7 @@ class CacheGauges:
     prefetch_failed: int = 0
     prefetch_unread_bytes: int = 0
     client_connections: int = 0
+    hit_lane_answers: int = 0  # hits answered in front of aiohttp (`serving.hit_lane`)
     eviction_policy: str = "lru"
     admission_bypassed: int = 0
     transient_bytes: int = 0
@@ -97,6 +98,11 @@ class CacheCollector(Collector):
             "shardcache_client_connections",
             "Client connections open (--max-connections bounds them)",
             value=state.client_connections,
+        )
+        yield CounterMetricFamily(
+            "shardcache_hit_lane_requests",
+            "GET hits answered by the hit lane, in front of aiohttp's request handling",
+            value=state.hit_lane_answers,
         )
         # Counters the prefetch queue keeps itself, exported as counters at scrape time.
         yield CounterMetricFamily(

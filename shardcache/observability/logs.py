@@ -185,26 +185,52 @@ class AccessLogger(AbstractAccessLogger):
         if not self.logger.isEnabledFor(level):
             return  # `--log-level warning`: nothing to build
         is_gone = request.get(CLIENT_GONE, False)
-        fields = {
-            "method": request.method,
-            "path": escape_controls(request.path),
-            "status": CLIENT_CLOSED_STATUS if is_gone else response.status,
-            "result": response.headers.get("X-Shardcache", "-"),
-            "bytes": _body_bytes(request, response),
-            "duration_s": round(time_s, 6),
-            "remote": request.remote,
-        }
-        self.logger.log(
+        log_access(
+            self.logger,
             level,
-            "%s %s %d %s %d %.3fms",
-            fields["method"],
-            redact(str(fields["path"])),
-            fields["status"],
-            fields["result"],
-            fields["bytes"],
-            time_s * 1000,
-            extra={"fields": fields},
+            request.method,
+            request.path,
+            CLIENT_CLOSED_STATUS if is_gone else response.status,
+            response.headers.get("X-Shardcache", "-"),
+            _body_bytes(request, response),
+            time_s,
+            request.remote,
         )
+
+
+def log_access(
+    logger: logging.Logger,
+    level: int,
+    method: str,
+    path: str,
+    status: int,
+    result: str,
+    body_bytes: int,
+    time_s: float,
+    remote: str | None,
+) -> None:
+    """One access line (aiohttp's requests and the hit lane's alike): text, and the same as
+    `fields` for the JSON format."""
+    fields = {
+        "method": method,
+        "path": escape_controls(path),
+        "status": status,
+        "result": result,
+        "bytes": body_bytes,
+        "duration_s": round(time_s, 6),
+        "remote": remote,
+    }
+    logger.log(
+        level,
+        "%s %s %d %s %d %.3fms",
+        method,
+        redact(str(fields["path"])),
+        status,
+        result,
+        body_bytes,
+        time_s * 1000,
+        extra={"fields": fields},
+    )
 
 
 def _body_bytes(request: BaseRequest, response: StreamResponse) -> int:

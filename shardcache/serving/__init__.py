@@ -11,6 +11,9 @@ Parts, top down:
   token, the connection guard's clocks, JSON errors); `server_state`: `ServingContext`, the
   one typed object the handlers reach the daemon through (one `AppKey`, built by the daemon),
   and the `ServerState` they read.
+- `hit_lane`: a plain GET of a remembered, checked entry answered on the connection's protocol
+  in front of aiohttp (the same answer, cheaper); anything else goes to aiohttp for good;
+  `hit_answer`: one such answer, its head and body.
 - `body`: response bodies on the socket: `os.sendfile` from cache files and from fills being
   tailed, pass-through streams; any failure after the first byte aborts the connection.
 - `ranges`: one `Range` header parsed (pure); `conditionals`: the RFC 9110 §13 preconditions

@@ -37,30 +37,47 @@ def object_response(
     verified_by: tuple[str, ...] = (),
     last_modified: float | None = None,
 ) -> web.StreamResponse:
-    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place).
+    """The status and headers of a GET or HEAD of an object (the HTTP contract's one place:
+    `object_fields` gives its fields, in order)."""
+    fields = object_fields(
+        result, etag, content_type, byte_range, checksums, verified_by, last_modified
+    )
+    response = web.StreamResponse(status=206 if byte_range else 200, headers=fields)
+    if byte_range is not None:
+        response.headers["Content-Range"] = byte_range.content_range(size_bytes)
+    response.content_length = byte_range.length if byte_range else size_bytes
+    return response
+
+
+def object_fields(
+    result: Result,
+    etag: str | None,
+    content_type: str | None,
+    byte_range: ByteRange | None,
+    checksums: tuple[Checksum, ...] = (),
+    verified_by: tuple[str, ...] = (),
+    last_modified: float | None = None,
+) -> dict[str, str]:
+    """An object answer's fields but its length and range, in the order they are sent.
 
     A whole-object answer republishes the checksums the cache verified (`Content-MD5`,
     `x-amz-checksum-*`), so a shardcache tier below can verify end to end as well; a hit says
     what its entry was verified against (`X-Shardcache-Verified: length, Content-MD5`).
     """
-    headers = {
+    fields = {
         "Accept-Ranges": "bytes",
         "Content-Type": content_type or DEFAULT_CONTENT_TYPE,
         "X-Shardcache": result.value,
     }
     if etag:
-        headers["ETag"] = etag
+        fields["ETag"] = etag
     if last_modified is not None:
-        headers["Last-Modified"] = http_date(last_modified)
+        fields["Last-Modified"] = http_date(last_modified)
     if verified_by:
-        headers["X-Shardcache-Verified"] = ", ".join(verified_by)
+        fields["X-Shardcache-Verified"] = ", ".join(verified_by)
     if byte_range is None:
-        headers.update(to_headers(checksums))
-    response = web.StreamResponse(status=206 if byte_range else 200, headers=headers)
-    if byte_range is not None:
-        response.headers["Content-Range"] = byte_range.content_range(size_bytes)
-    response.content_length = byte_range.length if byte_range else size_bytes
-    return response
+        fields.update(to_headers(checksums))
+    return fields
 
 
 def precondition_response(

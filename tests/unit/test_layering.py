@@ -54,6 +54,8 @@ ORDER: dict[str, list[str]] = {
     "serving": [
         "serving.server",
         "serving.s3_api",
+        "serving.hit_lane",
+        "serving.hit_answer",
         "serving.objects",
         "serving.object_headers",
         "serving.admin",

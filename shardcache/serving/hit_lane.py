@@ -1,0 +1,317 @@
+"""The hit lane: a plain `GET /NAME/KEY` whose answer is a remembered, checked cache entry is
+answered on the connection's protocol itself (parse, headers, `os.sendfile`), without aiohttp's
+request machinery, which costs more than the hit. Anything else, from the first request the lane
+does not take, goes to aiohttp on that connection for good. The answer is the one aiohttp's
+handler gives (`object_fields`, the same metrics and access line); `docs/architecture.md`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+from typing import cast
+
+from aiohttp.http import SERVER_SOFTWARE
+
+from shardcache.cache.entry import Entry, EntryMeta
+from shardcache.cache.lease import Lease, Result, info_of
+from shardcache.errors import ShardcacheError
+from shardcache.serving.access import is_foreign_host
+from shardcache.serving.conditionals import http_date
+from shardcache.serving.hit_answer import HitAnswer
+from shardcache.serving.object_headers import object_fields
+from shardcache.serving.s3_errors import SDK_AGENTS
+from shardcache.serving.s3_names import bucket_of_host
+from shardcache.serving.server_state import ServingContext
+
+log = logging.getLogger("shardcache.server")
+MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
+MAX_PIPELINED_BYTES = 65536  # read while a body is sent; past it, reading pauses
+# The only fields a request the lane answers may carry; any other (Range, a precondition,
+# Authorization, x-amz-*, a body's) is a question for aiohttp's handler.
+PLAIN_FIELDS = frozenset({b"host", b"user-agent", b"accept", b"accept-encoding", b"connection"})
+_TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, query or fragment
+KEPT_HEADS = 4096  # hits' heads kept, one per hot entry version (`_head_of`)
+_SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
+
+
+class PlainGet:
+    """The fields the lane reads of a request it may answer."""
+
+    __slots__ = ("path", "host")
+
+    def __init__(self, path: str, host: str | None) -> None:
+        self.path = path
+        self.host = host
+
+
+def parse_plain_get(head: bytes) -> PlainGet | None:
+    """`head` (without its blank line) as a plain HTTP/1.1 GET, or None when it is anything
+    else, or anything this strict reading is unsure of: aiohttp's parser then has the final say."""
+    lines = head.split(b"\r\n")
+    request_line = lines[0].split(b" ")
+    if len(request_line) != 3 or request_line[0] != b"GET" or request_line[2] != b"HTTP/1.1":
+        return None
+    target = request_line[1]
+    if not target.startswith(b"/") or not _TARGET_BYTES.issuperset(target):
+        return None
+    if b"//" in target or b"/." in target:  # aiohttp's URL normalizes dot segments
+        return None
+    host: str | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        name = name.lower()
+        if not colon or name not in PLAIN_FIELDS or b"\n" in value or b"\r" in value:
+            return None  # obs-fold, an unknown field, or a bare LF
+        text = value.strip(b" \t").decode("latin-1")
+        if name == b"host":
+            if host is not None:
+                return None
+            host = text
+        elif name == b"user-agent":
+            agent = text.lower()
+            if any(sdk in agent for sdk in SDK_AGENTS):
+                return None  # an S3 client's: answered as S3 answers (`s3_api`)
+        elif name == b"connection" and text.lower() != "keep-alive":
+            return None  # `close` is answered with its own field, by aiohttp
+    return PlainGet(target.decode("ascii"), host)
+
+
+def _may_become_plain(start: bytes) -> bool:
+    """Whether `start`, a head not yet whole, may still become a plain GET (else it is
+    aiohttp's to answer now: TLS on the plain port, binary garbage)."""
+    if not (start.startswith(b"GET /") or b"GET /".startswith(start)):
+        return False
+    return start.isascii() and b"\0" not in start
+
+
+class HitLane:
+    """Answers the plain GET hits of every connection (`protocol_factory`); one per daemon."""
+
+    def __init__(self, context: ServingContext, clock: Callable[[], float] = time.time) -> None:
+        self.context = context
+        self._clock = clock
+        self._date_second = -1
+        self._date_field = b""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._heads: dict[int, tuple[EntryMeta, bytes | None]] = {}
+        self.answered = 0  # requests answered here (the rest went to aiohttp)
+
+    def protocol_factory(
+        self, make_protocol: Callable[[], asyncio.Protocol]
+    ) -> Callable[[], asyncio.Protocol]:
+        """Put the lane in front of aiohttp's protocol on each connection."""
+        return lambda: LaneProtocol(self, make_protocol())
+
+    def answer(self, connection: LaneProtocol, request: PlainGet) -> bool:
+        """Answer `request` if it is a plain hit; False (having sent nothing) otherwise."""
+        context = self.context
+        if context.state.is_shutting_down or context.access.is_protected(request.path):
+            return False
+        if not connection.is_host_plain(request.host):
+            return False
+        origin, _, key = request.path[1:].partition("/")
+        if not key:
+            return False
+        began = asyncio.get_running_loop().time()
+        try:
+            lease = context.cache.open_hit(origin, key, self._is_sendable)
+        except ShardcacheError:
+            return False  # an unknown origin, a key refused: aiohttp's handler says so
+        if lease is None:
+            return False
+        self.answered += 1
+        context.prefetch.on_client_read(lease.origin, key)
+        answer = HitAnswer(self.context, connection, request.path, key, lease, began, self.keep)
+        answer.start(self.head_of(lease))
+        return True
+
+    def is_plain_host(self, host: str | None) -> bool:
+        """Whether a request with this `Host` is the lane's: not one aiohttp's handler refuses
+        (a foreign name on loopback), nor a virtual-hosted S3 request."""
+        if self.context.access.loopback_only and is_foreign_host(host):
+            return False
+        return bucket_of_host(host) is None
+
+    def _is_sendable(self, entry: Entry) -> bool:
+        return entry.meta.size_bytes > 0 and self._head_of(entry.meta) is not None
+
+    def _head_of(self, meta: EntryMeta) -> bytes | None:
+        """The status line and fields of a hit of `meta`'s entry but `Date` and `Server`, as
+        aiohttp's handler sends them; None when a field needs escaping (aiohttp refuses those
+        itself). Kept per `EntryMeta`: a hot entry's hits share one."""
+        kept = self._heads.get(id(meta))
+        if kept is not None and kept[0] is meta:
+            return kept[1]
+        info = info_of(meta)
+        fields = object_fields(
+            Result.HIT,
+            info.etag,
+            info.content_type,
+            None,
+            info.checksums,
+            tuple(meta.verified_by),
+            info.last_modified,
+        )
+        if any(("\r" in v or "\n" in v or "\0" in v) for v in fields.values()):
+            head = None
+        else:
+            lines = ["HTTP/1.1 200 OK\r\n"]
+            lines += [f"{name}: {value}\r\n" for name, value in fields.items()]
+            lines.append(f"Content-Length: {meta.size_bytes}\r\n")
+            head = "".join(lines).encode()
+        if len(self._heads) >= KEPT_HEADS:
+            self._heads.clear()
+        self._heads[id(meta)] = (meta, head)
+        return head
+
+    def head_of(self, lease: Lease) -> bytes:
+        """The status line and fields of `lease`'s hit, `Date` and `Server` included."""
+        assert lease.entry is not None
+        head = self._head_of(lease.entry.meta)
+        assert head is not None  # `_is_sendable` made it
+        return head + self._date() + _SERVER_FIELD + b"\r\n"
+
+    def _date(self) -> bytes:
+        """`Date: …`, made once a second."""
+        now = int(self._clock())
+        if now != self._date_second:
+            self._date_second = now
+            self._date_field = f"Date: {http_date(now)}\r\n".encode()
+        return self._date_field
+
+    def keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a body still being sent until it ends (the loop keeps only weak references)."""
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+class LaneProtocol(asyncio.Protocol):
+    """One connection: its requests go to the lane while it answers them, then (from the
+    first it does not) to aiohttp's protocol, which saw the connection made and sees every
+    event after. A request that arrives while a body is sent waits in `_buffer`."""
+
+    def __init__(self, lane: HitLane, inner: asyncio.Protocol) -> None:
+        self._lane = lane
+        self._inner = inner
+        self._buffer = b""
+        self._is_handed_over = False
+        self._is_paused = False
+        self._eof = False
+        self.sending = False
+        self.transport: asyncio.Transport = cast(asyncio.Transport, None)
+        self.socket_fd = -1
+        self.remote: str | None = None
+        self._plain_host: str | None = None  # the last `Host` found the lane's
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._inner.connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is None or transport.get_extra_info("sslcontext") is not None:
+            self._is_handed_over = True  # no sendfile through TLS
+            return
+        self.socket_fd = sock.fileno()
+        peer = transport.get_extra_info("peername")
+        self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else None
+
+    def data_received(self, data: bytes) -> None:
+        if self._is_handed_over:
+            self._inner.data_received(data)
+            return
+        self._buffer = self._buffer + data if self._buffer else data
+        if self.sending:
+            if len(self._buffer) > MAX_PIPELINED_BYTES and not self._is_paused:
+                self._is_paused = True
+                self.transport.pause_reading()
+            return
+        self._answer_buffered()
+
+    def _answer_buffered(self) -> None:
+        while self._buffer and not self.sending and not self._is_handed_over:
+            if self.transport.is_closing():
+                self._buffer = b""  # aborted after a failed body: nothing more is answered
+                return
+            buffer = self._buffer
+            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if len(buffer) > MAX_HEAD_BYTES or not _may_become_plain(buffer):
+                    self._hand_over()  # aiohttp's parser refuses garbage at once, not later
+                return
+            request = parse_plain_get(buffer[:end])
+            if request is None:
+                self._hand_over()
+                return
+            self._buffer = buffer[end + 4 :]  # before answering: the answer may end at once
+            if not self._lane.answer(self, request):
+                self._buffer = buffer
+                self._hand_over()
+                return
+
+    def is_host_plain(self, host: str | None) -> bool:
+        """`HitLane.is_plain_host`, asked once for the `Host` a connection keeps sending."""
+        if host is not None and host == self._plain_host:
+            return True
+        if not self._lane.is_plain_host(host):
+            return False
+        self._plain_host = host
+        return True
+
+    def answered(self) -> None:
+        """A body went out whole: go on with what arrived meanwhile."""
+        was_sending, self.sending = self.sending, False
+        if not was_sending:
+            return  # answered at once, inside `_answer_buffered`'s loop
+        if self._is_paused:
+            self._is_paused = False
+            self.transport.resume_reading()
+        if self._eof:  # the client is done sending: what is left is aiohttp's to answer
+            self._hand_over()
+            if not self._inner.eof_received():
+                self.transport.close()
+            return
+        self._answer_buffered()
+
+    def abort(self, discard_unsent: bool = False) -> None:
+        """End the connection after a body that did not go out whole (never a clean short
+        body); `discard_unsent`: reset it (a client that stopped reading)."""
+        self.sending = False
+        self._buffer = b""
+        if discard_unsent:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
+
+    def _hand_over(self) -> None:
+        """From now on aiohttp's protocol reads this connection, starting with the buffer."""
+        self._is_handed_over = True
+        data, self._buffer = self._buffer, b""
+        if self._is_paused:
+            self._is_paused = False
+            self.transport.resume_reading()
+        if data:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if not self._is_handed_over:
+            if self.sending:
+                self._eof = True
+                return True  # kept open until the body is out (`answered`)
+            self._hand_over()
+        return self._inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._buffer = b""
+        self._inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
