@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import struct
 import time
@@ -25,15 +26,20 @@ from shardcache.serving.conditionals import http_date
 from shardcache.serving.hit_answer import HitAnswer
 from shardcache.serving.object_headers import object_fields
 from shardcache.serving.s3_errors import SDK_AGENTS
-from shardcache.serving.s3_names import bucket_of_host
+from shardcache.serving.s3_names import bucket_of_host, object_view, views_of
 from shardcache.serving.server_state import ServingContext
 
 log = logging.getLogger("shardcache.server")
 MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
 MAX_PIPELINED_BYTES = 65536  # read while a body is sent; past it, reading pauses
-# The only fields a request the lane answers may carry; any other (Range, a precondition,
-# Authorization, x-amz-*, a body's) is a question for aiohttp's handler.
-PLAIN_FIELDS = frozenset({b"host", b"user-agent", b"accept", b"accept-encoding", b"connection"})
+# The only fields a request the lane answers may carry; any other (Range, a precondition, a
+# body's, a tier's) is a question for aiohttp's handler. An S3 client's signature is taken
+# unchecked, as on loopback there (a path that needs the token is never the lane's).
+PLAIN_FIELDS = frozenset(
+    {b"host", b"user-agent", b"accept", b"accept-encoding", b"connection", b"authorization"}
+    | {b"x-amz-date", b"x-amz-content-sha256", b"x-amz-security-token", b"x-amz-checksum-mode"}
+    | {b"amz-sdk-invocation-id", b"amz-sdk-request", b"x-amz-user-agent"}
+)
 _TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, query or fragment
 KEPT_HEADS = 4096  # hits' heads kept, one per hot entry version (`_head_of`)
 _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
@@ -42,11 +48,12 @@ _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
 class PlainGet:
     """The fields the lane reads of a request it may answer."""
 
-    __slots__ = ("path", "host")
+    __slots__ = ("path", "host", "is_s3")
 
-    def __init__(self, path: str, host: str | None) -> None:
+    def __init__(self, path: str, host: str | None, is_s3: bool = False) -> None:
         self.path = path
         self.host = host
+        self.is_s3 = is_s3  # an S3 client's (`s3_errors.is_s3_request`): x-amz-request-id
 
 
 def parse_plain_get(head: bytes) -> PlainGet | None:
@@ -62,23 +69,29 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
     if b"//" in target or b"/." in target:  # aiohttp's URL normalizes dot segments
         return None
     host: str | None = None
+    is_s3 = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         name = name.lower()
         if not colon or name not in PLAIN_FIELDS or b"\n" in value or b"\r" in value:
             return None  # obs-fold, an unknown field, or a bare LF
-        text = value.strip(b" \t").decode("latin-1")
         if name == b"host":
             if host is not None:
                 return None
-            host = text
+            host = value.strip(b" \t").decode("latin-1")
         elif name == b"user-agent":
-            agent = text.lower()
-            if any(sdk in agent for sdk in SDK_AGENTS):
-                return None  # an S3 client's: answered as S3 answers (`s3_api`)
-        elif name == b"connection" and text.lower() != "keep-alive":
-            return None  # `close` is answered with its own field, by aiohttp
-    return PlainGet(target.decode("ascii"), host)
+            agent = value.decode("latin-1").lower()
+            is_s3 = is_s3 or any(sdk in agent for sdk in SDK_AGENTS)
+        elif name == b"connection":
+            if value.strip(b" \t").lower() != b"keep-alive":
+                return None  # `close` is answered with its own field, by aiohttp
+        elif name == b"authorization":
+            if not value.lstrip(b" \t").startswith((b"AWS4-", b"AWS ")):
+                return None  # a token: `admit_request` decides what it stands for
+            is_s3 = True
+        elif name.startswith(b"x-amz-"):
+            is_s3 = True
+    return PlainGet(target.decode("ascii"), host, is_s3)
 
 
 def _may_become_plain(start: bytes) -> bool:
@@ -114,9 +127,10 @@ class HitLane:
             return False
         if not connection.is_host_plain(request.host):
             return False
-        origin, _, key = request.path[1:].partition("/")
-        if not key:
+        names = self._origin_and_key(request.path)
+        if names is None:
             return False
+        origin, key = names
         began = asyncio.get_running_loop().time()
         try:
             lease = context.cache.open_hit(origin, key, self._is_sendable)
@@ -127,8 +141,20 @@ class HitLane:
         self.answered += 1
         context.prefetch.on_client_read(lease.origin, key)
         answer = HitAnswer(self.context, connection, request.path, key, lease, began, self.keep)
-        answer.start(self.head_of(lease))
+        answer.start(self.head_of(lease, request.is_s3))
         return True
+
+    def _origin_and_key(self, path: str) -> tuple[str, str] | None:
+        """The origin and key of `/NAME/KEY` or `/BUCKET/KEY` (`s3_names`, as `s3_api` maps
+        both an S3 client's and a plain client's names); None when none serves it."""
+        name, _, key = path[1:].partition("/")
+        if not key:
+            return None
+        table = self.context.state.origins
+        if table.get(name) is not None:
+            return name, key
+        view = object_view(views_of(name, table.origins.keys(), table.specs), key)
+        return None if view is None else (view.origin, view.key_of(key))
 
     def is_plain_host(self, host: str | None) -> bool:
         """Whether a request with this `Host` is the lane's: not one aiohttp's handler refuses
@@ -169,12 +195,16 @@ class HitLane:
         self._heads[id(meta)] = (meta, head)
         return head
 
-    def head_of(self, lease: Lease) -> bytes:
-        """The status line and fields of `lease`'s hit, `Date` and `Server` included."""
+    def head_of(self, lease: Lease, is_s3: bool = False) -> bytes:
+        """The status line and fields of `lease`'s hit, `Date` and `Server` included, and an
+        S3 client's `x-amz-request-id` (`s3_errors.add_request_id`)."""
         assert lease.entry is not None
         head = self._head_of(lease.entry.meta)
         assert head is not None  # `_is_sendable` made it
-        return head + self._date() + _SERVER_FIELD + b"\r\n"
+        head += self._date() + _SERVER_FIELD
+        if is_s3:
+            head += f"x-amz-request-id: {secrets.token_hex(8).upper()}\r\n".encode()
+        return head + b"\r\n"
 
     def _date(self) -> bytes:
         """`Date: …`, made once a second."""
