@@ -107,7 +107,7 @@ class Fill:
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
         self._tally = FailureTally(parts.observer)  # counts a failure no request was counted under
-        self.readers = Readers(cache_key, self._tell_owner_if_unwanted)
+        self.readers = Readers(cache_key, self._tell_owner_if_unwanted, lambda: self.is_finished)
         started = self.is_started
         self._requests = OriginRequests(
             origin, origin_key, parts.policy, self._tally, limiter, started
@@ -201,14 +201,6 @@ class Fill:
         nothing else wants the fill (see the module docstring)."""
         self.readers.let_go()
 
-    def keep_unread(self) -> None:
-        """The prefetch queue started or joined this fill: finish it with no reader left."""
-        self.readers.keep_unread()
-
-    def forget_unread(self) -> None:
-        """The daemon is stopping: with no reader holding it, the fill stops now."""
-        self.readers.forget_unread()
-
     def do_not_keep(self) -> bool:
         """A purge: finish for the readers holding it, but do not commit the body (their
         response is whole; the next request fetches afresh). False when it is too late (the
@@ -292,14 +284,6 @@ class Fill:
         if self.state is not FillState.PASSTHROUGH or self.info is None:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
         return await RelayedStream.open(self._requests, self.info, self.checksums)
-
-    def acquire_reader(self) -> int:
-        """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
-        must `release_reader()`. The fd stays valid after commit renames the file."""
-        return self.readers.acquire()
-
-    def release_reader(self) -> None:
-        self.readers.release(self.is_finished)
 
     async def wait_readable(
         self, position: int, end: int, reader_left: asyncio.Event | None = None
@@ -455,7 +439,7 @@ class Fill:
         file = self.readers.file
         if file is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._parts.store.abort, file)
-        self.readers.close_if_idle(self.is_finished)
+        self.readers.close_if_idle()
 
     def _end(self) -> None:
         """`run` is over (or never began): its waiters see the final state."""

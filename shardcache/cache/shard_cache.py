@@ -182,7 +182,7 @@ class ShardCache:
             verified_by = fill.verified_by
         else:
             info, verified_by = fill.info, ()
-        fd = fill.acquire_reader()
+        fd = fill.readers.acquire()
         return Lease.of(result, origin, info, fill=fill, fill_fd=fd, verified_by=verified_by)
 
     async def _lookup(self, url: str) -> Entry | None:
@@ -309,7 +309,7 @@ class ShardCache:
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None:
-            fill.keep_unread()
+            fill.readers.keep_unread()
             return PrefetchOutcome.JOINED, fill
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
@@ -344,7 +344,7 @@ class ShardCache:
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
             return PrefetchOutcome.NOT_ADMITTED, None
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
-        fill.keep_unread()
+        fill.readers.keep_unread()
         if joined:
             return PrefetchOutcome.JOINED, fill
         fill.is_prefetch = True
@@ -448,7 +448,7 @@ class ShardCache:
         if joined:  # a reader started one already: it asks the same upstreams
             return
         fill.is_second_fetch = True
-        fill.keep_unread()
+        fill.readers.keep_unread()
         self._spawn(fill)
 
     def stop_unread_fills(self) -> None:
@@ -456,7 +456,7 @@ class ShardCache:
         stopping, and they would be discarded unfinished at its end. Fills a reader holds go
         on, for the drain."""
         for fill in self.flights:
-            fill.forget_unread()
+            fill.readers.forget_unread()
 
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
