@@ -159,15 +159,6 @@ class Fill:
         return self.check.checksums
 
     @property
-    def verified_by(self) -> tuple[str, ...]:
-        return self.check.verified_by
-
-    @property
-    def blamed(self) -> tuple[str, ...]:
-        """The upstreams whose bytes failed verification (`BodyCheck.blamed`)."""
-        return self.check.blamed
-
-    @property
     def is_finished(self) -> bool:
         return not TRANSITIONS[self.state]
 

@@ -179,7 +179,7 @@ class ShardCache:
         assert fill.info is not None
         if result is Result.HIT:  # verified, not yet indexed: answer as a hit would
             info = dataclasses.replace(fill.info, checksums=fill.checksums)
-            verified_by = fill.verified_by
+            verified_by = fill.check.verified_by
         else:
             info, verified_by = fill.info, ()
         fd = fill.readers.acquire()
@@ -418,14 +418,19 @@ class ShardCache:
         finally:
             self.flights.ended(fill)  # counted for the re-check (`Flights.look`)
             # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
-            if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
+            if (
+                fill.check.blamed
+                and fill.is_kept
+                and not fill.is_second_fetch
+                and not self._is_closing
+            ):
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
         if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
             await fill.discard_passthrough()  # no starter to take its stream
 
     def _fetch_again(self, failed: Fill) -> None:
         """Fetch again, from byte 0 and as a new fill, an object whose body failed
-        verification with bytes from a tier member or mirror (`Fill.blamed`). Those upstreams
+        verification with bytes from a tier member or mirror (`BodyCheck.blamed`). Those upstreams
         are marked down by now, so its first GET goes to the next one; nothing of the failed
         body is kept (a resume there would splice two upstreams' bytes). The failed fill's
         readers had its bytes and got a visible failure; this one is kept for the cache even
@@ -434,7 +439,7 @@ class ShardCache:
         log.info(  # the breaker logged the upstream going down, once
             "%s failed verification with bytes from %s; fetching it again from the next upstream",
             failed.cache_key,
-            ", ".join(failed.blamed),
+            ", ".join(failed.check.blamed),
         )
         try:  # the origin as configured now: a reload may have replaced the failed fill's
             origin, url = self.cache_key(failed.origin.name, failed.origin_key)
