@@ -165,7 +165,7 @@ class ShardCache:
             with fill.readers.watching(reader_left):
                 state = await fill.wait_started(reader_left)
         result = Result.COALESCED if joined else Result.MISS
-        if joined and fill.is_body_complete:
+        if joined and fill.state.is_body_complete:
             # Every byte is on local disk and verified; only the index write is pending (the
             # fill is still registered until it commits). For the client that is a hit.
             result = Result.HIT
@@ -293,7 +293,7 @@ class ShardCache:
         prefetch is still running, the client came early (a late prefetch)."""
         if url in self.unread:
             self.unread.mark_read(url)
-            if fill is not None and fill.is_prefetch and not fill.is_finished:
+            if fill is not None and fill.is_prefetch and not fill.state.is_final:
                 self._observer.prefetch_late(origin.name)
 
     async def size_prefetch(
@@ -393,7 +393,7 @@ class ShardCache:
         out of the flights before it is cancelled; (5) reader C comes: it finds no fill in
         flight and starts its own. A joiner is either counted before (4), and the fill goes
         on, or comes after (4), and cannot find it."""
-        if fill.is_fetching:
+        if fill.state.is_fetching:
             size = 0 if fill.info is None else fill.info.size_bytes
             if size and fill.has_checksums and fill.is_kept:
                 if size - fill.received_bytes <= min(FINISH_LEFT_BYTES, size // 8):
@@ -468,7 +468,7 @@ class ShardCache:
         ones finish committing, wait for all of them, then close the origins."""
         self._is_closing = True
         for fill in self.flights:
-            if not fill.is_body_complete:
+            if not fill.state.is_body_complete:
                 fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._origins.aclose()

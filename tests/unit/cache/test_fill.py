@@ -137,7 +137,9 @@ async def test_readers_see_the_bytes_as_they_land(
     gate(origin).admit()
     while position < len(data):
         limit = await fill.wait_readable(position, len(data))
-        assert limit < len(data) or fill.is_body_complete, "the last byte came before verifying"
+        assert limit < len(data) or fill.state.is_body_complete, (
+            "the last byte came before verifying"
+        )
         position = limit
     assert os.pread(readers[0], len(data), 0) == data
     for _ in readers:
@@ -168,7 +170,7 @@ async def test_a_range_that_ends_early_still_waits_for_verification(
     assert not waiting.done()
     gate(origin).set()
     assert await waiting == end
-    assert fill.is_body_complete
+    assert fill.state.is_body_complete
 
 
 @pytest.mark.parametrize("abort", ["origin", "stop", "shutdown", "checksum"])

@@ -185,7 +185,7 @@ async def test_a_fill_is_sent_as_it_lands(pair: Pair, tmp_path: Path, data: byte
 
         received, _ = await asyncio.gather(pair.receive_all(), sending())
         assert received == data
-        assert fill.is_body_complete
+        assert fill.state.is_body_complete
     finally:
         await asyncio.gather(fill.task, return_exceptions=True)
         assert store.check() == []
