@@ -16,7 +16,6 @@ from collections.abc import Callable
 from shardcache.cache.body_check import BodyCheck
 from shardcache.cache.fill_readers import Readers
 from shardcache.cache.fill_state import (
-    BODY_COMPLETE,
     TRANSITIONS,
     FillState,
     IllegalTransition,
@@ -107,8 +106,8 @@ class Fill:
         self.error: ShardcacheError | None = None
         self._download: SegmentedDownload | None = None
         self._tally = FailureTally(parts.observer)  # counts a failure no request was counted under
-        self.readers = Readers(cache_key, self._tell_owner_if_unwanted)
-        started = self.is_started
+        self.readers = Readers(cache_key, self._tell_owner_if_unwanted, lambda: self.state.is_final)
+        started = self._is_started
         self._requests = OriginRequests(
             origin, origin_key, parts.policy, self._tally, limiter, started
         )
@@ -126,7 +125,7 @@ class Fill:
         self.check = BodyCheck(
             self._requests,
             parts.trust,
-            lambda: self.written_bytes,
+            lambda: self._written_bytes,
             self.readers.until,
             self.readers.wake,
             parts.keeps_block_digests,
@@ -139,12 +138,12 @@ class Fill:
         self.state = check_transition(self.state, new, self.cache_key)
         self.readers.wake()
 
-    def is_started(self) -> bool:
+    def _is_started(self) -> bool:
         """The origin answered (or the fill failed): a client may be reading."""
         return self.state is not FillState.STARTING
 
     @property
-    def written_bytes(self) -> int:
+    def _written_bytes(self) -> int:
         """Bytes from offset 0 on disk without a hole: what readers may be sent."""
         return self._download.contiguous_bytes if self._download is not None else 0
 
@@ -157,23 +156,6 @@ class Fill:
     def checksums(self) -> tuple[Checksum, ...]:
         """What the body is verified against (`body_check`), once learned."""
         return self.check.checksums
-
-    @property
-    def verified_by(self) -> tuple[str, ...]:
-        return self.check.verified_by
-
-    @property
-    def blamed(self) -> tuple[str, ...]:
-        """The upstreams whose bytes failed verification (`BodyCheck.blamed`)."""
-        return self.check.blamed
-
-    @property
-    def is_finished(self) -> bool:
-        return not TRANSITIONS[self.state]
-
-    @property
-    def is_body_complete(self) -> bool:
-        return self.state in BODY_COMPLETE
 
     def cancel(self) -> None:
         """Stop the download (shutdown); readers get ShuttingDown and abort."""
@@ -201,31 +183,20 @@ class Fill:
         nothing else wants the fill (see the module docstring)."""
         self.readers.let_go()
 
-    def keep_unread(self) -> None:
-        """The prefetch queue started or joined this fill: finish it with no reader left."""
-        self.readers.keep_unread()
-
-    def forget_unread(self) -> None:
-        """The daemon is stopping: with no reader holding it, the fill stops now."""
-        self.readers.forget_unread()
-
     def do_not_keep(self) -> bool:
         """A purge: finish for the readers holding it, but do not commit the body (their
         response is whole; the next request fetches afresh). False when it is too late (the
         body is complete: committing, committed or given up) or nothing would be kept."""
-        if not self.is_fetching:
+        if not self.state.is_fetching:
             return False
         self.is_kept = False
         return True
 
     def _tell_owner_if_unwanted(self) -> None:
-        if self._on_unwanted is not None and (self.is_fetching or self._passthrough is not None):
+        if self._on_unwanted is not None and (
+            self.state.is_fetching or self._passthrough is not None
+        ):
             self._on_unwanted(self)
-
-    @property
-    def is_fetching(self) -> bool:
-        """Whether the body is still to come from the origin (STARTING or FILLING)."""
-        return self.state in (FillState.STARTING, FillState.FILLING)
 
     async def discard_passthrough(self) -> None:
         """Close the stream of an object streamed through that nobody took (its starter
@@ -240,7 +211,7 @@ class Fill:
         """Wait until the origin answered; return FILLING (or later) or PASSTHROUGH. Raises
         the fill's OriginError (404, 502, 504…) when it failed before the first byte, and
         FillAbandoned once `reader_left` is set (watched: `Readers.watching`)."""
-        await self.readers.until(self.is_started, reader_left)
+        await self.readers.until(self._is_started, reader_left)
         if self.state is FillState.FAILED:
             assert self.error is not None
             raise self.error
@@ -293,14 +264,6 @@ class Fill:
             raise RuntimeError(f"{self.cache_key} is not streamed through")
         return await RelayedStream.open(self._requests, self.info, self.checksums)
 
-    def acquire_reader(self) -> int:
-        """Return the partial file's fd for sendfile/pread at explicit offsets; the caller
-        must `release_reader()`. The fd stays valid after commit renames the file."""
-        return self.readers.acquire()
-
-    def release_reader(self) -> None:
-        self.readers.release(self.is_finished)
-
     async def wait_readable(
         self, position: int, end: int, reader_left: asyncio.Event | None = None
     ) -> int:
@@ -313,11 +276,11 @@ class Fill:
         def readable() -> bool:
             # A range's bytes may be a splice of two versions, or corrupt, until the whole
             # object verified: its last byte waits, so a failure aborts the reader's response.
-            done = self.state in BODY_COMPLETE or self.state is FillState.FAILED
+            done = self.state.is_body_complete or self.state is FillState.FAILED
             return done or self._limit(end) > position
 
         await self.readers.until(readable, reader_left)
-        if self.state in BODY_COMPLETE:
+        if self.state.is_body_complete:
             return end
         if self.state is FillState.FAILED:
             assert self.error is not None
@@ -325,7 +288,7 @@ class Fill:
         return self._limit(end)
 
     def _limit(self, end: int) -> int:
-        return min(self.written_bytes, end - 1)
+        return min(self._written_bytes, end - 1)
 
     # -- the download ------------------------------------------------------------------------
 
@@ -446,16 +409,16 @@ class Fill:
             return
         if isinstance(exc, OriginError):
             self._tally.settle(self.origin.name, exc.kind)
-        if self.written_bytes:  # its readers' failures are WARNINGs, rate-limited (server)
+        if self._written_bytes:  # its readers' failures are WARNINGs, rate-limited (server)
             log.info(
-                "fill of %s failed after %d bytes: %s", self.cache_key, self.written_bytes, exc
+                "fill of %s failed after %d bytes: %s", self.cache_key, self._written_bytes, exc
             )
 
     async def _release_space(self) -> None:
         file = self.readers.file
         if file is not None and self.state is not FillState.COMMITTED:
             await asyncio.to_thread(self._parts.store.abort, file)
-        self.readers.close_if_idle(self.is_finished)
+        self.readers.close_if_idle()
 
     def _end(self) -> None:
         """`run` is over (or never began): its waiters see the final state."""

@@ -17,11 +17,15 @@ from shardcache.errors import FillAbandoned
 
 class Readers:
     """The readers of the fill of `what` (its cache key). `on_unwanted()`: the last holder let
-    go and the prefetch does not keep it (the fill decides what that stops)."""
+    go and the prefetch does not keep it (the fill decides what that stops); `is_finished()`:
+    the fill reached a final state (its data file closes with its last descriptor)."""
 
-    def __init__(self, what: str, on_unwanted: Callable[[], None]) -> None:
+    def __init__(
+        self, what: str, on_unwanted: Callable[[], None], is_finished: Callable[[], bool]
+    ) -> None:
         self._what = what
         self._on_unwanted = on_unwanted
+        self._is_finished = is_finished
         self._holders = 0  # readers that want the bytes (`hold`), from before they wait
         self._kept_unread = False  # the prefetch queue wants it cached (`keep_unread`)
         self._descriptors = 0  # open file descriptors handed out (`acquire`)
@@ -43,9 +47,11 @@ class Readers:
         self._tell_if_unwanted()
 
     def keep_unread(self) -> None:
+        """The prefetch queue started or joined this fill: finish it with no reader left."""
         self._kept_unread = True
 
     def forget_unread(self) -> None:
+        """The daemon is stopping: with no reader holding it, the fill stops now."""
         self._kept_unread = False
         self._tell_if_unwanted()
 
@@ -56,19 +62,20 @@ class Readers:
     # -- descriptors -------------------------------------------------------------------------
 
     def acquire(self) -> int:
-        """The data file's fd; the caller must `release()` it."""
+        """The data file's fd for sendfile/pread at explicit offsets; the caller must
+        `release()` it. The fd stays valid after commit renames the file."""
         if self.file is None or self.file.fd < 0:  # closed: finished, unread
             raise RuntimeError("fill has no data file")
         self._descriptors += 1
         return self.file.fd
 
-    def release(self, is_finished: bool) -> None:
+    def release(self) -> None:
         self._descriptors -= 1
-        self.close_if_idle(is_finished)
+        self.close_if_idle()
 
-    def close_if_idle(self, is_finished: bool) -> None:
+    def close_if_idle(self) -> None:
         """Close the data file once the fill is finished and no reader holds its fd."""
-        if self._descriptors == 0 and is_finished and self.file is not None:
+        if self._descriptors == 0 and self._is_finished() and self.file is not None:
             if self.file.fd >= 0:
                 os.close(self.file.fd)
                 self.file.fd = -1

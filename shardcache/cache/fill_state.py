@@ -27,6 +27,21 @@ class FillState(enum.Enum):
     PASSTHROUGH = "passthrough"
     FAILED = "failed"
 
+    @property
+    def is_final(self) -> bool:
+        """No transition leaves it: the fill's `run` is over, or about to be."""
+        return not TRANSITIONS[self]
+
+    @property
+    def is_body_complete(self) -> bool:
+        """Every byte is on disk and verified (VERIFIED, COMMITTED or DISCARDED)."""
+        return self in BODY_COMPLETE
+
+    @property
+    def is_fetching(self) -> bool:
+        """The body is still to come from the origin (STARTING or FILLING)."""
+        return self in (FillState.STARTING, FillState.FILLING)
+
 
 TRANSITIONS: dict[FillState, frozenset[FillState]] = {
     FillState.STARTING: frozenset({FillState.FILLING, FillState.PASSTHROUGH, FillState.FAILED}),

@@ -79,7 +79,7 @@ class Lease:
             self.entry = None
         if self.fill is not None:
             fill, self.fill = self.fill, None
-            fill.release_reader()
+            fill.readers.release()
             fill.let_go()  # held since `ShardCache.open` joined or started it
         if self.stream is not None:
             await self.stream.aclose()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shardcache.cache.entry import StoredEntry
-from shardcache.cache.scrub_check import DAMAGE, Check, Pacer, check_entry
+from shardcache.cache.scrub_check import DAMAGE, Check, ScrubPacer, check_entry
 from shardcache.cache.store import Store
 from shardcache.errors import CacheError
 
@@ -181,7 +181,7 @@ class Scrubber:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self) -> None:
-        pacer = Pacer(self.rate_bytes_per_s, sleep=self._sleep)
+        pacer = ScrubPacer(self.rate_bytes_per_s, sleep=self._sleep)
         resumed = await self._on_thread(self._position.read)  # the daemon thread: never hangs exit
         while not self._stopping.is_set():
             started_at, cursor = resumed or (self._wall(), 0)
@@ -207,7 +207,7 @@ class Scrubber:
 
     async def _verify(self, tally: Tally) -> None:
         try:
-            await self._walk(tally, Pacer(0), skip_newer=False)
+            await self._walk(tally, ScrubPacer(0), skip_newer=False)
         except CacheError as exc:
             tally.error = str(exc)
         finally:
@@ -222,7 +222,9 @@ class Scrubber:
         if task is not None and not task.done():
             await asyncio.wait({task})
 
-    async def _walk(self, tally: Tally, pacer: Pacer, skip_newer: bool, cursor: int = 0) -> None:
+    async def _walk(
+        self, tally: Tally, pacer: ScrubPacer, skip_newer: bool, cursor: int = 0
+    ) -> None:
         """Check every entry in index order once, after row `cursor`. With `skip_newer`,
         entries committed since the pass began are left to the next one (their fill verified
         them): the background pass, which steps aside for an on-demand one and keeps its
@@ -262,7 +264,9 @@ class Scrubber:
         # cancelled with the task before, and aclose never waited for the entry being read).
         return await asyncio.shield(future)
 
-    def _check(self, entry: StoredEntry, tally: Tally, pacer: Pacer, is_background: bool) -> bool:
+    def _check(
+        self, entry: StoredEntry, tally: Tally, pacer: ScrubPacer, is_background: bool
+    ) -> bool:
         """Check one entry and drop it when damaged (on the scrub thread); False when the
         background pass stopped it part-way for an on-demand one."""
 

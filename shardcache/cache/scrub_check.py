@@ -36,7 +36,7 @@ DAMAGE: frozenset[str] = frozenset({"missing", "corrupt", "wrong_size", "bad_met
 MEDIA_ERRNOS: frozenset[int] = frozenset({errno.EIO, errno.EBADMSG, errno.EUCLEAN})
 
 
-class Pacer:
+class ScrubPacer:
     """Keeps the average read rate at `rate_bytes_per_s` (0: unlimited): after each `n` bytes
     read, sleeps until `n / rate` seconds past the last deadline, unless the read itself took
     longer (a slow disk is not slowed further). No credit is banked while idle, so a pause

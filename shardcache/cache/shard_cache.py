@@ -188,7 +188,7 @@ class ShardCache:
             with fill.readers.watching(reader_left):
                 state = await fill.wait_started(reader_left)
         result = Result.COALESCED if joined else Result.MISS
-        if joined and fill.is_body_complete:
+        if joined and fill.state.is_body_complete:
             # Every byte is on local disk and verified; only the index write is pending (the
             # fill is still registered until it commits). For the client that is a hit.
             result = Result.HIT
@@ -202,10 +202,10 @@ class ShardCache:
         assert fill.info is not None
         if result is Result.HIT:  # verified, not yet indexed: answer as a hit would
             info = dataclasses.replace(fill.info, checksums=fill.checksums)
-            verified_by = fill.verified_by
+            verified_by = fill.check.verified_by
         else:
             info, verified_by = fill.info, ()
-        fd = fill.acquire_reader()
+        fd = fill.readers.acquire()
         return Lease.of(result, origin, info, fill=fill, fill_fd=fd, verified_by=verified_by)
 
     async def _lookup(self, url: str) -> Entry | None:
@@ -316,7 +316,7 @@ class ShardCache:
         prefetch is still running, the client came early (a late prefetch)."""
         if url in self.unread:
             self.unread.mark_read(url)
-            if fill is not None and fill.is_prefetch and not fill.is_finished:
+            if fill is not None and fill.is_prefetch and not fill.state.is_final:
                 self._observer.prefetch_late(origin.name)
 
     async def size_prefetch(
@@ -332,7 +332,7 @@ class ShardCache:
         origin, url = self.cache_key(origin_name, key)
         fill = self.flights.get(url)
         if fill is not None:
-            fill.keep_unread()
+            fill.readers.keep_unread()
             return PrefetchOutcome.JOINED, fill
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
@@ -367,7 +367,7 @@ class ShardCache:
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
             return PrefetchOutcome.NOT_ADMITTED, None
         fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
-        fill.keep_unread()
+        fill.readers.keep_unread()
         if joined:
             return PrefetchOutcome.JOINED, fill
         fill.is_prefetch = True
@@ -416,7 +416,7 @@ class ShardCache:
         out of the flights before it is cancelled; (5) reader C comes: it finds no fill in
         flight and starts its own. A joiner is either counted before (4), and the fill goes
         on, or comes after (4), and cannot find it."""
-        if fill.is_fetching:
+        if fill.state.is_fetching:
             size = 0 if fill.info is None else fill.info.size_bytes
             if size and fill.has_checksums and fill.is_kept:
                 if size - fill.received_bytes <= min(FINISH_LEFT_BYTES, size // 8):
@@ -441,14 +441,19 @@ class ShardCache:
         finally:
             self.flights.ended(fill)  # counted for the re-check (`Flights.look`)
             # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
-            if fill.blamed and fill.is_kept and not fill.is_second_fetch and not self._is_closing:
+            if (
+                fill.check.blamed
+                and fill.is_kept
+                and not fill.is_second_fetch
+                and not self._is_closing
+            ):
                 self._fetch_again(fill)  # in the same step: no reader starts a fill between
         if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
             await fill.discard_passthrough()  # no starter to take its stream
 
     def _fetch_again(self, failed: Fill) -> None:
         """Fetch again, from byte 0 and as a new fill, an object whose body failed
-        verification with bytes from a tier member or mirror (`Fill.blamed`). Those upstreams
+        verification with bytes from a tier member or mirror (`BodyCheck.blamed`). Those upstreams
         are marked down by now, so its first GET goes to the next one; nothing of the failed
         body is kept (a resume there would splice two upstreams' bytes). The failed fill's
         readers had its bytes and got a visible failure; this one is kept for the cache even
@@ -457,7 +462,7 @@ class ShardCache:
         log.info(  # the breaker logged the upstream going down, once
             "%s failed verification with bytes from %s; fetching it again from the next upstream",
             failed.cache_key,
-            ", ".join(failed.blamed),
+            ", ".join(failed.check.blamed),
         )
         try:  # the origin as configured now: a reload may have replaced the failed fill's
             origin, url = self.cache_key(failed.origin.name, failed.origin_key)
@@ -471,7 +476,7 @@ class ShardCache:
         if joined:  # a reader started one already: it asks the same upstreams
             return
         fill.is_second_fetch = True
-        fill.keep_unread()
+        fill.readers.keep_unread()
         self._spawn(fill)
 
     def stop_unread_fills(self) -> None:
@@ -479,14 +484,14 @@ class ShardCache:
         stopping, and they would be discarded unfinished at its end. Fills a reader holds go
         on, for the drain."""
         for fill in self.flights:
-            fill.forget_unread()
+            fill.readers.forget_unread()
 
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
         ones finish committing, wait for all of them, then close the origins."""
         self._is_closing = True
         for fill in self.flights:
-            if not fill.is_body_complete:
+            if not fill.state.is_body_complete:
                 fill.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._origins.aclose()

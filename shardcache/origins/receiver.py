@@ -42,7 +42,7 @@ class _Request:
     body: Body | None = None
 
 
-class Receiver:
+class ReceiverProcess:
     """Serves one daemon over `sock` until it closes."""
 
     def __init__(self, sock: socket.socket, threads: int = MAX_THREADS) -> None:
@@ -231,7 +231,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=int(argv[1]))
-    Receiver(sock, int(argv[2]) if len(argv) > 2 else MAX_THREADS).serve()
+    ReceiverProcess(sock, int(argv[2]) if len(argv) > 2 else MAX_THREADS).serve()
     os._exit(0)  # request threads still blocked on a socket must not hold the exit
 
 

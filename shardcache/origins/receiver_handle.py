@@ -46,10 +46,10 @@ def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
         future.set_result(outcome)
 
 
-class Receiver:
+class ReceiverHandle:
     """One receiving process, as the daemon sees it."""
 
-    def __init__(self, on_death: Callable[[Receiver], None], threads: int) -> None:
+    def __init__(self, on_death: Callable[[ReceiverHandle], None], threads: int) -> None:
         ours, theirs = socket_pair()
         self._sock = ours
         command = ["-m", "shardcache.origins.receiver", str(theirs.fileno()), str(threads)]

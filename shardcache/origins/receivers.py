@@ -22,7 +22,7 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from shardcache.errors import OriginUnavailable
-from shardcache.origins.receiver_handle import Progress, Receiver
+from shardcache.origins.receiver_handle import Progress, ReceiverHandle
 from shardcache.origins.threads import MAX_THREADS
 from shardcache.origins.wire import (
     Message,
@@ -58,7 +58,7 @@ class RemoteExchange:
 
     def __init__(
         self,
-        receiver: Receiver,
+        receiver: ReceiverHandle,
         call_id: int,
         answer: Message,
         on_end: Callable[[], None],
@@ -128,7 +128,7 @@ class RemoteExchange:
             raise
 
 
-async def _wait_out(future: asyncio.Future[Any], receiver: Receiver) -> None:
+async def _wait_out(future: asyncio.Future[Any], receiver: ReceiverHandle) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + ABORT_GRACE_S
     while not future.done():
@@ -153,7 +153,7 @@ class ReceiverPool:
         self._threads = threads
         self.replaced = 0  # receivers that died and were replaced
         self._lock = threading.Lock()
-        self._receivers: list[Receiver] = []
+        self._receivers: list[ReceiverHandle] = []
         self._ids = itertools.count(1)
         self._transports = itertools.count(1)
         self._closed = False
@@ -202,7 +202,7 @@ class ReceiverPool:
             except OriginUnavailable:
                 pass  # gone: its connections with it
 
-    def alive(self) -> list[Receiver]:
+    def alive(self) -> list[ReceiverHandle]:
         with self._lock:
             return [r for r in self._receivers if not r.is_dead]
 
@@ -269,7 +269,7 @@ class ReceiverPool:
             "replaced": self.replaced,
         }
 
-    def _pick(self) -> Receiver:
+    def _pick(self) -> ReceiverHandle:
         with self._lock:
             self._closed = False
             self._fill_up()
@@ -287,7 +287,7 @@ class ReceiverPool:
         self._receivers = alive
         while len(self._receivers) < self.size:
             try:
-                self._receivers.append(Receiver(self._died, self._threads))
+                self._receivers.append(ReceiverHandle(self._died, self._threads))
             except OSError as exc:
                 log.warning("cannot start a receiving process: %s", exc.strerror or exc)
                 if not self._receivers:
@@ -320,7 +320,7 @@ class ReceiverPool:
                 except OriginUnavailable:
                     pass  # gone, or killed for not reading: its reader thread sees it end
 
-    def _died(self, receiver: Receiver) -> None:
+    def _died(self, receiver: ReceiverHandle) -> None:
         """On `receiver`'s reader thread, once it is gone: replace it, unless it was let go."""
         with self._lock:
             if receiver not in self._receivers:
@@ -331,7 +331,7 @@ class ReceiverPool:
                 pass  # logged; the next request tries again
 
 
-def _greet(receivers: list[Receiver]) -> None:
+def _greet(receivers: list[ReceiverHandle]) -> None:
     """Ping new receivers: the first answer of each says it is up (`ReceiverPool.starting`)."""
     for receiver in receivers:
         with contextlib.suppress(OriginUnavailable):  # dead already: replaced on use
@@ -339,7 +339,7 @@ def _greet(receivers: list[Receiver]) -> None:
 
 
 def _orphaned(
-    done: asyncio.Future[Any], receiver: Receiver, call_id: int, on_end: Callable[[], None]
+    done: asyncio.Future[Any], receiver: ReceiverHandle, call_id: int, on_end: Callable[[], None]
 ) -> None:
     """An answer (or error) came for a request whose caller had left: end it there."""
     receiver.finish(call_id, complete=False)
@@ -369,4 +369,4 @@ def configure(size: int) -> ReceiverPool:
     return pool
 
 
-__all__ = ["RemoteExchange", "Receiver", "ReceiverPool", "configure", "receiver_pool"]
+__all__ = ["RemoteExchange", "ReceiverHandle", "ReceiverPool", "configure", "receiver_pool"]

@@ -9,7 +9,15 @@ from __future__ import annotations
 import collections
 import itertools
 
-from shardcache.prefetch.lanes import NO_BATCH, Batch, Entry, Item, Lane, entry_batch, entry_key
+from shardcache.prefetch.lanes import (
+    NO_BATCH,
+    Batch,
+    Item,
+    Lane,
+    PendingKey,
+    entry_batch,
+    entry_key,
+)
 
 
 class Backlog:
@@ -39,7 +47,7 @@ class Backlog:
         lane.push((deadline, next(self._order), origin, key, batch_id, is_readahead))
         self.queued.add((origin, key))
 
-    def item(self, entry: Entry) -> Item:
+    def item(self, entry: PendingKey) -> Item:
         """The item a pending entry stands for: its batch is in the table while it is pending
         (an unfinished batch is never forgotten)."""
         _, _, origin, key, batch_id, is_readahead = entry
@@ -51,7 +59,7 @@ class Backlog:
         if item.batch is not None:
             item.batch.total -= 1
 
-    def forget_entries(self, entries: list[Entry]) -> None:
+    def forget_entries(self, entries: list[PendingKey]) -> None:
         """`forget` for dropped pending entries, in bulk: a clear of 200,000 of them took
         250 ms of the event loop one call at a time."""
         self.queued.difference_update(map(entry_key, entries))

@@ -67,16 +67,16 @@ class Item:
         return self.batch is not None and self.batch.is_warming
 
 
-# A pending key: (deadline, order, origin, key, batch id, is read-ahead), `heapq` ordering it by
-# (deadline, order) (`order` is unique: ties between deadlines go to the earlier post; the batch
-# id is NO_BATCH for read-ahead). A plain tuple: a NamedTuple is a tuple subclass, and the
-# collector untracks exact tuples only.
-Entry = tuple[float, int, str, str, int, bool]
+# A pending key, a lane's heap entry: (deadline, order, origin, key, batch id, is read-ahead),
+# `heapq` ordering it by (deadline, order) (`order` is unique: ties between deadlines go to the
+# earlier post; the batch id is NO_BATCH for read-ahead). A plain tuple: a NamedTuple is a tuple
+# subclass, and the collector untracks exact tuples only.
+PendingKey = tuple[float, int, str, str, int, bool]
 
 
 # The (origin, key) an entry names, and its batch id: C-level getters, for 200,000 entries at once.
-entry_key: Callable[[Entry], tuple[str, str]] = operator.itemgetter(2, 3)
-entry_batch: Callable[[Entry], int] = operator.itemgetter(4)
+entry_key: Callable[[PendingKey], tuple[str, str]] = operator.itemgetter(2, 3)
+entry_batch: Callable[[PendingKey], int] = operator.itemgetter(4)
 
 
 @dataclass(eq=False)
@@ -117,19 +117,19 @@ class Lane:
 
     def __init__(self, is_warming: bool) -> None:
         self.is_warming = is_warming
-        self.pending: list[Entry] = []  # a heap
+        self.pending: list[PendingKey] = []  # a heap
         self.starting: dict[Start, None] = {}  # items being sized (HEAD) or admitted, in order
         self.busy = 0  # slots its items hold: each lane has the limit to itself
         self.has_work = asyncio.Event()
 
-    def push(self, entry: Entry) -> None:
+    def push(self, entry: PendingKey) -> None:
         heapq.heappush(self.pending, entry)
         self.has_work.set()
 
-    def pop(self) -> Entry:
+    def pop(self) -> PendingKey:
         return heapq.heappop(self.pending)
 
-    def keep_only(self, keep: Callable[[Entry], bool] | None) -> list[Entry]:
+    def keep_only(self, keep: Callable[[PendingKey], bool] | None) -> list[PendingKey]:
         """Drop the pending entries `keep` refuses (every one when `keep` is None); return
         them."""
         if keep is None:

@@ -104,7 +104,7 @@ async def landed(fill: Fill, at_least: int, end: int) -> int:
 
 async def read_all(fill: Fill, size: int) -> bytes:
     """Tail the fill as a response does: every byte it may send, then the rest once verified."""
-    fd = fill.acquire_reader()
+    fd = fill.readers.acquire()
     try:
         body = b""
         while len(body) < size:
@@ -112,7 +112,7 @@ async def read_all(fill: Fill, size: int) -> bytes:
             body += os.pread(fd, limit - len(body), len(body))
         return body
     finally:
-        fill.release_reader()
+        fill.readers.release()
 
 
 async def test_readers_see_the_bytes_as_they_land(
@@ -123,7 +123,7 @@ async def test_readers_see_the_bytes_as_they_land(
     fill = start("a.tar")
     gate(origin).admit()
     assert await fill.wait_started() is FillState.FILLING
-    readers = [fill.acquire_reader() for _ in range(2)]
+    readers = [fill.readers.acquire() for _ in range(2)]
     position = 0
     for landed in range(1, 6):  # chunk by chunk: each reader may send exactly what is on disk
         if landed > 1:
@@ -137,11 +137,13 @@ async def test_readers_see_the_bytes_as_they_land(
     gate(origin).admit()
     while position < len(data):
         limit = await fill.wait_readable(position, len(data))
-        assert limit < len(data) or fill.is_body_complete, "the last byte came before verifying"
+        assert limit < len(data) or fill.state.is_body_complete, (
+            "the last byte came before verifying"
+        )
         position = limit
     assert os.pread(readers[0], len(data), 0) == data
     for _ in readers:
-        fill.release_reader()
+        fill.readers.release()
     assert await fill.wait_finished() is FillState.COMMITTED
     entry = store.lookup(fill.cache_key)
     assert entry is not None
@@ -168,7 +170,7 @@ async def test_a_range_that_ends_early_still_waits_for_verification(
     assert not waiting.done()
     gate(origin).set()
     assert await waiting == end
-    assert fill.is_body_complete
+    assert fill.state.is_body_complete
 
 
 @pytest.mark.parametrize("abort", ["origin", "stop", "shutdown", "checksum"])
@@ -220,7 +222,7 @@ async def test_a_failure_before_the_first_byte_is_the_starters_error(
     assert await fill.wait_finished() is FillState.FAILED
     assert origin.opens == [("missing.tar", 0)], "a 404 is an answer, not retried"
     with pytest.raises(RuntimeError):
-        fill.acquire_reader()  # no data file was ever made
+        fill.readers.acquire()  # no data file was ever made
     assert store.usage().entries == 0
 
 
@@ -281,10 +283,10 @@ async def test_the_last_holder_letting_go_tells_the_owner_once(
     kept = start("b.tar", unwanted.append)
     kept.hold()
     await kept.wait_started()
-    kept.keep_unread()  # the prefetch queue wants it cached: it goes on without readers
+    kept.readers.keep_unread()  # the prefetch queue wants it cached: it goes on without readers
     kept.let_go()
     assert unwanted == [fill]
-    kept.forget_unread()  # the daemon is stopping
+    kept.readers.forget_unread()  # the daemon is stopping
     assert unwanted == [fill, kept]
     gate(origin).set()
     fill.stop(FillAbandoned("every reader left"))

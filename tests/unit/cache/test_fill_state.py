@@ -36,3 +36,11 @@ def test_failed_is_reachable_from_every_state_that_is_not_final() -> None:
 def test_a_committed_fill_was_verified_first() -> None:
     """Only VERIFIED leads to COMMITTED: nothing unverified is ever indexed."""
     assert [s for s in FillState if FillState.COMMITTED in TRANSITIONS[s]] == [FillState.VERIFIED]
+
+
+def test_the_state_predicates_follow_the_table() -> None:
+    """What `Fill`'s users ask of its state (`fill.state.is_final`, ...) is the table's answer."""
+    assert {s for s in FillState if s.is_final} == FINAL
+    assert {s for s in FillState if s.is_fetching} == {FillState.STARTING, FillState.FILLING}
+    complete = {FillState.VERIFIED, FillState.COMMITTED, FillState.DISCARDED}
+    assert {s for s in FillState if s.is_body_complete} == complete

@@ -17,7 +17,7 @@ import pytest
 
 from shardcache.cache import scrub
 from shardcache.cache.entry import EntryMeta
-from shardcache.cache.scrub import Pacer, Scrubber
+from shardcache.cache.scrub import Scrubber, ScrubPacer
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 
@@ -39,7 +39,7 @@ class FakeClock:
 
 def test_the_pacer_keeps_the_average_rate() -> None:
     clock = FakeClock()
-    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    pace = ScrubPacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
     read = 0
     for _ in range(50):
         # Bytes read by now never exceed the rate's allowance plus the chunk just read.
@@ -51,7 +51,7 @@ def test_the_pacer_keeps_the_average_rate() -> None:
 
 def test_the_pacer_banks_no_credit_while_idle() -> None:
     clock = FakeClock()
-    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    pace = ScrubPacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
     pace(500)
     clock.now += 100.0  # idle between passes: no burst of 100 s worth afterwards
     start = clock.now
@@ -62,12 +62,12 @@ def test_the_pacer_banks_no_credit_while_idle() -> None:
 
 def test_the_pacer_does_not_sleep_when_reading_is_slower_than_the_rate() -> None:
     clock = FakeClock()
-    pace = Pacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
+    pace = ScrubPacer(1000, clock=lambda: clock.now, sleep=clock.sleep)
     for _ in range(10):
         clock.now += 0.2  # the disk took 0.2 s for 100 bytes: below the bound already
         pace(100)
     assert clock.slept == []
-    unlimited = Pacer(0, clock=lambda: clock.now, sleep=clock.sleep)
+    unlimited = ScrubPacer(0, clock=lambda: clock.now, sleep=clock.sleep)
     before = len(clock.slept)
     unlimited(10 * MiB)
     assert len(clock.slept) == before

@@ -557,7 +557,7 @@ async def test_bytes_failing_the_homes_checksum_mark_the_mirror_down_and_are_fet
         with pytest.raises(IntegrityError):  # its reader had the mirror's bytes: it fails
             await read_all(lease)
         await failed.task
-        assert failed.blamed == ("mirror mirror",)
+        assert failed.check.blamed == ("mirror mirror",)
         health = dict((h.upstream, h) for _, h in failover.health())
         assert health["mirror"].state is BreakerState.OPEN
         assert health["mirror"].integrity_failures_total == 1  # once per fill, not per GET

@@ -265,7 +265,7 @@ async def test_a_receiver_that_cannot_be_started_fails_the_request_clearly(
     def no_process(*args: object) -> None:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(receivers, "Receiver", no_process)
+    monkeypatch.setattr(receivers, "ReceiverHandle", no_process)
     pool = ReceiverPool(1)
     transport = HttpTransport(Timeouts(1.0, 5.0), receivers=pool)
     with pytest.raises(errors.OriginUnavailable, match="cannot start one .Too many open files"):

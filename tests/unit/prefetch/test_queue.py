@@ -185,7 +185,7 @@ async def test_a_prefetch_a_client_is_fetching_holds_no_slot(
     try:
         await queue.submit([("fake", "late.tar"), ("fake", "next.tar")])
         await _until("next.tar", lambda: "next.tar" in _fetch_order(origin), timeout_s=0.5)
-        assert lease.fill is not None and not lease.fill.is_finished
+        assert lease.fill is not None and not lease.fill.state.is_final
     finally:
         await lease.aclose()
         await queue.aclose()

@@ -173,7 +173,7 @@ async def test_a_fill_is_sent_as_it_lands(pair: Pair, tmp_path: Path, data: byte
     fill.task = asyncio.create_task(fill.run())
     try:
         await fill.wait_started()
-        fd = fill.acquire_reader()
+        fd = fill.readers.acquire()
         waits: list[float] = []
 
         async def sending() -> None:
@@ -181,11 +181,11 @@ async def test_a_fill_is_sent_as_it_lands(pair: Pair, tmp_path: Path, data: byte
                 await body.send_fill(pair.sender, fill, fd, 0, SIZE, waits.append)
             finally:
                 pair.close()
-                fill.release_reader()
+                fill.readers.release()
 
         received, _ = await asyncio.gather(pair.receive_all(), sending())
         assert received == data
-        assert fill.is_body_complete
+        assert fill.state.is_body_complete
     finally:
         await asyncio.gather(fill.task, return_exceptions=True)
         assert store.check() == []
@@ -209,7 +209,7 @@ async def test_a_failed_fill_is_never_a_whole_response(
     left = asyncio.Event()
     try:
         await fill.wait_started()
-        fd = fill.acquire_reader()
+        fd = fill.readers.acquire()
         sending = asyncio.ensure_future(
             body.send_fill(pair.sender, fill, fd, 0, SIZE, lambda s: None, left)
         )
@@ -217,7 +217,7 @@ async def test_a_failed_fill_is_never_a_whole_response(
             left.set()  # the client closed its connection while waiting for bytes
         gate.set()
         received, error = await pair.sent_until(sending)
-        fill.release_reader()
+        fill.readers.release()
         expected = OriginUnavailable if how == "origin" else ClientGone
         assert isinstance(error, expected), error
         assert len(received) <= MiB and data.startswith(received)
