@@ -330,7 +330,7 @@ async def test_no_task_exception_is_left_unretrieved(
     origin.gate = asyncio.Event()  # bodies wait: the download is in flight
     origin.etags["a.tar"] = '"v1"'
 
-    async def head(key: str) -> object:
+    async def head(key: str, **kwargs: object) -> object:
         origin.etags[key] = '"v2"'
         return origin._info(key)
 

@@ -32,7 +32,7 @@ from shardcache.errors import (
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.origins.base import Origin
+from shardcache.origins.base import CONTINUED_REQUEST, Origin
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
 
@@ -232,7 +232,7 @@ async def test_definite_answers_and_a_throttling_tier_do_not_fail_over() -> None
     assert second.heads["k"] == 0
 
     class Throttling(FakeOrigin):
-        async def head(self, key: str) -> object:  # type: ignore[override]
+        async def head(self, key: str, **kwargs: object) -> object:  # type: ignore[override]
             raise OriginThrottled("503 SlowDown", 1.0)
 
     tier = TierMembers(lambda url: Throttling(url), ["http://member:8470"])
@@ -687,3 +687,22 @@ async def test_a_mirrors_own_etag_answers_no_conditional_before_its_body_verifie
         assert store.check() == []
     finally:
         await cache.aclose()
+
+
+async def test_every_upstream_asked_for_a_request_gets_its_context() -> None:
+    """Whether a request continues an answer travels with it through failover, to a mirror
+    refused, the home that answered, and the home asked for a mirror's checksums."""
+    clock = Clock()
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    for origin in (mirror, home):
+        origin.put("k", b"x")
+    mirror.open_failures["k"] = 1
+    failover = FailoverOrigin(
+        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+    )
+    stream = await failover.open("k", context=CONTINUED_REQUEST)
+    await stream.aclose()
+    clock.now += 1.5  # the mirror's back-off is over
+    await failover.head("k", context=CONTINUED_REQUEST)  # the mirror answers, the home vouches
+    assert mirror.contexts == [CONTINUED_REQUEST, CONTINUED_REQUEST]
+    assert home.contexts == [CONTINUED_REQUEST, CONTINUED_REQUEST]
