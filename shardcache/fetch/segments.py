@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shardcache.checksums import crc32c_combine
-from shardcache.config.options import default as option_default
 from shardcache.crc_spans import Span
 from shardcache.errors import (
     OriginChanged,
@@ -25,6 +24,7 @@ from shardcache.errors import (
     OriginThrottled,
 )
 from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.policy import FetchPolicy
 from shardcache.observer import Observer
 from shardcache.origins.base import (
     CONTINUED_REQUEST,
@@ -37,9 +37,9 @@ from shardcache.origins.base import (
 )
 
 log = logging.getLogger("shardcache.fill")
-FIRST_SEGMENT_BYTES = 2 << 20  # the first request of a fill: small, so its first byte is soon
-RETRY_AFTER_CAP_S = 30.0  # an origin's Retry-After longer than this is not waited out
 T = TypeVar("T")
+# The name `cache/` still imports the policy by (its fills and `ShardCache` are typed with it).
+RetryPolicy = FetchPolicy
 
 
 @dataclass(slots=True)
@@ -59,59 +59,7 @@ class Segment:
         return self.position >= self.end
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Bounded retries with exponential back-off: delays base, 2·base, 4·base… capped."""
-
-    # The daemon builds it from Settings; the defaults (for one built by hand) are the
-    # options table's, read from it, never written down twice.
-    retries: int = option_default("origin_retries")
-    base_s: float = 0.25
-    cap_s: float = 5.0
-    read_timeout_s: float = option_default("origin_read_timeout")
-    # A body's speed floor over each read timeout (SpeedFloor). Off unless given: the daemon
-    # passes --origin-min-speed; a policy built by hand (a test's fake origin) has no floor.
-    min_bytes_per_s: float = 0.0
-    connections: int = option_default("origin_connections")
-    segment_bytes: int = option_default("segment_size")
-    first_segment_bytes: int = FIRST_SEGMENT_BYTES
-    # Extra connections (beyond each fill's first) in flight across all fills: bounds memory
-    # when many large misses run at once, without ever delaying a new fill's first byte.
-    shared_connections: int = 32
-
-    def delay_s(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
-    def wait_before_retry(
-        self,
-        attempt: int,
-        exc: OriginError,
-        throttled_s: float = 0.0,
-        may_shed: bool = True,
-        jitter: float = 1.0,
-    ) -> float:
-        """Seconds to wait before retry `attempt` after `exc`: the exponential delay times
-        `jitter` (retries of many fills must not arrive together), or the origin's
-        `Retry-After` hint when longer (at most RETRY_AFTER_CAP_S). Raise `exc` instead when
-        throttling would be waited out past the read timeout in all (`throttled_s` so far)
-        and the request `may_shed` (nothing of it reached a client yet): the client gets its
-        503 and the hint now, not after every retry waited 30 s.
-
-        Once the origin has answered a fill (`may_shed` False), a reader may hold all but the
-        last byte of a 200: giving up would abort it and waste the body, so the hint is waited
-        out (within the retries) instead of passed on."""
-        delay = self.delay_s(attempt) * jitter
-        if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
-            if may_shed and throttled_s + exc.retry_after_s > self.read_timeout_s:
-                raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
-            delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
-        is_throttled = isinstance(exc, OriginThrottled)
-        if may_shed and is_throttled and throttled_s + delay > self.read_timeout_s:
-            raise exc
-        return delay
-
-
-def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Segment]:
+def plan(size_bytes: int, policy: FetchPolicy, accepts_ranges: bool) -> list[Segment]:
     """Cut [0, size) into segments; one segment when the origin cannot serve ranges, or with
     one connection (the fill's first request is then for the whole object).
 
@@ -154,7 +102,7 @@ class OriginRequests:
         self,
         origin: Origin,
         key: str,
-        policy: RetryPolicy,
+        policy: FetchPolicy,
         observer: Observer,
         limiter: RequestLimiter | None = None,
         client_reading: Callable[[], bool] | None = None,
@@ -293,7 +241,7 @@ class OriginRequests:
     async def _back_off(
         self, attempt: int, exc: OriginError, position: int, tried: Attempt
     ) -> float:
-        """Sleep before a retry as the policy says (`RetryPolicy.wait_before_retry`, which
+        """Sleep before a retry as the policy says (`FetchPolicy.wait_before_retry`, which
         raises `exc` when throttling is not to be waited out); return the seconds slept for
         throttling (0 for other failures). Throttled retries are logged at DEBUG: the limiter
         logs the change of state, the metrics count the refusals."""

@@ -140,6 +140,7 @@ ORDER: dict[str, list[str]] = {
         "fetch.capped",
         "fetch.limiter",
         "fetch.pacer",
+        "fetch.policy",
         "fetch",
     ],
     "cluster": [

@@ -19,14 +19,14 @@ from shardcache.cache.lease import Lease, Result
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import OriginNotFound, OriginUnavailable, ShardcacheError
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import NEW_REQUEST, RequestContext
 from tests.unit.fakes import FakeOrigin, FakeStream
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 READERS = 8
-POLICY = RetryPolicy(retries=1, base_s=0.001)
+POLICY = make_policy(retries=1, base_s=0.001)
 
 
 class HeldOrigin(FakeOrigin):

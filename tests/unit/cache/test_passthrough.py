@@ -16,16 +16,16 @@ import pytest
 from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
 from shardcache.errors import FillAbandoned, IntegrityError, OriginChanged, ShardcacheError
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import NEW_REQUEST, OriginStream, RequestContext
 from shardcache.serving.body import send_stream
 from tests.unit.fakes import FakeOrigin, FakeStream
+from tests.unit.policies import make_policy
 
 FIRST = 16 * 1024  # the first segment: the fill's first request asks for this much
 SIZE = 100_000  # over the store's capacity: streamed through
 CHUNK = 4096
-POLICY = RetryPolicy(retries=1, base_s=0.001, connections=2, first_segment_bytes=FIRST)
+POLICY = make_policy(retries=1, base_s=0.001, connections=2, first_segment_bytes=FIRST)
 
 
 class Counted(NullObserver):

@@ -16,7 +16,6 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.errors import IntegrityError, OriginChanged
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import entity_tag
 from shardcache.origins.responses import info_from
@@ -24,6 +23,7 @@ from shardcache.origins.s3 import _listing as s3_listing
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.cluster.test_upstreams import Clock, upstream
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -57,7 +57,7 @@ async def test_a_mirror_with_its_own_etag_dying_mid_body_is_finished_from_the_ho
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -84,7 +84,7 @@ async def test_an_empty_etag_mirror_with_wrong_bytes_is_caught_and_never_cached(
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -119,7 +119,7 @@ async def test_a_resume_from_the_home_of_a_mirrors_wrong_bytes_is_caught_and_not
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -155,7 +155,7 @@ async def test_a_home_that_changed_since_its_head_is_not_spliced_after_the_mirro
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")

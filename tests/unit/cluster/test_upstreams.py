@@ -30,11 +30,11 @@ from shardcache.errors import (
     OriginUnavailable,
 )
 from shardcache.fetch.capped import CappedOrigin
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import CONTINUED_REQUEST, Origin
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -259,7 +259,7 @@ async def test_a_fill_failing_mid_object_resumes_from_the_next_upstream(tmp_path
     cache = ShardCache(
         Store(tmp_path / "c", 8 * MiB),
         {"o": failover},
-        RetryPolicy(retries=2, base_s=0.001, connections=1),
+        make_policy(retries=2, base_s=0.001, connections=1),
         NullObserver(),
     )
     try:
@@ -286,7 +286,7 @@ async def test_a_resumed_object_that_differs_between_upstreams_fails_instead_of_
     failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
     store = Store(tmp_path / "c", 8 * MiB)
     cache = ShardCache(
-        store, {"o": failover}, RetryPolicy(retries=2, base_s=0.001, connections=1), NullObserver()
+        store, {"o": failover}, make_policy(retries=2, base_s=0.001, connections=1), NullObserver()
     )
     try:
         with pytest.raises(OriginChanged):
@@ -464,7 +464,7 @@ async def test_one_request_at_once_still_streams_an_uncacheable_object_through(
     cache = ShardCache(
         Store(tmp_path / "c", 2 * MiB),  # smaller than the object: streamed through
         {"o": capped},
-        RetryPolicy(retries=1, base_s=0.001),
+        make_policy(retries=1, base_s=0.001),
         NullObserver(),
     )
     try:
@@ -548,7 +548,7 @@ async def test_bytes_failing_the_homes_checksum_mark_the_mirror_down_and_are_fet
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -591,7 +591,7 @@ async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_pat
     failover = FailoverOrigin(
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1)
+    policy = make_policy(retries=2, base_s=0.001, connections=1)
     cache = ShardCache(Store(tmp_path / "c", 16 * MiB), {"o": failover}, policy, NullObserver())
 
     def mirror_health() -> Health:
@@ -672,7 +672,7 @@ async def test_a_mirrors_own_etag_answers_no_conditional_before_its_body_verifie
         "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
     )
     store = Store(tmp_path / "c", cache_mib * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")

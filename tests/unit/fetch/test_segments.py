@@ -14,13 +14,14 @@ import pytest
 from shardcache.errors import OriginBusy, OriginThrottled
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.fetch.limiter import RequestLimiter
-from shardcache.fetch.segments import OriginRequests, RetryPolicy, Segment, plan
+from shardcache.fetch.segments import OriginRequests, Segment, plan
 from shardcache.observer import NullObserver
 from shardcache.origins.base import CONTINUED_REQUEST, NEW_REQUEST, OriginStream
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1 << 20
-POLICY = RetryPolicy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)
+POLICY = make_policy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)
 
 
 def _bounds(segments: list[Segment]) -> list[tuple[int, int]]:
@@ -130,7 +131,7 @@ async def test_the_throttling_a_retry_waited_out_shortens_its_next_wait_at_the_l
 ) -> None:
     refuse_first(origin, "a.tar", retry_after_s=2.0)
     limiter, observer = AskedLimiter(), Counted()
-    policy = RetryPolicy(retries=2, read_timeout_s=10.0)
+    policy = make_policy(retries=2, read_timeout_s=10.0)
     requests = OriginRequests(origin, "a.tar", policy, observer, limiter)
     await read(requests.open(0, None, None))
     assert slept.seconds == [2.0]  # the Retry-After, waited out: 2 of the 10 s it may wait
@@ -146,7 +147,7 @@ async def test_a_new_readers_first_get_passes_throttling_on_a_continuing_one_wai
 ) -> None:
     """Both while a client reads the object: only a request continuing its answer waits out
     a Retry-After longer than the read timeout; a new reader gets it as its 503."""
-    policy = RetryPolicy(retries=2, read_timeout_s=10.0)
+    policy = make_policy(retries=2, read_timeout_s=10.0)
     limiter = AskedLimiter()
     requests = OriginRequests(
         origin, "a.tar", policy, NullObserver(), limiter, client_reading=lambda: True
@@ -171,7 +172,7 @@ async def test_a_request_continuing_an_answer_is_never_shed_by_the_caps_a_new_on
 ) -> None:
     clock = Clock()
     capped = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2.5, clock=clock)
-    policy = RetryPolicy(retries=2)
+    policy = make_policy(retries=2)
     reading = False
     requests = OriginRequests(
         capped, "a.tar", policy, NullObserver(), client_reading=lambda: reading

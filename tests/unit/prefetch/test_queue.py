@@ -17,16 +17,16 @@ from shardcache.cache.plans import PlanBook
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.prefetch import queue as prefetch
 from shardcache.prefetch import slots
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.prefetch.slots import MAX_CONCURRENCY, START_CONCURRENCY
 from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.policies import make_policy
 
 KiB, MiB = 1024, 1024 * 1024
-ONE_CONNECTION = RetryPolicy(retries=1, base_s=0.001, connections=1)
+ONE_CONNECTION = make_policy(retries=1, base_s=0.001, connections=1)
 
 
 @pytest.fixture
