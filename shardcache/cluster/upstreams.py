@@ -20,7 +20,6 @@ from shardcache.checksums import Checksum
 from shardcache.cluster.breaker import BreakerState, Health
 from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
-from shardcache.config.options import default as option_default
 from shardcache.errors import (
     IntegrityError,
     LocalBusy,
@@ -41,6 +40,7 @@ from shardcache.origins.base import (
     RequestContext,
     SpeedFloor,
     Spot,
+    Timeouts,
 )
 from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
@@ -66,20 +66,21 @@ class FailoverOrigin:
         name: str,
         chain: Sequence[Upstream],
         tier: TierMembers | None = None,
-        read_timeout_s: float = option_default("origin_read_timeout"),
-        min_bytes_per_s: float = 0.0,
+        *,
+        timeouts: Timeouts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`min_bytes_per_s`: the speed floor of an iterated body (an object streamed through),
-        so a dripping upstream is marked down there too; landed bodies get theirs from the
-        fill."""
+        """`timeouts`: the fetch policy's. Its read timeout bounds one request's failover
+        (FAILOVER_BUDGET of them) and tells an upstream's stall; its speed floor is that of an
+        iterated body (an object streamed through), so a dripping upstream is marked down
+        there too; landed bodies get theirs from the fill."""
         if not chain:
             raise ValueError("an origin needs at least one upstream")
         self.name = name
         self._chain = list(chain)
         self._tier = tier
-        self._read_timeout_s = read_timeout_s
-        self._min_bytes_per_s = min_bytes_per_s
+        self._read_timeout_s = timeouts.read_s
+        self._min_bytes_per_s = timeouts.min_bytes_per_s
         self._clock = clock
         self._home_etags: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 

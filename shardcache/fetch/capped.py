@@ -11,7 +11,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shardcache.config.options import default as option_default
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import (
@@ -33,7 +32,8 @@ class CappedOrigin:
         inner: Origin,
         max_requests: int | None = None,
         max_requests_per_second: float | None = None,
-        max_wait_s: float = option_default("origin_read_timeout"),
+        *,
+        max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner

@@ -8,6 +8,7 @@ import dataclasses
 from shardcache.config import load_settings
 from shardcache.daemon.wiring import fetch_policy
 from shardcache.fetch.policy import FetchPolicy
+from shardcache.origins.base import Timeouts
 
 _DEFAULT = fetch_policy(load_settings({}, {}))
 
@@ -23,3 +24,8 @@ def make_policy(
         min_bytes_per_s=min_bytes_per_s,
     )
     return dataclasses.replace(_DEFAULT, timeouts=timeouts, **changes)  # type: ignore[arg-type]
+
+
+def make_timeouts(read_timeout_s: float | None = None) -> Timeouts:
+    """`make_policy`'s timeouts: what the daemon gives failover and the transports."""
+    return make_policy(read_timeout_s).timeouts
