@@ -20,7 +20,6 @@ from shardcache.checksums import Checksum
 from shardcache.cluster.breaker import BreakerState, Health
 from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
-from shardcache.config.options import default as option_default
 from shardcache.errors import (
     IntegrityError,
     LocalBusy,
@@ -32,7 +31,17 @@ from shardcache.errors import (
     OriginUnavailable,
     OriginUntrusted,
 )
-from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, SpeedFloor, Spot
+from shardcache.origins.base import (
+    NEW_REQUEST,
+    Landed,
+    ObjectInfo,
+    Origin,
+    OriginStream,
+    RequestContext,
+    SpeedFloor,
+    Spot,
+    Timeouts,
+)
 from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
 
@@ -57,20 +66,21 @@ class FailoverOrigin:
         name: str,
         chain: Sequence[Upstream],
         tier: TierMembers | None = None,
-        read_timeout_s: float = option_default("origin_read_timeout"),
-        min_bytes_per_s: float = 0.0,
+        *,
+        timeouts: Timeouts,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`min_bytes_per_s`: the speed floor of an iterated body (an object streamed through),
-        so a dripping upstream is marked down there too; landed bodies get theirs from the
-        fill."""
+        """`timeouts`: the fetch policy's. Its read timeout bounds one request's failover
+        (FAILOVER_BUDGET of them) and tells an upstream's stall; its speed floor is that of an
+        iterated body (an object streamed through), so a dripping upstream is marked down
+        there too; landed bodies get theirs from the fill."""
         if not chain:
             raise ValueError("an origin needs at least one upstream")
         self.name = name
         self._chain = list(chain)
         self._tier = tier
-        self._read_timeout_s = read_timeout_s
-        self._min_bytes_per_s = min_bytes_per_s
+        self._read_timeout_s = timeouts.read_s
+        self._min_bytes_per_s = timeouts.min_bytes_per_s
         self._clock = clock
         self._home_etags: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
 
@@ -98,7 +108,7 @@ class FailoverOrigin:
             u for u in everyone if u.breaker.is_open
         ]
 
-    async def head(self, key: str) -> ObjectInfo:
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         """The object's info, with the checksums its body is verified against.
 
         The checksums of the home win: when the first answer comes from a tier member or a
@@ -111,13 +121,13 @@ class FailoverOrigin:
         An answer that says it publishes none (the home answered without one) leaves the
         length, as with a single origin."""
         upstream, info, _ = await self._first_answer(
-            key, lambda origin: origin.head(key), carries_bytes=False
+            key, lambda origin: origin.head(key, context=context), carries_bytes=False
         )
         if upstream is self._chain[-1]:
             return info
         own = _named(info.checksums, upstream.role)
         behind, home_answered, home_error, vouched = await self._checksums_from_behind(
-            key, info, upstream
+            key, info, upstream, context
         )
         if behind:
             # A mirror's ETag of its own is no validator of the object: no 304 is answered
@@ -131,7 +141,7 @@ class FailoverOrigin:
         )
 
     async def _checksums_from_behind(
-        self, key: str, info: ObjectInfo, answered: Upstream
+        self, key: str, info: ObjectInfo, answered: Upstream, context: RequestContext
     ) -> tuple[tuple[Checksum, ...], bool, OriginError | None, bool]:
         """The checksums of the first upstream after `answered` that publishes any for the
         version `info` describes, each named by where it came from (`X-Shardcache-Verified`);
@@ -152,13 +162,13 @@ class FailoverOrigin:
             upstream.breaker.sending(carries_bytes=False)
             try:
                 try:
-                    other = await upstream.origin.head(key)
+                    other = await upstream.origin.head(key, context=context)
                 except OriginHeadUnsupported:
                     if upstream is not home:
                         raise
                     # The home refuses HEAD (a presigned GET-only URL, say) but may publish
                     # its checksum on GET: read a GET's headers only, then close it.
-                    other = await self._headers_of_get(upstream.origin, key)
+                    other = await self._headers_of_get(upstream.origin, key, context)
             except OriginError as exc:
                 if isinstance(exc, LocalBusy):
                     pass  # our own threads were busy: nothing said about this upstream
@@ -208,16 +218,22 @@ class FailoverOrigin:
             self._home_etags.popitem(last=False)
 
     @staticmethod
-    async def _headers_of_get(origin: Origin, key: str) -> ObjectInfo:
+    async def _headers_of_get(origin: Origin, key: str, context: RequestContext) -> ObjectInfo:
         """What a whole-object GET of `key` says of it, without its body (closed unread)."""
-        stream = await origin.open(key)
+        stream = await origin.open(key, context=context)
         try:
             return stream.info
         finally:
             await stream.aclose()
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> OriginStream:
         """Open from the first upstream that answers. A tier member's or mirror's answer
         loses the checksums it carries: the fill asks `head`, where the home's win."""
@@ -226,8 +242,8 @@ class FailoverOrigin:
 
         def ask(origin: Origin) -> Awaitable[OriginStream]:
             if home_etag is not None and origin is home.origin:
-                return origin.open(key, start, end, home_etag)
-            return origin.open(key, start, end, if_match)
+                return origin.open(key, start, end, home_etag, context=context)
+            return origin.open(key, start, end, if_match, context=context)
 
         upstream, stream, sent_at = await self._first_answer(key, ask)
         watched = WatchedStream(stream, upstream, self, sent_at)

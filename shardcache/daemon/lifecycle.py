@@ -32,17 +32,16 @@ from shardcache.daemon.readouts import Readouts, upstream_rows
 from shardcache.daemon.wiring import (
     build_fills,
     configure_origins,
+    fetch_policy,
     listen_backlog,
     open_store,
     raise_open_file_limit,
 )
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.origin_table import OriginTable
-from shardcache.fetch.segments import FIRST_SEGMENT_BYTES, RetryPolicy
 from shardcache.observability import logs
 from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
-from shardcache.origins.base import Timeouts
 from shardcache.origins.receivers import configure as configure_receivers
 from shardcache.origins.receivers import receiver_pool
 from shardcache.prefetch.queue import PrefetchQueue
@@ -79,6 +78,7 @@ class Daemon:
     def __init__(self, settings: Settings, reload_settings: Callable[[], Settings] | None) -> None:
         self.settings = settings
         self._reload_settings = reload_settings
+        self.fetch_policy = fetch_policy(settings)  # none of its settings reloads
         configured = configure_origins(settings)
         self.metrics = Metrics(CollectorRegistry(), configured)
         # The one owner of the set of origins, replaced whole on reload; the cache closes it.
@@ -117,11 +117,8 @@ class Daemon:
             in_flight=self.in_flight,
             hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
-        timeouts = Timeouts(
-            settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
-        )
         self.buckets = BucketsOnDemand(
-            settings.s3_buckets_on_demand, self.origins, timeouts, self.metrics
+            settings.s3_buckets_on_demand, self.origins, self.fetch_policy.timeouts, self.metrics
         )
         if settings.s3_buckets_on_demand:
             self.state.add_bucket = self.buckets.add
@@ -198,14 +195,7 @@ class Daemon:
     def _build(self, store: Store) -> Started:
         """Wire the parts over the open store: cache, prefetch queue, scrub, the app."""
         settings = self.settings
-        policy = RetryPolicy(
-            retries=settings.origin_retries,
-            read_timeout_s=settings.origin_read_timeout,
-            min_bytes_per_s=settings.origin_min_speed,
-            connections=settings.origin_connections,
-            segment_bytes=settings.segment_size,
-            first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
-        )
+        policy = self.fetch_policy
         fills = build_fills(settings, store, policy, self.metrics)
         cache = ShardCache(store, self.origins, policy, self.metrics, fills=fills)
         prefetch = PrefetchQueue(

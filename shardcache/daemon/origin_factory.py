@@ -61,7 +61,7 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
             return _make_one(member, timeouts)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
-    return FailoverOrigin(spec.name, chain, tier, timeouts.read_s, timeouts.min_bytes_per_s)
+    return FailoverOrigin(spec.name, chain, tier, timeouts=timeouts)
 
 
 def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:

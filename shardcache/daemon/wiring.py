@@ -1,7 +1,7 @@
-"""The daemon's wiring: one backend per configured origin (and the `OriginTable` entries holding
-them), the store and what makes its fills, built from `Settings`; the open-file limit and listen
-backlog set before the port is bound. Apart from `lifecycle` so that `shardcache check` builds
-origins exactly as the daemon does without importing the server."""
+"""The daemon's wiring: the fetch policy, one backend per configured origin (and the
+`OriginTable` entries holding them), the store and what makes its fills, built from `Settings`;
+the open-file limit and listen backlog set before the port is bound. Apart from `lifecycle` so
+that `shardcache check` builds origins exactly as the daemon does without importing the server."""
 
 from __future__ import annotations
 
@@ -22,13 +22,36 @@ from shardcache.config import OriginSpec, Settings
 from shardcache.daemon.origin_factory import make_origin
 from shardcache.errors import CacheError, ConfigError
 from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
-from shardcache.fetch.segments import RetryPolicy
+from shardcache.fetch.policy import (
+    BACK_OFF_BASE_S,
+    BACK_OFF_CAP_S,
+    FIRST_SEGMENT_BYTES,
+    SHARED_CONNECTIONS,
+    FetchPolicy,
+)
 from shardcache.observability.logs import redact
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Origin, Timeouts
 from shardcache.origins.file import FileOrigin
 
 log = logging.getLogger("shardcache.daemon")
+
+
+def fetch_policy(settings: Settings) -> FetchPolicy:
+    """How every fill asks its origin, and what every backend's requests are held to: built
+    once, from `settings` alone (the defaults are the options table's)."""
+    return FetchPolicy(
+        timeouts=Timeouts(
+            settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
+        ),
+        retries=settings.origin_retries,
+        base_s=BACK_OFF_BASE_S,
+        cap_s=BACK_OFF_CAP_S,
+        connections=settings.origin_connections,
+        segment_bytes=settings.segment_size,
+        first_segment_bytes=min(settings.segment_size, FIRST_SEGMENT_BYTES),
+        shared_connections=SHARED_CONNECTIONS,
+    )
 
 
 def build_origins(
@@ -41,9 +64,7 @@ def build_origins(
     On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
     its connections and fills in flight carry on.
     """
-    timeouts = Timeouts(
-        settings.origin_connect_timeout, settings.origin_read_timeout, settings.origin_min_speed
-    )
+    timeouts = fetch_policy(settings).timeouts
     origins: dict[str, Origin] = {}
     for spec in settings.origins:
         refuse_own_endpoint(settings, spec)
@@ -140,7 +161,7 @@ def open_store(settings: Settings, metrics: Metrics) -> Store:
 
 
 def build_fills(
-    settings: Settings, store: Store, policy: RetryPolicy, metrics: Metrics
+    settings: Settings, store: Store, policy: FetchPolicy, metrics: Metrics
 ) -> FillFactory:
     """What makes the cache's fills: over `store`, fetching by `policy`, reporting to
     `metrics`, keeping the CRC-32C per block that hits are checked against when

@@ -3,6 +3,8 @@ checksums it publishes weighed before its bytes are trusted.
 
 Parts:
 
+- `policy`: `FetchPolicy`, retries and back-off, the timeouts and speed floor, the segment plan:
+  one frozen value the daemon builds; the one read timeout is its `timeouts.read_s`.
 - `segments`: `SegmentedDownload`, one object as byte-range segments over several connections,
   claimed in order so the bytes a reader needs next land first; the retry of a segment whose
   connection dropped, resumed from where it stopped.

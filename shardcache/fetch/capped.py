@@ -2,25 +2,28 @@
 
 A GET holds its place until its body is read or closed; a HEAD takes none. A request waiting
 past `max_wait_s` is shed with `OriginBusy` (503, Retry-After), except one that continues an
-answer a client may be reading (`CONTINUING`): shedding it would cut off a 200."""
+answer a client may be reading (its `RequestContext.is_continuing`): shedding it would cut
+off a 200."""
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections.abc import AsyncIterator, Callable
 
-from shardcache.config.options import default as option_default
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
-from shardcache.origins.base import Landed, ObjectInfo, Origin, OriginStream, Spot
+from shardcache.origins.base import (
+    NEW_REQUEST,
+    Landed,
+    ObjectInfo,
+    Origin,
+    OriginStream,
+    RequestContext,
+    Spot,
+)
 from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
-
-# True while the current task's request continues an answer a client may be reading
-# (`segments.OriginRequests` sets it around each request): the caps never shed it.
-CONTINUING: contextvars.ContextVar[bool] = contextvars.ContextVar("continuing", default=False)
 
 
 class CappedOrigin:
@@ -29,7 +32,8 @@ class CappedOrigin:
         inner: Origin,
         max_requests: int | None = None,
         max_requests_per_second: float | None = None,
-        max_wait_s: float = option_default("origin_read_timeout"),
+        *,
+        max_wait_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
@@ -44,13 +48,14 @@ class CappedOrigin:
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
 
-    async def _turn(self) -> None:
-        """Wait until the rate cap lets the next request go; shed it if that is too far off."""
+    async def _turn(self, context: RequestContext) -> None:
+        """Wait until the rate cap lets the next request go; shed it if that is too far off
+        and it continues no answer."""
         if not self.max_requests_per_second:
             return
         now, rate = self._clock(), self.max_requests_per_second
         turn = self._pacer.turn(now, rate)
-        if turn - now > self._max_wait_s and not CONTINUING.get():
+        if turn - now > self._max_wait_s and not context.is_continuing:
             raise OriginBusy(
                 f"origin {self.name}: its cap of {rate:g} requests a second is booked "
                 f"{turn - now:.0f} s ahead",
@@ -65,9 +70,9 @@ class CappedOrigin:
                 raise
         self._pacer.went(turn)
 
-    async def _slot(self) -> None:
+    async def _slot(self, context: RequestContext) -> None:
         assert self._slots is not None
-        if CONTINUING.get():
+        if context.is_continuing:
             await self._slots.acquire()  # never shed: the client's answer is under way
             return
         try:
@@ -80,18 +85,24 @@ class CappedOrigin:
                 self._max_wait_s,
             ) from None
 
-    async def head(self, key: str) -> ObjectInfo:
-        await self._turn()
-        return await self.inner.head(key)
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
+        await self._turn(context)
+        return await self.inner.head(key, context=context)
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> OriginStream:
         if self._slots is not None:
-            await self._slot()
+            await self._slot(context)
         try:
-            await self._turn()
-            stream = await self.inner.open(key, start, end, if_match)
+            await self._turn(context)
+            stream = await self.inner.open(key, start, end, if_match, context=context)
         except BaseException:
             if self._slots is not None:
                 self._slots.release()
@@ -100,12 +111,12 @@ class CappedOrigin:
 
     async def list_objects(self, query: ListQuery) -> Listing:
         """A page of the inner origin's keys, a request under the rate cap like a HEAD."""
-        await self._turn()
+        await self._turn(NEW_REQUEST)
         return await list_objects(self.inner, query)
 
     async def bucket_location(self) -> str:
         """The inner origin's bucket's region, a request under the rate cap like a HEAD."""
-        await self._turn()
+        await self._turn(NEW_REQUEST)
         return await bucket_location(self.inner)
 
     async def aclose(self) -> None:

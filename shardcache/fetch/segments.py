@@ -7,7 +7,6 @@ response must prove the first one's version: two versions are never spliced into
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import random
 import time
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shardcache.checksums import crc32c_combine
-from shardcache.config.options import default as option_default
 from shardcache.crc_spans import Span
 from shardcache.errors import (
     OriginChanged,
@@ -25,15 +23,23 @@ from shardcache.errors import (
     OriginNotResumable,
     OriginThrottled,
 )
-from shardcache.fetch.capped import CONTINUING
 from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.policy import FetchPolicy
 from shardcache.observer import Observer
-from shardcache.origins.base import ObjectInfo, Origin, OriginStream, Sender
+from shardcache.origins.base import (
+    CONTINUED_REQUEST,
+    NEW_REQUEST,
+    ObjectInfo,
+    Origin,
+    OriginStream,
+    RequestContext,
+    Sender,
+)
 
 log = logging.getLogger("shardcache.fill")
-FIRST_SEGMENT_BYTES = 2 << 20  # the first request of a fill: small, so its first byte is soon
-RETRY_AFTER_CAP_S = 30.0  # an origin's Retry-After longer than this is not waited out
 T = TypeVar("T")
+# The name `cache/` still imports the policy by (its fills and `ShardCache` are typed with it).
+RetryPolicy = FetchPolicy
 
 
 @dataclass(slots=True)
@@ -53,59 +59,7 @@ class Segment:
         return self.position >= self.end
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Bounded retries with exponential back-off: delays base, 2·base, 4·base… capped."""
-
-    # The daemon builds it from Settings; the defaults (for one built by hand) are the
-    # options table's, read from it, never written down twice.
-    retries: int = option_default("origin_retries")
-    base_s: float = 0.25
-    cap_s: float = 5.0
-    read_timeout_s: float = option_default("origin_read_timeout")
-    # A body's speed floor over each read timeout (SpeedFloor). Off unless given: the daemon
-    # passes --origin-min-speed; a policy built by hand (a test's fake origin) has no floor.
-    min_bytes_per_s: float = 0.0
-    connections: int = option_default("origin_connections")
-    segment_bytes: int = option_default("segment_size")
-    first_segment_bytes: int = FIRST_SEGMENT_BYTES
-    # Extra connections (beyond each fill's first) in flight across all fills: bounds memory
-    # when many large misses run at once, without ever delaying a new fill's first byte.
-    shared_connections: int = 32
-
-    def delay_s(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
-
-    def wait_before_retry(
-        self,
-        attempt: int,
-        exc: OriginError,
-        throttled_s: float = 0.0,
-        may_shed: bool = True,
-        jitter: float = 1.0,
-    ) -> float:
-        """Seconds to wait before retry `attempt` after `exc`: the exponential delay times
-        `jitter` (retries of many fills must not arrive together), or the origin's
-        `Retry-After` hint when longer (at most RETRY_AFTER_CAP_S). Raise `exc` instead when
-        throttling would be waited out past the read timeout in all (`throttled_s` so far)
-        and the request `may_shed` (nothing of it reached a client yet): the client gets its
-        503 and the hint now, not after every retry waited 30 s.
-
-        Once the origin has answered a fill (`may_shed` False), a reader may hold all but the
-        last byte of a 200: giving up would abort it and waste the body, so the hint is waited
-        out (within the retries) instead of passed on."""
-        delay = self.delay_s(attempt) * jitter
-        if isinstance(exc, OriginThrottled) and exc.retry_after_s is not None:
-            if may_shed and throttled_s + exc.retry_after_s > self.read_timeout_s:
-                raise exc  # the client's to wait out, with the hint (passed on as Retry-After)
-            delay = max(delay, min(exc.retry_after_s, RETRY_AFTER_CAP_S))
-        is_throttled = isinstance(exc, OriginThrottled)
-        if may_shed and is_throttled and throttled_s + delay > self.read_timeout_s:
-            raise exc
-        return delay
-
-
-def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Segment]:
+def plan(size_bytes: int, policy: FetchPolicy, accepts_ranges: bool) -> list[Segment]:
     """Cut [0, size) into segments; one segment when the origin cannot serve ranges, or with
     one connection (the fill's first request is then for the whole object).
 
@@ -123,11 +77,16 @@ def plan(size_bytes: int, policy: RetryPolicy, accepts_ranges: bool) -> list[Seg
     ]
 
 
-# The throttling the current task's retry loop has waited out so far (`retrying`), which
-# bounds how long its next request may wait for a turn at the limiter.
-_THROTTLED_S: contextvars.ContextVar[float] = contextvars.ContextVar("throttled_s", default=0.0)
-# Set while a reader's own first GET is asked (`OriginRequests.open(for_new_reader=True)`).
-_NEW_READER: contextvars.ContextVar[bool] = contextvars.ContextVar("new_reader", default=False)
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try of `OriginRequests.retrying`'s operation: what its loop tells the request.
+
+    `throttled_s`: the throttling the loop has waited out so far, which bounds how long this
+    try may wait for a turn at the limiter. `is_new_reader`: a reader's own first GET
+    (`OriginRequests.open(for_new_reader=True)`), of whose answer nothing is under way."""
+
+    throttled_s: float = 0.0
+    is_new_reader: bool = False
 
 
 class OriginRequests:
@@ -143,7 +102,7 @@ class OriginRequests:
         self,
         origin: Origin,
         key: str,
-        policy: RetryPolicy,
+        policy: FetchPolicy,
         observer: Observer,
         limiter: RequestLimiter | None = None,
         client_reading: Callable[[], bool] | None = None,
@@ -159,9 +118,9 @@ class OriginRequests:
         self._has_answered = False  # the origin answered one of these requests
         self._client_reading = client_reading or (lambda: self._has_answered)
 
-    def _continues_an_answer(self) -> bool:
-        """Whether this task's request continues an answer a client may be reading."""
-        return self._client_reading() and not _NEW_READER.get()
+    def _continues_an_answer(self, attempt: Attempt) -> bool:
+        """Whether `attempt`'s request continues an answer a client may be reading."""
+        return self._client_reading() and not attempt.is_new_reader
 
     def count(self, status: str) -> None:
         self._observer.origin_request(self.origin.name, status)
@@ -170,34 +129,44 @@ class OriginRequests:
         self._observer.origin_bytes(self.origin.name, size_bytes)
 
     async def retrying(
-        self, operation: Callable[[], Awaitable[T]], position: Callable[[], int] = lambda: 0
+        self,
+        operation: Callable[[Attempt], Awaitable[T]],
+        position: Callable[[], int] = lambda: 0,
+        is_new_reader: bool = False,
     ) -> T:
         """Run `operation`, again after back-off while it raises a retryable OriginError;
-        raise the last error when retries run out (or at once when it is not retryable)."""
+        raise the last error when retries run out (or at once when it is not retryable).
+        Each try is handed its `Attempt`, which its request passes to `_asking`."""
         attempt = 0
         # Waited out for the origin's throttling, at most the read timeout in all: the turns
         # at the limiter of requests it refused, and the back-offs after them.
         throttled_s = 0.0
         while True:
             began = time.monotonic()
-            waited = _THROTTLED_S.set(throttled_s)  # the limiter's bound for this turn
+            this_try = Attempt(throttled_s, is_new_reader)  # the limiter's bound for its turn
             try:
-                return await operation()
+                return await operation(this_try)
             except OriginError as exc:
                 if isinstance(exc, OriginThrottled):
                     throttled_s += time.monotonic() - began
                 attempt += 1
                 if not exc.is_retryable or attempt > self.policy.retries:
                     raise
-                throttled_s += await self._back_off(attempt, exc, position(), throttled_s)
-            finally:
-                _THROTTLED_S.reset(waited)
+                throttled_s += await self._back_off(
+                    attempt, exc, position(), Attempt(throttled_s, is_new_reader)
+                )
 
-    async def open_once(self, start: int, end: int | None, if_match: str | None) -> OriginStream:
-        """One GET of [start, end); a failure to open is counted here, the body's end by the
-        caller (`count`)."""
+    async def open_once(
+        self, start: int, end: int | None, if_match: str | None, attempt: Attempt
+    ) -> OriginStream:
+        """One GET of [start, end), as `attempt` of a retry loop; a failure to open is counted
+        here, the body's end by the caller (`count`)."""
+
+        def get(context: RequestContext) -> Awaitable[OriginStream]:
+            return self.origin.open(self.key, start, end, if_match, context=context)
+
         try:
-            return await self._asking(lambda: self.origin.open(self.key, start, end, if_match))
+            return await self._asking(get, attempt)
         except OriginError as exc:
             self.count(exc.kind)
             raise
@@ -208,15 +177,19 @@ class OriginRequests:
         """Open [start, end) with retries; the caller counts the body's outcome.
         `for_new_reader`: a reader's own first GET (one joining an object streamed through),
         of whose answer nothing is under way: shed, and throttling passed on, as a first."""
-        new_reader = _NEW_READER.set(for_new_reader)
-        try:
-            return await self.retrying(lambda: self.open_once(start, end, if_match), lambda: start)
-        finally:
-            _NEW_READER.reset(new_reader)
+        return await self.retrying(
+            lambda attempt: self.open_once(start, end, if_match, attempt),
+            lambda: start,
+            is_new_reader=for_new_reader,
+        )
 
     async def head(self) -> ObjectInfo:
         """The object's info from a HEAD, with retries."""
-        return await self.retrying(lambda: self._asking(lambda: self.origin.head(self.key)))
+
+        def head(context: RequestContext) -> Awaitable[ObjectInfo]:
+            return self.origin.head(self.key, context=context)
+
+        return await self.retrying(lambda attempt: self._asking(head, attempt))
 
     async def head_of(self, info: ObjectInfo) -> ObjectInfo | None:
         """A HEAD (with retries) of the version `info` describes, for its checksums; None when
@@ -232,26 +205,25 @@ class OriginRequests:
             raise OriginChanged(f"{self.key} changed during the fill: {change}")
         return head
 
-    async def _asking(self, request: Callable[[], Awaitable[T]]) -> T:
-        """Send one request at the origin's pace (see `limiter`), and tell the limiter whether
-        the origin refused it as one too many."""
+    async def _asking(
+        self, request: Callable[[RequestContext], Awaitable[T]], attempt: Attempt
+    ) -> T:
+        """Send one request, `attempt` of a retry loop, at the origin's pace (see `limiter`),
+        and tell the limiter whether the origin refused it as one too many."""
         # A request that continues an answer a client may be reading (segments, the HEAD for
         # checksums of a fill that started) goes first and is never shed, by the limiter or
-        # an operator's caps (`CONTINUING`); any other waits for its turn no longer than
-        # what is left of the read timeout after the throttling it met already: it is shed
-        # (503 with Retry-After) and its client told when to come back.
-        urgent = self._continues_an_answer()
-        continuing = CONTINUING.set(urgent)
-        try:
-            if self._limiter is None:
-                answer = await self._noting_throttled(request)
-            else:
-                max_wait_s = max(0.0, self.policy.read_timeout_s - _THROTTLED_S.get())
-                async with self._limiter.permit(max_wait_s, is_urgent=urgent) as sent_at:
-                    answer = await self._noting_throttled(request, sent_at)
-                self._limiter.answered()
-        finally:
-            CONTINUING.reset(continuing)
+        # an operator's caps (its `RequestContext`); any other waits for its turn no longer
+        # than what is left of the read timeout after the throttling it met already: it is
+        # shed (503 with Retry-After) and its client told when to come back.
+        urgent = self._continues_an_answer(attempt)
+        context = CONTINUED_REQUEST if urgent else NEW_REQUEST
+        if self._limiter is None:
+            answer = await self._noting_throttled(lambda: request(context))
+        else:
+            max_wait_s = max(0.0, self.policy.read_timeout_s - attempt.throttled_s)
+            async with self._limiter.permit(max_wait_s, is_urgent=urgent) as sent_at:
+                answer = await self._noting_throttled(lambda: request(context), sent_at)
+            self._limiter.answered()
         self._has_answered = True
         return answer
 
@@ -267,9 +239,9 @@ class OriginRequests:
             raise
 
     async def _back_off(
-        self, attempt: int, exc: OriginError, position: int, throttled_s: float = 0.0
+        self, attempt: int, exc: OriginError, position: int, tried: Attempt
     ) -> float:
-        """Sleep before a retry as the policy says (`RetryPolicy.wait_before_retry`, which
+        """Sleep before a retry as the policy says (`FetchPolicy.wait_before_retry`, which
         raises `exc` when throttling is not to be waited out); return the seconds slept for
         throttling (0 for other failures). Throttled retries are logged at DEBUG: the limiter
         logs the change of state, the metrics count the refusals."""
@@ -277,8 +249,8 @@ class OriginRequests:
         delay = self.policy.wait_before_retry(
             attempt,
             exc,
-            throttled_s,
-            may_shed=not self._continues_an_answer(),
+            tried.throttled_s,
+            may_shed=not self._continues_an_answer(tried),
             jitter=random.uniform(0.5, 1.0),
         )
         self._observer.origin_retry(self.origin.name)
@@ -405,7 +377,7 @@ class SegmentedDownload:
     async def _fetch(self, segment: Segment, stream: OriginStream | None) -> None:
         """Fill `segment`, resuming from its first missing byte after each failure."""
 
-        async def once() -> None:
+        async def once(attempt: Attempt) -> None:
             nonlocal stream
             opened, stream = stream, None  # a retry opens a new request from the position
             is_first_answer = opened is not None  # the answer every other one is held to
@@ -413,7 +385,7 @@ class SegmentedDownload:
             try:
                 if opened is None:
                     opened = await self.requests.open_once(
-                        segment.position, segment.end, self.info.etag
+                        segment.position, segment.end, self.info.etag, attempt
                     )
                 try:
                     if not is_first_answer:

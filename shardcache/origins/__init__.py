@@ -3,7 +3,8 @@
 Parts:
 
 - `base`: the `Origin` seam (what the cache needs of a backend), `ObjectInfo`, `Timeouts`,
-  the speed floor; `http`, `s3` (boto3 signs, the HTTP transport streams), `file`.
+  `RequestContext` (what a request carries down through the wrappers), the speed floor;
+  `http`, `s3` (boto3 signs, the HTTP transport streams), `file`.
 - `responses`: what an HTTP answer means (status, Content-Range, redirects, validators; pure
   rules); `pool`: keep-alive connections and TLS; `threads`: blocking I/O on bounded threads.
 - The receive path: `receivers` (the daemon's pool of receiving processes) and

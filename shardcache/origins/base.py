@@ -32,6 +32,20 @@ class Timeouts:
     min_bytes_per_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a request carries down through every wrapper of `Origin`, as an argument.
+
+    `is_continuing`: it continues an answer a client may already be reading (a later segment,
+    the HEAD for the checksums of a fill that started): an operator's caps never shed it."""
+
+    is_continuing: bool = False
+
+
+NEW_REQUEST = RequestContext()  # nothing of its answer is under way: it may be shed
+CONTINUED_REQUEST = RequestContext(is_continuing=True)
+
+
 class Sender(Protocol):
     """Which of an origin's upstreams sent a response (`cluster.upstreams`), told what the
     fill found its bytes to be: bytes that fail verification count against the upstream that
@@ -226,17 +240,24 @@ class Origin(Protocol):
         """Return the full origin URL of `key`: the cache key, unique across origins."""
         ...
 
-    async def head(self, key: str) -> ObjectInfo:
-        """Return the object's info; raise OriginNotFound or another OriginError."""
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
+        """Return the object's info; raise OriginNotFound or another OriginError. A wrapper
+        passes `context` on to the origin it wraps; a backend has no use for it."""
         ...
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> OriginStream:
         """Start reading bytes [start, end) of `key` (to the end when `end` is None); the
         caller must `aclose()` the stream. A stream may yield past `end` (an origin that
         answers a range with the whole object), never past what its response announced, and
-        raises when its body ends early; callers cut it.
+        raises when its body ends early; callers cut it. A wrapper passes `context` on.
 
         With `if_match`, raise OriginChanged if the object's ETag is no longer that value.
         Errors before the first byte raise here; errors mid-body raise from iteration.

@@ -26,7 +26,15 @@ from shardcache.errors import (
     OriginUnavailable,
 )
 from shardcache.keys import join_url
-from shardcache.origins.base import CHUNK_BYTES, Landed, ObjectInfo, Spot, land_chunks
+from shardcache.origins.base import (
+    CHUNK_BYTES,
+    NEW_REQUEST,
+    Landed,
+    ObjectInfo,
+    RequestContext,
+    Spot,
+    land_chunks,
+)
 from shardcache.origins.file_listing import list_directory
 from shardcache.origins.listing import Listing, ListQuery
 
@@ -166,7 +174,7 @@ class FileOrigin:
         os.close(fd)
         return stat
 
-    async def head(self, key: str) -> ObjectInfo:
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         return _info(await asyncio.to_thread(self._stat, key))
 
     def _open(
@@ -191,7 +199,13 @@ class FileOrigin:
         return info, file
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> FileStream:
         info, file = await asyncio.to_thread(self._open, key, start, if_match)
         reader = AsyncBufferedReader(file, loop=asyncio.get_running_loop(), executor=None)

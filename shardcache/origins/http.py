@@ -22,7 +22,14 @@ from shardcache.errors import (
     OriginTimeout,
 )
 from shardcache.keys import join_url
-from shardcache.origins.base import Landed, ObjectInfo, Spot, Timeouts
+from shardcache.origins.base import (
+    NEW_REQUEST,
+    Landed,
+    ObjectInfo,
+    RequestContext,
+    Spot,
+    Timeouts,
+)
 from shardcache.origins.pool import tls_context
 from shardcache.origins.receivers import ReceiverPool, RemoteExchange, receiver_pool
 from shardcache.origins.responses import (  # retry_after_s: for s3
@@ -272,12 +279,18 @@ class HttpOrigin:
     def url_for(self, key: str) -> str:
         return join_url(self._base, quote(key, safe=_SAFE_IN_PATH))
 
-    async def head(self, key: str) -> ObjectInfo:
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         url = self.url_for(key)
         return await self._transport.head(url, url)
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> HttpStream:
         url = self.url_for(key)
         return await self._transport.get(url, url, start, end, if_match)

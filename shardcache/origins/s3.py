@@ -34,7 +34,14 @@ from shardcache.errors import (
     OriginUntrusted,
 )
 from shardcache.origins import s3_checksums
-from shardcache.origins.base import ObjectInfo, Timeouts, entity_tag, header_text
+from shardcache.origins.base import (
+    NEW_REQUEST,
+    ObjectInfo,
+    RequestContext,
+    Timeouts,
+    entity_tag,
+    header_text,
+)
 from shardcache.origins.http import HttpStream, HttpTransport, retry_after_s
 from shardcache.origins.listing import (
     ListedObject,
@@ -189,7 +196,7 @@ class S3Origin:
         # One daemon may front AWS and a MinIO with the same bucket name: keep them apart.
         return f"{url}?endpoint={self._endpoint_url}" if self._endpoint_url else url
 
-    async def head(self, key: str) -> ObjectInfo:
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         url = self.url_for(key)
         with map_botocore_errors(url):
             try:
@@ -265,7 +272,13 @@ class S3Origin:
         return found
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> HttpStream:
         label = self.url_for(key)
         with map_botocore_errors(label):

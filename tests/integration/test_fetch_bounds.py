@@ -1,7 +1,7 @@
 """The bounds the fetch policy promises a client, against real origins: an operator's rate cap
 (`fetch.capped`) sheds a request with 503 and Retry-After before the client's answer starts,
 never cuts off an answer it started; throttling is waited out for at most the read timeout in
-all (`fetch.limiter`, `RetryPolicy.wait_before_retry`); and a fill that nothing reached a client
+all (`fetch.limiter`, `FetchPolicy.wait_before_retry`); and a fill that nothing reached a client
 of yet passes a long Retry-After on at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Attacks on the fetch-bound fixes (`fetch.capped.CONTINUING`, the per-connection
+"""Attacks on the fetch-bound fixes (a continuing request's `RequestContext`, the per-connection
 'reader left' watch): requests of a client whose answer has not started must stay sheddable,
 and must stop when that client leaves."""
 
@@ -69,7 +69,7 @@ def test_joiners_of_a_streamed_through_object_are_shed_like_any_new_request(
     each need their own whole-object GET, and nothing of their answers has started: like any
     new request under `max_requests_per_second = 0.5`, one whose turn is more than the read
     timeout (4 s) off must be shed at once with 503 and Retry-After (`fetch.capped`), not
-    queued. `OriginRequests._asking` marks them CONTINUING (never shed; first at the limiter)
+    queued. `OriginRequests._asking` marked them continuing (never shed; first at the limiter)
     because the fill "started", whoever's answer that was."""
     data = os.urandom(3 * MiB)
     origin.put("big.tar", data, delay_s=1.0)

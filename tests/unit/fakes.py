@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 
 from shardcache.checksums import Checksum
 from shardcache.errors import OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.origins.base import Landed, ObjectInfo, Spot, land_chunks
+from shardcache.origins.base import (
+    NEW_REQUEST,
+    Landed,
+    ObjectInfo,
+    RequestContext,
+    Spot,
+    land_chunks,
+)
 
 
 @dataclass
@@ -111,6 +118,7 @@ class FakeOrigin:
     without_validators: set[str] = field(default_factory=set)  # keys served with no ETag
     checksums_on_get: bool = True  # False: only a HEAD publishes them (S3 without ChecksumMode)
     on_open: dict[str, Callable[[int], None]] = field(default_factory=dict)  # key → f(nth open)
+    contexts: list[RequestContext] = field(default_factory=list)  # each request's, in order
 
     def corrupt(self, key: str, at: int) -> None:
         """Flip one byte of the served body; the published checksum stays the original's."""
@@ -138,8 +146,9 @@ class FakeOrigin:
             accepts_ranges=self.accepts_ranges,
         )
 
-    async def head(self, key: str) -> ObjectInfo:
+    async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         self.heads[key] += 1
+        self.contexts.append(context)
         if self.head_gate is not None:
             await self.head_gate.wait()
         if self.head_failures[key] > 0:
@@ -148,10 +157,17 @@ class FakeOrigin:
         return self._info(key)
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> FakeStream:
         self.opens.append((key, start))
         self.ranges.append((key, start, end))
+        self.contexts.append(context)
         if self.open_failures[key] > 0:
             self.open_failures[key] -= 1
             raise OriginUnavailable(f"{key}: connection refused")

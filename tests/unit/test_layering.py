@@ -142,6 +142,7 @@ ORDER: dict[str, list[str]] = {
         "fetch.capped",
         "fetch.limiter",
         "fetch.pacer",
+        "fetch.policy",
         "fetch",
     ],
     "cluster": [

@@ -16,10 +16,10 @@ from shardcache.cache.fill import FillState
 from shardcache.cache.lease import Result
 from shardcache.cache.shard_cache import PrefetchOutcome, ShardCache, Sized
 from shardcache.cache.store import Store
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -35,7 +35,7 @@ def origin() -> FakeOrigin:
 async def cache(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
     store = Store(tmp_path / "cache", 8 * MiB)
     shard_cache = ShardCache(
-        store, {"fake": origin}, RetryPolicy(retries=2, base_s=0.001), NullObserver()
+        store, {"fake": origin}, make_policy(retries=2, base_s=0.001), NullObserver()
     )
     yield shard_cache
     await shard_cache.aclose()

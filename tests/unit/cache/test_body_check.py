@@ -17,10 +17,10 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import crc32c
 from shardcache.crc_spans import BLOCK_BYTES, Span, SpanHasher
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 SIZE = 4 * BLOCK_BYTES + 12345  # a short final block
 DATA = os.urandom(SIZE)
@@ -132,7 +132,7 @@ async def test_a_fill_keeps_the_landings_block_digests_reading_nothing_back(
     if fails_at is not None:
         origin.fail_at["a.tar"], origin.failures_left["a.tar"] = fails_at, 1
     store = Store(tmp_path / "cache", 16 * BLOCK_BYTES)
-    policy = RetryPolicy(
+    policy = make_policy(
         retries=2,
         base_s=0.001,
         connections=4,

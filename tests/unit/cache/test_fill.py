@@ -24,13 +24,13 @@ from shardcache.errors import (
     ShardcacheError,
     ShuttingDown,
 )
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 CHUNK = 4096
-POLICY = RetryPolicy(retries=1, base_s=0.001, connections=1)  # one GET: chunks land in order
+POLICY = make_policy(retries=1, base_s=0.001, connections=1)  # one GET: chunks land in order
 
 
 class Turnstile(asyncio.Event):

@@ -19,13 +19,14 @@ from shardcache.cache.lease import Lease, Result
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import OriginNotFound, OriginUnavailable, ShardcacheError
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
+from shardcache.origins.base import NEW_REQUEST, RequestContext
 from tests.unit.fakes import FakeOrigin, FakeStream
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 READERS = 8
-POLICY = RetryPolicy(retries=1, base_s=0.001)
+POLICY = make_policy(retries=1, base_s=0.001)
 
 
 class HeldOrigin(FakeOrigin):
@@ -37,11 +38,17 @@ class HeldOrigin(FakeOrigin):
         self.asked = asyncio.Event()
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> FakeStream:
         self.asked.set()
         await self.answer.wait()
-        return await super().open(key, start, end, if_match)
+        return await super().open(key, start, end, if_match, context=context)
 
 
 @pytest.fixture

@@ -26,13 +26,13 @@ from shardcache.errors import (
     OriginError,
     OriginUnavailable,
 )
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
-SEGMENTED = RetryPolicy(
+SEGMENTED = make_policy(
     retries=2, base_s=0.001, connections=4, segment_bytes=256 * 1024, first_segment_bytes=256 * 1024
 )
 
@@ -330,7 +330,7 @@ async def test_no_task_exception_is_left_unretrieved(
     origin.gate = asyncio.Event()  # bodies wait: the download is in flight
     origin.etags["a.tar"] = '"v1"'
 
-    async def head(key: str) -> object:
+    async def head(key: str, **kwargs: object) -> object:
         origin.etags[key] = '"v2"'
         return origin._info(key)
 

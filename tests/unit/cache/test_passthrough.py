@@ -16,16 +16,16 @@ import pytest
 from shardcache.cache.fill import Fill, FillFactory, FillState
 from shardcache.cache.store import Store
 from shardcache.errors import FillAbandoned, IntegrityError, OriginChanged, ShardcacheError
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.origins.base import OriginStream
+from shardcache.origins.base import NEW_REQUEST, OriginStream, RequestContext
 from shardcache.serving.body import send_stream
 from tests.unit.fakes import FakeOrigin, FakeStream
+from tests.unit.policies import make_policy
 
 FIRST = 16 * 1024  # the first segment: the fill's first request asks for this much
 SIZE = 100_000  # over the store's capacity: streamed through
 CHUNK = 4096
-POLICY = RetryPolicy(retries=1, base_s=0.001, connections=2, first_segment_bytes=FIRST)
+POLICY = make_policy(retries=1, base_s=0.001, connections=2, first_segment_bytes=FIRST)
 
 
 class Counted(NullObserver):
@@ -48,10 +48,16 @@ class IfMatchOrigin(FakeOrigin):
         self.if_matches: list[str | None] = []
 
     async def open(
-        self, key: str, start: int = 0, end: int | None = None, if_match: str | None = None
+        self,
+        key: str,
+        start: int = 0,
+        end: int | None = None,
+        if_match: str | None = None,
+        *,
+        context: RequestContext = NEW_REQUEST,
     ) -> FakeStream:
         self.if_matches.append(if_match)
-        return await super().open(key, start, end, if_match)
+        return await super().open(key, start, end, if_match, context=context)
 
 
 @pytest.fixture

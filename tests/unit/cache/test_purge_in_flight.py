@@ -20,10 +20,10 @@ from shardcache.cache.purge import Purged
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import NotCached
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -59,7 +59,7 @@ def store(tmp_path: Path) -> HeldCommitStore:
 @pytest.fixture
 async def cache(store: HeldCommitStore, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
     shard_cache = ShardCache(
-        store, {"fake": origin}, RetryPolicy(retries=2, base_s=0.001), NullObserver()
+        store, {"fake": origin}, make_policy(retries=2, base_s=0.001), NullObserver()
     )
     yield shard_cache
     store.release.set()

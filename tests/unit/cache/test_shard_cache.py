@@ -15,9 +15,9 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.checksums import Checksum
 from shardcache.errors import IntegrityError, OriginChanged, OriginNotFound, OriginUnavailable
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -31,7 +31,7 @@ def origin() -> FakeOrigin:
 async def cache(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCache]:
     store = Store(tmp_path / "cache", 8 * MiB)
     shard_cache = ShardCache(
-        store, {"fake": origin}, RetryPolicy(retries=2, base_s=0.001), NullObserver()
+        store, {"fake": origin}, make_policy(retries=2, base_s=0.001), NullObserver()
     )
     yield shard_cache
     await shard_cache.aclose()
@@ -173,7 +173,7 @@ async def segmented(tmp_path: Path, origin: FakeOrigin) -> AsyncIterator[ShardCa
     """A cache that fetches in 64 KiB segments over 4 connections, from a ranged origin."""
     origin.accepts_ranges = True
     store = Store(tmp_path / "segmented", 8 * MiB)
-    policy = RetryPolicy(
+    policy = make_policy(
         retries=2,
         base_s=0.001,
         connections=4,
@@ -231,7 +231,7 @@ async def test_one_connection_fetches_like_one_plain_get(
     GET a loader would have made. Now it is that GET, resumed by range only after a failure."""
     origin.accepts_ranges = True
     store = Store(tmp_path / "one", 8 * MiB)
-    policy = RetryPolicy(
+    policy = make_policy(
         retries=2,
         base_s=0.001,
         connections=1,

@@ -13,10 +13,10 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cache.verify import verify_cache
 from shardcache.errors import CacheError
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 
@@ -25,7 +25,7 @@ async def _fill(directory: Path, objects: dict[str, tuple[bytes, bool]]) -> dict
     """Cache `objects` (key → (data, publishes an MD5)); return each entry's file."""
     origin = FakeOrigin()
     store = Store(directory, 64 * MiB)
-    cache = ShardCache(store, {"fake": origin}, RetryPolicy(), NullObserver())
+    cache = ShardCache(store, {"fake": origin}, make_policy(), NullObserver())
     for key, (data, with_md5) in objects.items():
         origin.put(key, data, with_md5=with_md5)
         assert await read_all(await cache.open("fake", key)) == data

@@ -16,7 +16,6 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.errors import IntegrityError, OriginChanged
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.origins.base import entity_tag
 from shardcache.origins.responses import info_from
@@ -24,6 +23,7 @@ from shardcache.origins.s3 import _listing as s3_listing
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.cluster.test_upstreams import Clock, upstream
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy, make_timeouts
 
 MiB = 1024 * 1024
 
@@ -54,10 +54,13 @@ async def test_a_mirror_with_its_own_etag_dying_mid_body_is_finished_from_the_ho
     mirror.failures_left["k"] = 1
     mirror.refuse_from["k"] = MiB  # dead from here on: later segments are refused too
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -81,10 +84,13 @@ async def test_an_empty_etag_mirror_with_wrong_bytes_is_caught_and_never_cached(
     data = os.urandom(2 * MiB)
     mirror, home = _pair(etag, data, os.urandom(len(data)))
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -116,10 +122,13 @@ async def test_a_resume_from_the_home_of_a_mirrors_wrong_bytes_is_caught_and_not
     mirror.failures_left["k"] = 1
     mirror.refuse_from["k"] = 1
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -152,10 +161,13 @@ async def test_a_home_that_changed_since_its_head_is_not_spliced_after_the_mirro
     mirror.refuse_from["k"] = 1
     home.replace_on_open["k"] = (0, os.urandom(len(data)))  # replaced before its first GET
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")

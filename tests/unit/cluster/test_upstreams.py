@@ -30,11 +30,11 @@ from shardcache.errors import (
     OriginUnavailable,
 )
 from shardcache.fetch.capped import CappedOrigin
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
-from shardcache.origins.base import Origin
+from shardcache.origins.base import CONTINUED_REQUEST, Origin
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.policies import make_policy, make_timeouts
 
 MiB = 1024 * 1024
 
@@ -101,7 +101,12 @@ async def test_a_failing_upstream_is_skipped_until_its_back_off_ends() -> None:
     for origin in (first, second):
         origin.put("k", b"x" * 100)
     first.open_failures["k"] = 1
-    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(first, clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     stream = await failover.open("k")
     assert b"".join([c async for c in stream]) == b"x" * 100
     assert len(first.opens) == 1 and len(second.opens) == 1
@@ -125,7 +130,12 @@ async def test_every_upstream_down_asks_the_home_alone_and_raises_its_failure() 
     second.put("k", b"x")
     first.open_failures["k"] = 5
     second.open_failures["k"] = 5
-    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(first, clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     with pytest.raises(OriginUnavailable):
         await failover.open("k")
     with pytest.raises(OriginUnavailable):
@@ -152,7 +162,7 @@ class Hung(FakeOrigin):
 async def test_a_request_gives_up_after_two_read_timeouts_however_many_upstreams_hang() -> None:
     hung = [Hung(f"m{i}") for i in range(6)]
     failover = FailoverOrigin(
-        "o", [upstream(h, Clock()) for h in hung], read_timeout_s=Hung.timeout_s
+        "o", [upstream(h, Clock()) for h in hung], timeouts=make_timeouts(Hung.timeout_s)
     )
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -168,7 +178,9 @@ async def test_hung_tier_members_never_keep_a_request_from_a_healthy_home() -> N
     home = FakeOrigin("home")
     home.put("k", b"x")
     tier = TierMembers(lambda url: members[url], list(members))
-    failover = FailoverOrigin("o", [upstream(home, Clock())], tier, read_timeout_s=Hung.timeout_s)
+    failover = FailoverOrigin(
+        "o", [upstream(home, Clock())], tier, timeouts=make_timeouts(Hung.timeout_s)
+    )
     loop = asyncio.get_running_loop()
     started = loop.time()
     stream = await failover.open("k")  # two members' timeouts, then the home answers
@@ -195,7 +207,12 @@ async def test_after_a_back_off_one_request_probes_and_the_others_keep_skipping(
     for origin in (stopped, home):
         origin.put("k", b"x")
     stopped.open_failures["k"] = 1
-    failover = FailoverOrigin("o", [upstream(stopped, clock), upstream(home, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(stopped, clock), upstream(home, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     await failover.open("k")  # refused: down for 1 s
     clock.now += 1.5
     stopped.resume = asyncio.Event()
@@ -226,22 +243,32 @@ async def test_definite_answers_and_a_throttling_tier_do_not_fail_over() -> None
     clock = Clock()
     first, second = FakeOrigin("first"), FakeOrigin("second")
     second.put("k", b"x")
-    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(first, clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     with pytest.raises(OriginNotFound):
         await failover.head("k")  # the first upstream's 404 is the answer
     assert second.heads["k"] == 0
 
     class Throttling(FakeOrigin):
-        async def head(self, key: str) -> object:  # type: ignore[override]
+        async def head(self, key: str, **kwargs: object) -> object:  # type: ignore[override]
             raise OriginThrottled("503 SlowDown", 1.0)
 
     tier = TierMembers(lambda url: Throttling(url), ["http://member:8470"])
-    failover = FailoverOrigin("o", [upstream(second, clock)], tier, clock=clock)
+    failover = FailoverOrigin(
+        "o", [upstream(second, clock)], tier, clock=clock, timeouts=make_timeouts()
+    )
     with pytest.raises(OriginThrottled):
         await failover.head("k")
     assert second.heads["k"] == 0  # asking elsewhere would multiply what the store refuses
     mirrored = FailoverOrigin(
-        "o", [upstream(Throttling("mirror"), clock), upstream(second, clock)], clock=clock
+        "o",
+        [upstream(Throttling("mirror"), clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     assert (await mirrored.head("k")).size_bytes == 1  # a mirror's limit is its own
 
@@ -255,11 +282,16 @@ async def test_a_fill_failing_mid_object_resumes_from_the_next_upstream(tmp_path
         origin.accepts_ranges = True
     first.fail_at["k"] = 300_000
     first.failures_left["k"] = 1
-    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(first, clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     cache = ShardCache(
         Store(tmp_path / "c", 8 * MiB),
         {"o": failover},
-        RetryPolicy(retries=2, base_s=0.001, connections=1),
+        make_policy(retries=2, base_s=0.001, connections=1),
         NullObserver(),
     )
     try:
@@ -283,10 +315,15 @@ async def test_a_resumed_object_that_differs_between_upstreams_fails_instead_of_
     first.failures_left["k"] = 1
     for origin in (first, second):
         origin.accepts_ranges = True
-    failover = FailoverOrigin("o", [upstream(first, clock), upstream(second, clock)], clock=clock)
+    failover = FailoverOrigin(
+        "o",
+        [upstream(first, clock), upstream(second, clock)],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
     store = Store(tmp_path / "c", 8 * MiB)
     cache = ShardCache(
-        store, {"o": failover}, RetryPolicy(retries=2, base_s=0.001, connections=1), NullObserver()
+        store, {"o": failover}, make_policy(retries=2, base_s=0.001, connections=1), NullObserver()
     )
     try:
         with pytest.raises(OriginChanged):
@@ -305,7 +342,7 @@ async def test_a_stalled_body_marks_its_upstream_down(caplog: pytest.LogCaptureF
     second.put("k", b"x" * 10_000)
     first.gate = asyncio.Event()  # never set: the body never comes
     failover = FailoverOrigin(
-        "o", [upstream(first, Clock()), upstream(second, Clock())], read_timeout_s=0.2
+        "o", [upstream(first, Clock()), upstream(second, Clock())], timeouts=make_timeouts(0.2)
     )
     stream = await failover.open("k")
     caplog.set_level(logging.WARNING, "shardcache.origin")
@@ -322,7 +359,7 @@ async def test_a_quick_cancel_is_not_a_stall() -> None:
     first = FakeOrigin("first")
     first.put("k", b"x" * 10_000)
     first.gate = asyncio.Event()
-    failover = FailoverOrigin("o", [upstream(first, Clock())], read_timeout_s=5)
+    failover = FailoverOrigin("o", [upstream(first, Clock())], timeouts=make_timeouts(5))
     stream = await failover.open("k")
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):  # a client that went away
@@ -335,7 +372,9 @@ async def test_tier_members_come_first_by_rank_then_the_chain() -> None:
     members = {f"http://m{i}:8470": FakeOrigin(f"m{i}") for i in range(3)}
     home = FakeOrigin("home")
     tier = TierMembers(lambda url: members[url], list(members))
-    failover = FailoverOrigin("o", [upstream(home, clock)], tier, clock=clock)
+    failover = FailoverOrigin(
+        "o", [upstream(home, clock)], tier, clock=clock, timeouts=make_timeouts()
+    )
     for key in ("a", "b", "c", "d"):
         order = [u.breaker.upstream for u in await failover.order(key)]
         assert order == [*rank(key, members), "home"]
@@ -388,7 +427,7 @@ async def test_caps_bound_requests_at_once_and_a_second() -> None:
     data = b"y" * 40_000
     for i in range(12):
         origin.put(f"k{i}", data)
-    capped = CappedOrigin(origin, max_requests=3, max_requests_per_second=100)
+    capped = CappedOrigin(origin, max_requests=3, max_requests_per_second=100, max_wait_s=30)
 
     async def read(key: str) -> bytes:
         stream = await capped.open(key)
@@ -464,7 +503,7 @@ async def test_one_request_at_once_still_streams_an_uncacheable_object_through(
     cache = ShardCache(
         Store(tmp_path / "c", 2 * MiB),  # smaller than the object: streamed through
         {"o": capped},
-        RetryPolicy(retries=1, base_s=0.001),
+        make_policy(retries=1, base_s=0.001),
         NullObserver(),
     )
     try:
@@ -545,10 +584,13 @@ async def test_bytes_failing_the_homes_checksum_mark_the_mirror_down_and_are_fet
     for origin in (mirror, home):
         origin.accepts_ranges = True
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", 16 * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=connections, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -589,9 +631,12 @@ async def test_a_lying_mirror_is_probed_by_a_get_and_backed_off_doubling(tmp_pat
         mirror.put(key, os.urandom(MiB), with_md5=False)
         mirror.etags[key] = home.etags[key]
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1)
+    policy = make_policy(retries=2, base_s=0.001, connections=1)
     cache = ShardCache(Store(tmp_path / "c", 16 * MiB), {"o": failover}, policy, NullObserver())
 
     def mirror_health() -> Health:
@@ -642,7 +687,10 @@ async def test_a_mirror_with_etags_of_its_own_is_judged_by_the_homes_checksum(
     mirror.put("k", data, with_md5=False)
     mirror.etags["k"] = '"seaweedfs-own"'
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock, role), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock, role), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     if accepted:
         info = await failover.head("k")
@@ -669,10 +717,13 @@ async def test_a_mirrors_own_etag_answers_no_conditional_before_its_body_verifie
     mirror.put("k", data, with_md5=False)
     mirror.etags["k"] = '"seaweedfs-own"'
     failover = FailoverOrigin(
-        "o", [upstream(mirror, clock), upstream(home, clock, "home")], clock=clock
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
     )
     store = Store(tmp_path / "c", cache_mib * MiB)
-    policy = RetryPolicy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
+    policy = make_policy(retries=2, base_s=0.001, connections=1, segment_bytes=MiB)
     cache = ShardCache(store, {"o": failover}, policy, NullObserver())
     try:
         lease = await cache.open("o", "k")
@@ -687,3 +738,25 @@ async def test_a_mirrors_own_etag_answers_no_conditional_before_its_body_verifie
         assert store.check() == []
     finally:
         await cache.aclose()
+
+
+async def test_every_upstream_asked_for_a_request_gets_its_context() -> None:
+    """Whether a request continues an answer travels with it through failover, to a mirror
+    refused, the home that answered, and the home asked for a mirror's checksums."""
+    clock = Clock()
+    mirror, home = FakeOrigin("mirror"), FakeOrigin("home")
+    for origin in (mirror, home):
+        origin.put("k", b"x")
+    mirror.open_failures["k"] = 1
+    failover = FailoverOrigin(
+        "o",
+        [upstream(mirror, clock), upstream(home, clock, "home")],
+        clock=clock,
+        timeouts=make_timeouts(),
+    )
+    stream = await failover.open("k", context=CONTINUED_REQUEST)
+    await stream.aclose()
+    clock.now += 1.5  # the mirror's back-off is over
+    await failover.head("k", context=CONTINUED_REQUEST)  # the mirror answers, the home vouches
+    assert mirror.contexts == [CONTINUED_REQUEST, CONTINUED_REQUEST]
+    assert home.contexts == [CONTINUED_REQUEST, CONTINUED_REQUEST]

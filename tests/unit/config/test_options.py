@@ -21,8 +21,10 @@ from shardcache.config import (
 )
 from shardcache.config.options import default
 from shardcache.daemon.lifecycle import Daemon
+from shardcache.daemon.wiring import fetch_policy
 from shardcache.errors import ConfigError
-from shardcache.fetch.segments import RetryPolicy
+from shardcache.fetch.policy import FetchPolicy
+from shardcache.origins.base import Timeouts
 from shardcache.serving.connections import ConnectionLimits
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
@@ -92,13 +94,26 @@ def test_the_settings_a_reload_applies_are_applied_by_the_daemons_reload() -> No
     assert applied == reloadable
 
 
-def test_hand_built_values_take_their_defaults_from_the_table() -> None:
-    settings = _defaults()
-    policy = RetryPolicy()
+def test_the_fetch_policy_has_no_defaults_and_carries_the_settings() -> None:
+    """The daemon builds it from Settings (`wiring.fetch_policy`); a default written into the
+    dataclass would be a second copy of the table's, free to drift from it."""
+    assert not [
+        field.name
+        for field in dataclasses.fields(FetchPolicy)
+        if field.default is not dataclasses.MISSING
+        or field.default_factory is not dataclasses.MISSING
+    ]
+    settings = dataclasses.replace(
+        _defaults(), origin_read_timeout=7.0, origin_min_speed=1000, origin_connect_timeout=2.0
+    )
+    policy = fetch_policy(settings)
     assert policy.retries == settings.origin_retries == default("origin_retries")
-    assert policy.read_timeout_s == settings.origin_read_timeout
+    assert policy.timeouts == Timeouts(2.0, 7.0, 1000) and policy.read_timeout_s == 7.0
     assert policy.connections == settings.origin_connections
     assert policy.segment_bytes == settings.segment_size == 16 << 20
+    assert policy.first_segment_bytes == 2 << 20
+    small = fetch_policy(dataclasses.replace(settings, segment_size=1 << 20))
+    assert small.first_segment_bytes == 1 << 20  # never more than a segment
     with pytest.raises(KeyError):
         default("no_such_option")
 

@@ -9,6 +9,7 @@ import pytest
 
 from shardcache.errors import OriginBusy
 from shardcache.fetch.capped import CappedOrigin
+from shardcache.origins.base import CONTINUED_REQUEST
 from tests.unit.fakes import FakeOrigin
 
 
@@ -76,3 +77,35 @@ async def test_a_get_holds_its_place_until_its_body_is_read(origin: FakeOrigin) 
     await second.aclose()
     third = await asyncio.wait_for(capped.open("a.tar"), 1)  # and again, after a close
     await third.aclose()
+
+
+async def test_a_request_continuing_an_answer_waits_for_its_turn_and_place_unshed(
+    origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shedding it would cut off a 200 a client is reading: its `RequestContext` says so."""
+    clock = Clock()
+
+    async def sleep(seconds: float) -> None:
+        clock.slept.append(seconds)
+
+    monkeypatch.setattr("shardcache.fetch.capped.asyncio.sleep", sleep)
+    paced = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2.5, clock=clock)
+    for _ in range(3):
+        await paced.head("a.tar")
+    await paced.head("a.tar", context=CONTINUED_REQUEST)  # booked 3 s ahead: waited out
+    stream = await paced.open("a.tar", context=CONTINUED_REQUEST)
+    await stream.aclose()
+    assert clock.slept == [1.0, 2.0, 3.0, 4.0]
+    assert origin.contexts[-2:] == [CONTINUED_REQUEST, CONTINUED_REQUEST]  # passed on
+    monkeypatch.undo()
+
+    held = CappedOrigin(origin, max_requests=1, max_wait_s=0.05)
+    first = await held.open("a.tar")
+    continuing = asyncio.create_task(held.open("a.tar", context=CONTINUED_REQUEST))
+    await asyncio.sleep(0)  # it waits for the place from now on
+    with pytest.raises(OriginBusy):  # a new request asked after it, with the same bound
+        await held.open("a.tar")
+    assert not continuing.done()  # past its bound, still waiting
+    await first.aclose()
+    second = await asyncio.wait_for(continuing, 1)
+    await second.aclose()

@@ -169,9 +169,9 @@ def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
     """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour;
     found: `Retry-After: 30` or more held a client 4 × 30 s before its 503. A hint longer
     than the read timeout is passed on to the client at once."""
-    from shardcache.fetch.segments import RetryPolicy
+    from tests.unit.policies import make_policy
 
-    policy = RetryPolicy(base_s=0.25, read_timeout_s=30.0)
+    policy = make_policy(base_s=0.25, read_timeout_s=30.0)
     refusal = OriginThrottled("503 SlowDown", hint)
     if waited_s is None:
         with pytest.raises(OriginThrottled):
@@ -186,9 +186,9 @@ def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
 
 def test_a_retry_after_other_failures_backs_off_exponentially_with_jitter() -> None:
     from shardcache.errors import OriginUnavailable
-    from shardcache.fetch.segments import RetryPolicy
+    from tests.unit.policies import make_policy
 
-    policy = RetryPolicy(base_s=0.25, cap_s=1.0)
+    policy = make_policy(base_s=0.25, cap_s=1.0)
     dropped = OriginUnavailable("connection reset")
     waits = [policy.wait_before_retry(n, dropped, jitter=0.5) for n in (1, 2, 3, 4)]
     assert waits == [0.125, 0.25, 0.5, 0.5]  # doubling, capped, then the jitter

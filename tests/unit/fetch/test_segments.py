@@ -1,11 +1,27 @@
-"""How objects are cut into segments (pure)."""
+"""How objects are cut into segments (pure), and what each request of a fill's retry loop
+(`OriginRequests`) carries down, in its arguments: the throttling met so far to the limiter,
+whether it continues an answer to the caps. In memory, no sockets."""
 
 from __future__ import annotations
 
-from shardcache.fetch.segments import RetryPolicy, Segment, plan
+import asyncio
+import math
+from collections.abc import Awaitable
+from contextlib import AbstractAsyncContextManager
+
+import pytest
+
+from shardcache.errors import OriginBusy, OriginThrottled
+from shardcache.fetch.capped import CappedOrigin
+from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.segments import OriginRequests, Segment, plan
+from shardcache.observer import NullObserver
+from shardcache.origins.base import CONTINUED_REQUEST, NEW_REQUEST, OriginStream
+from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1 << 20
-POLICY = RetryPolicy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)
+POLICY = make_policy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)
 
 
 def _bounds(segments: list[Segment]) -> list[tuple[int, int]]:
@@ -33,3 +49,142 @@ def test_large_objects_use_full_segments_and_cover_every_byte_once() -> None:
     assert {s.end - s.start for s in segments[1:-1]} == {16 * MiB}
     assert all(a.end == b.start for a, b in zip(segments, segments[1:], strict=False))
     assert segments[-1].end == size
+
+
+class Slept:
+    """`asyncio.sleep` for these tests (the back-off's and the caps'): records the seconds
+    asked and waits none; a yield (`sleep(0)`, a fake body's) still yields."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._sleep = asyncio.sleep
+
+    async def __call__(self, seconds: float) -> None:
+        if seconds:
+            self.seconds.append(seconds)
+        await self._sleep(0)
+
+
+@pytest.fixture
+def slept(monkeypatch: pytest.MonkeyPatch) -> Slept:
+    sleep = Slept()
+    monkeypatch.setattr("asyncio.sleep", sleep)
+    return sleep
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class AskedLimiter(RequestLimiter):
+    """The origin's limiter, remembering what each request asked of it."""
+
+    def __init__(self) -> None:
+        super().__init__("fake")
+        self.asked: list[tuple[float, bool]] = []  # (max_wait_s, is_urgent) per permit
+
+    def permit(
+        self, max_wait_s: float = math.inf, is_urgent: bool = False
+    ) -> AbstractAsyncContextManager[float]:
+        self.asked.append((max_wait_s, is_urgent))
+        return super().permit(max_wait_s, is_urgent)
+
+
+class Counted(NullObserver):
+    def __init__(self) -> None:
+        self.throttled = 0
+
+    def origin_throttled(self, origin: str) -> None:
+        self.throttled += 1
+
+
+def refuse_first(origin: FakeOrigin, key: str, retry_after_s: float) -> None:
+    """The origin refuses the first GET of `key` as one too many (429 with Retry-After)."""
+
+    def on_open(nth: int) -> None:
+        if nth == 1:
+            raise OriginThrottled("429 Too Many Requests", retry_after_s)
+
+    origin.on_open[key] = on_open
+
+
+@pytest.fixture
+def origin() -> FakeOrigin:
+    fake = FakeOrigin()
+    fake.put("a.tar", b"x" * 10_000)
+    return fake
+
+
+async def read(opened: Awaitable[OriginStream]) -> None:
+    stream = await opened
+    async for _ in stream:
+        pass
+    await stream.aclose()
+
+
+async def test_the_throttling_a_retry_waited_out_shortens_its_next_wait_at_the_limiter(
+    origin: FakeOrigin, slept: Slept
+) -> None:
+    refuse_first(origin, "a.tar", retry_after_s=2.0)
+    limiter, observer = AskedLimiter(), Counted()
+    policy = make_policy(retries=2, read_timeout_s=10.0)
+    requests = OriginRequests(origin, "a.tar", policy, observer, limiter)
+    await read(requests.open(0, None, None))
+    assert slept.seconds == [2.0]  # the Retry-After, waited out: 2 of the 10 s it may wait
+    (first_wait_s, _), (second_wait_s, _) = limiter.asked
+    assert first_wait_s == 10.0
+    assert 7.0 < second_wait_s <= 8.0  # what is left of the read timeout after the 2 s
+    assert observer.throttled == 1 and limiter.throttled_answers == 1
+    assert origin.contexts == [NEW_REQUEST, NEW_REQUEST]  # nothing of the answer under way
+
+
+async def test_a_new_readers_first_get_passes_throttling_on_a_continuing_one_waits_it_out(
+    origin: FakeOrigin, slept: Slept
+) -> None:
+    """Both while a client reads the object: only a request continuing its answer waits out
+    a Retry-After longer than the read timeout; a new reader gets it as its 503."""
+    policy = make_policy(retries=2, read_timeout_s=10.0)
+    limiter = AskedLimiter()
+    requests = OriginRequests(
+        origin, "a.tar", policy, NullObserver(), limiter, client_reading=lambda: True
+    )
+    refuse_first(origin, "a.tar", retry_after_s=60.0)
+    with pytest.raises(OriginThrottled):
+        await requests.open(0, None, None, for_new_reader=True)
+    assert slept.seconds == [] and origin.contexts == [NEW_REQUEST]
+    assert limiter.asked == [(10.0, False)]  # sheddable, in line behind the others
+
+    origin.on_open.clear()
+    origin.opens.clear()
+    refuse_first(origin, "a.tar", retry_after_s=60.0)
+    await read(requests.open(5_000, None, None))
+    assert slept.seconds == [30.0]  # the hint, at most RETRY_AFTER_CAP_S
+    assert origin.contexts[1:] == [CONTINUED_REQUEST, CONTINUED_REQUEST]
+    assert [is_urgent for _, is_urgent in limiter.asked[1:]] == [True, True]
+
+
+async def test_a_request_continuing_an_answer_is_never_shed_by_the_caps_a_new_one_is(
+    origin: FakeOrigin, slept: Slept
+) -> None:
+    clock = Clock()
+    capped = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2.5, clock=clock)
+    policy = make_policy(retries=2)
+    reading = False
+    requests = OriginRequests(
+        capped, "a.tar", policy, NullObserver(), client_reading=lambda: reading
+    )
+    for _ in range(3):
+        await capped.head("a.tar")  # the next turn is 3 s off, past the 2.5 s bound
+    with pytest.raises(OriginBusy, match="booked 3 s ahead"):
+        await requests.open(0, None, None)  # a fill's first GET
+    reading = True
+    with pytest.raises(OriginBusy, match="booked 3 s ahead"):
+        await requests.open(0, None, None, for_new_reader=True)
+    assert await requests.head() == origin._info("a.tar")  # the HEAD for its checksums
+    await read(requests.open(5_000, None, None))  # a later segment
+    assert slept.seconds[-2:] == [3.0, 4.0]  # waited their turns, not shed
+    assert origin.contexts[-2:] == [CONTINUED_REQUEST, CONTINUED_REQUEST]

@@ -268,7 +268,9 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
         hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0))
         home = HttpOrigin(OriginSpec("web", home_server.url("")), Timeouts(1.0, 0.3))
         breaker = CircuitBreaker("home")
-        failover = FailoverOrigin("web", [Upstream(home, breaker, "home")], None, 0.3)
+        failover = FailoverOrigin(
+            "web", [Upstream(home, breaker, "home")], None, timeouts=Timeouts(1.0, 0.3)
+        )
         landing = [
             asyncio.create_task(_land(hung, slow.url(f"/{i}"), tmp_path / str(i))) for i in range(4)
         ]

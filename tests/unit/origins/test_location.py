@@ -11,6 +11,7 @@ from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.origins.location import US_EAST_1, Locator, bucket_location
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_timeouts
 
 
 class Located(FakeOrigin):
@@ -32,7 +33,7 @@ async def test_caps_and_failover_ask_the_backend_they_wrap() -> None:
     home, mirror = Located("home"), FakeOrigin("mirror")
     breakers = [CircuitBreaker(o.name, time.monotonic) for o in (home, mirror)]
     chain = [Upstream(mirror, breakers[1], "mirror"), Upstream(home, breakers[0], "home")]
-    failover = FailoverOrigin("o", chain)  # the home is the chain's last
+    failover = FailoverOrigin("o", chain, timeouts=make_timeouts())  # the home is the chain's last
     capped = CappedOrigin(failover, max_requests_per_second=100, max_wait_s=1)
     assert await bucket_location(capped) == "eu-west-1"
     plain = CappedOrigin(FakeOrigin(), max_requests_per_second=100, max_wait_s=1)

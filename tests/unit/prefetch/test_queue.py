@@ -17,16 +17,16 @@ from shardcache.cache.plans import PlanBook
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import QueueFull
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.prefetch import queue as prefetch
 from shardcache.prefetch import slots
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.prefetch.slots import MAX_CONCURRENCY, START_CONCURRENCY
 from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.policies import make_policy
 
 KiB, MiB = 1024, 1024 * 1024
-ONE_CONNECTION = RetryPolicy(retries=1, base_s=0.001, connections=1)
+ONE_CONNECTION = make_policy(retries=1, base_s=0.001, connections=1)
 
 
 @pytest.fixture
@@ -244,10 +244,10 @@ async def test_an_unexpected_error_while_sizing_fails_the_item_not_the_queue(
         origin.put(f"s{n}.tar", os.urandom(16 * KiB))
     real_head = origin.head
 
-    async def head(key: str):  # type: ignore[no-untyped-def]
+    async def head(key: str, **kwargs: object):  # type: ignore[no-untyped-def]
         if key.startswith("s") and int(key[1:].split(".")[0]) < 8:
             raise OverflowError("date value out of range")
-        return await real_head(key)
+        return await real_head(key, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(origin, "head", head)
     queue = PrefetchQueue(cache, 2, 1 << 40, readahead=0)
@@ -326,10 +326,10 @@ async def test_one_slow_head_does_not_hold_up_the_rest(
         origin.put(f"s{n}.tar", os.urandom(16 * KiB))
     real_head = origin.head
 
-    async def head(key: str):  # type: ignore[no-untyped-def]
+    async def head(key: str, **kwargs: object):  # type: ignore[no-untyped-def]
         if key == "s0.tar":
             await asyncio.sleep(3)
-        return await real_head(key)
+        return await real_head(key, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(origin, "head", head)
     queue = PrefetchQueue(cache, 4, 1 << 40, readahead=0)
@@ -363,10 +363,10 @@ def _gate_heads(origin: FakeOrigin, monkeypatch: pytest.MonkeyPatch, keys: list[
     gates = {key: asyncio.Event() for key in keys}
     real_head = origin.head
 
-    async def head(key: str):  # type: ignore[no-untyped-def]
+    async def head(key: str, **kwargs: object):  # type: ignore[no-untyped-def]
         if key in gates:
             await gates[key].wait()
-        return await real_head(key)
+        return await real_head(key, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(origin, "head", head)
     return gates

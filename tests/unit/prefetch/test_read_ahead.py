@@ -14,13 +14,13 @@ from shardcache.cache.admission import ScanResistantAdmission
 from shardcache.cache.plans import PlanBook
 from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.prefetch.queue import PrefetchQueue
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 KiB, MiB = 1024, 1024 * 1024
-ONE_CONNECTION = RetryPolicy(retries=1, base_s=0.001, connections=1)
+ONE_CONNECTION = make_policy(retries=1, base_s=0.001, connections=1)
 SHARD_BYTES = 48 * KiB
 
 

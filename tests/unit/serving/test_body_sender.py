@@ -18,11 +18,11 @@ import pytest
 from shardcache.cache.fill import FillFactory
 from shardcache.cache.store import Store
 from shardcache.errors import IntegrityError, OriginUnavailable
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.observer import NullObserver
 from shardcache.serving import body
 from shardcache.serving.body import ClientGone, ClientStalled, FileSender
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 MiB = 1024 * 1024
 SIZE = 3 * MiB + 5  # several socket buffers: the sender must wait for the peer to read
@@ -168,7 +168,7 @@ async def test_a_fill_is_sent_as_it_lands(pair: Pair, tmp_path: Path, data: byte
     origin = FakeOrigin(chunk_bytes=64 * 1024)
     origin.put("a.tar", data)
     store = Store(tmp_path / "cache", 8 * MiB)
-    fills = FillFactory.of(store, RetryPolicy(connections=1), NullObserver())
+    fills = FillFactory.of(store, make_policy(connections=1), NullObserver())
     fill = fills.new(origin.url_for("a.tar"), origin, "a.tar")
     fill.task = asyncio.create_task(fill.run())
     try:
@@ -201,7 +201,7 @@ async def test_a_failed_fill_is_never_a_whole_response(
     origin.fail_at["a.tar"], origin.failures_left["a.tar"] = MiB, 99
     gate = origin.gate = asyncio.Event()
     store = Store(tmp_path / "cache", 8 * MiB)
-    policy = RetryPolicy(retries=1, base_s=0.001, connections=1)
+    policy = make_policy(retries=1, base_s=0.001, connections=1)
     fill = FillFactory.of(store, policy, NullObserver()).new(
         origin.url_for("a.tar"), origin, "a.tar"
     )

@@ -39,7 +39,6 @@ from shardcache.errors import (
     ShuttingDown,
     Unauthorized,
 )
-from shardcache.fetch.segments import RetryPolicy
 from shardcache.keys import ERROR_KIND_HEADER
 from shardcache.observability.logs import FailureLog
 from shardcache.observability.metrics import Metrics
@@ -48,6 +47,7 @@ from shardcache.serving.access import AccessPolicy
 from shardcache.serving.middleware import errors_as_json
 from shardcache.serving.server_state import CONTEXT_KEY, ServingContext
 from tests.unit.fakes import FakeOrigin
+from tests.unit.policies import make_policy
 
 TOKEN = "s3cr3t-admin-token"
 SHARD = {"origin": "fake", "key": "a.tar"}
@@ -97,7 +97,7 @@ def instance(cls: type[ShardcacheError]) -> ShardcacheError:
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShardCache]:
     """Only its origins' names are read (is a failed request a shard's?): one for the module."""
     store = Store(tmp_path_factory.mktemp("errors") / "cache", 1 << 20)
-    yield ShardCache(store, {"fake": FakeOrigin()}, RetryPolicy(), NullObserver())
+    yield ShardCache(store, {"fake": FakeOrigin()}, make_policy(), NullObserver())
     store.close()
 
 
