@@ -35,11 +35,12 @@ from shardcache.errors import (
 )
 from shardcache.fetch.checksum_trust import ChecksumTrust
 from shardcache.fetch.limiter import RequestLimiter
-from shardcache.fetch.segments import OriginRequests, RetryPolicy, SegmentedDownload
+from shardcache.fetch.policy import FetchPolicy
+from shardcache.fetch.segments import OriginRequests, SegmentedDownload
 from shardcache.observer import FailureTally, Observer
 from shardcache.origins.base import ObjectInfo, Origin, OriginStream
 
-__all__ = ["Fill", "FillFactory", "FillState", "IllegalTransition", "RetryPolicy"]
+__all__ = ["Fill", "FillFactory", "FillState", "IllegalTransition"]
 
 log = logging.getLogger("shardcache.fill")
 
@@ -52,7 +53,7 @@ class FillFactory:
     against (`blocks`)."""
 
     store: Store
-    policy: RetryPolicy
+    policy: FetchPolicy
     observer: Observer
     trust: ChecksumTrust
     extra_slots: asyncio.Semaphore
@@ -63,7 +64,7 @@ class FillFactory:
     def of(
         cls,
         store: Store,
-        policy: RetryPolicy,
+        policy: FetchPolicy,
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
         keeps_block_digests: bool = True,

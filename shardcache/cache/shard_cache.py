@@ -24,7 +24,8 @@ from shardcache.cache.store import Store
 from shardcache.cache.unread import Hold, UnreadLedger
 from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
 from shardcache.fetch.origin_table import OriginTable
-from shardcache.fetch.segments import OriginRequests, RetryPolicy
+from shardcache.fetch.policy import FetchPolicy
+from shardcache.fetch.segments import OriginRequests
 from shardcache.keys import validate_key
 from shardcache.observer import Observer
 from shardcache.origins.base import ObjectInfo, Origin
@@ -68,7 +69,7 @@ class ShardCache:
         self,
         store: Store,
         origins: OriginTable | Mapping[str, Origin],
-        policy: RetryPolicy,
+        policy: FetchPolicy,
         observer: Observer,
         clock: Callable[[], float] = time.monotonic,
         keeps_block_digests: bool = True,

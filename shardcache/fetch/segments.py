@@ -38,8 +38,6 @@ from shardcache.origins.base import (
 
 log = logging.getLogger("shardcache.fill")
 T = TypeVar("T")
-# The name `cache/` still imports the policy by (its fills and `ShardCache` are typed with it).
-RetryPolicy = FetchPolicy
 
 
 @dataclass(slots=True)
