@@ -107,8 +107,7 @@ class Daemon:
             on_close=self._count_closed_connection,
         )
         self.state = ServerState(
-            read_timeout_s=settings.origin_read_timeout,
-            min_bytes_per_s=settings.origin_min_speed,
+            origin_timeouts=self.fetch_policy.timeouts,
             client_body_timeout_s=settings.client_body_timeout,
             client_send_timeout_s=settings.client_send_timeout,
             check_ready=self._check_ready,

@@ -24,6 +24,7 @@ from shardcache.errors import QueueFull
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability.logs import FailureLog
 from shardcache.observability.metrics import Metrics
+from shardcache.origins.base import Timeouts
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard
@@ -62,8 +63,9 @@ class InFlight:
 class ServerState:
     """What the handlers read of the daemon: timeouts, probes, the origin table, shutdown."""
 
-    read_timeout_s: float  # an origin's silence before a fill counts it stalled
-    min_bytes_per_s: int  # the origin speed floor (0: none)
+    # The fetch policy's (`FetchPolicy.timeouts`, the read timeout's one carrier): how long a
+    # stream relayed uncached may be silent, and its speed floor.
+    origin_timeouts: Timeouts
     client_body_timeout_s: float
     client_send_timeout_s: float
     check_ready: Callable[[], str | None]  # why not ready (on a worker thread), or None
