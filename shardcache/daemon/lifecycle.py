@@ -42,8 +42,7 @@ from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability import logs
 from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
-from shardcache.origins.receivers import configure as configure_receivers
-from shardcache.origins.receivers import receiver_pool
+from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
@@ -79,7 +78,10 @@ class Daemon:
         self.settings = settings
         self._reload_settings = reload_settings
         self.fetch_policy = fetch_policy(settings)  # none of its settings reloads
-        configured = configure_origins(settings)
+        # The process's receiving processes: every HTTP(S) and S3 transport sends through
+        # them; started in `start`, restarted by a reload, let go at the end.
+        self.receivers = ReceiverPool(settings.receivers)
+        configured = configure_origins(settings, self.receivers)
         self.metrics = Metrics(CollectorRegistry(), configured)
         # The one owner of the set of origins, replaced whole on reload; the cache closes it.
         self.origins = OriginTable(configured, self.metrics)
@@ -88,9 +90,6 @@ class Daemon:
         )
         self.started_at = time.monotonic()
         self.in_flight = InFlight()
-        # The process's receiving processes: every HTTP(S) and S3 transport sends through
-        # them; sized and started in `start`, restarted by a reload, let go at the end.
-        self.receivers = receiver_pool()
         self.metrics.watch_receivers(self.receivers.status)
         self._started: Started | None = None
         self._store_watch: asyncio.Task[None] | None = None
@@ -117,7 +116,11 @@ class Daemon:
             hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
         self.buckets = BucketsOnDemand(
-            settings.s3_buckets_on_demand, self.origins, self.fetch_policy.timeouts, self.metrics
+            settings.s3_buckets_on_demand,
+            self.origins,
+            self.fetch_policy.timeouts,
+            self.receivers,
+            self.metrics,
         )
         if settings.s3_buckets_on_demand:
             self.state.add_bucket = self.buckets.add
@@ -130,7 +133,6 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
         )
-        self.receivers = configure_receivers(settings.receivers)
         self.receivers.start()
         store = await asyncio.to_thread(open_store, settings, self.metrics)
         if store.swept_partials:
@@ -321,7 +323,9 @@ class Daemon:
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}")
         try:
             new = self._reload_settings()
-            configured = self.buckets.kept_over(configure_origins(new, self.origins))
+            configured = self.buckets.kept_over(
+                configure_origins(new, self.receivers, self.origins)
+            )
         except ShardcacheError as exc:
             log.error("reload failed, nothing changed: %s", exc)
             notify("READY=1")
