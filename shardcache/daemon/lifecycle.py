@@ -58,6 +58,9 @@ STORE_CHECK_INTERVAL_S = 2.0
 RECEIVER_START_S = 30.0
 
 
+AIOHTTP_KEEPALIVE_S = 365 * 24 * 3600.0  # never first: `ConnectionGuard` times idle connections
+
+
 @dataclass(frozen=True, slots=True)
 class Started:
     """What `Daemon.start` builds once the store is open; `Daemon._started` is None before."""
@@ -244,8 +247,10 @@ class Daemon:
             access_log_class=AccessLogger,
             handle_signals=False,
             shutdown_timeout=1.0,
-            # A backstop only: the guard closes idle connections first (and counts them).
-            keepalive_timeout=2 * settings.client_idle_timeout,
+            # The guard closes idle connections (and counts them). aiohttp's own timer runs from
+            # a connection's start until it sees a request, and it never sees the hit lane's:
+            # it would close a connection the lane keeps busy. Out of its way, then.
+            keepalive_timeout=AIOHTTP_KEEPALIVE_S,
             # aiohttp inflates a gzip/deflate request body on the event loop as it arrives,
             # read or not (500 KB of gzip holds the loop for 1.5 s). Bodies stay raw, and an
             # encoded one is refused (`middleware.admit_request`).

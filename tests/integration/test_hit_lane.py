@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -358,3 +359,26 @@ def test_s3_addressed_hits_by_the_buckets_own_names_are_the_lanes_and_s3s_answer
         got = client.get_object(Bucket=bucket, Key=key)
         assert got["Body"].read() == data
     assert daemon.metric(LANE) >= before + 5
+
+
+def test_a_connection_the_lane_keeps_busy_outlives_aiohttps_keep_alive_timer(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """aiohttp times a connection's keep-alive from its start until it sees a request, and it
+    never sees the lane's: only the guard's idle clock, which the lane's answers reset, may
+    close it."""
+    daemon = start_daemon({"o": origin.url}, "--client-idle-timeout", "1")
+    data = os.urandom(5000)
+    _cached(daemon, origin, "busy.tar", data)
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        deadline = time.monotonic() + 3.5  # past aiohttp's 2 s (twice the idle timeout)
+        answered = 0
+        while time.monotonic() < deadline:
+            assert connection.get("/o/busy.tar").body == data, f"closed after {answered}"
+            answered += 1
+            time.sleep(0.2)  # a reader's pace, well inside the 1 s idle timeout
+    finally:
+        connection.close()
+    assert daemon.metric(LANE) == before + answered
