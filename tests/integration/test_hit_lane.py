@@ -382,3 +382,23 @@ def test_a_connection_the_lane_keeps_busy_outlives_aiohttps_keep_alive_timer(
     finally:
         connection.close()
     assert daemon.metric(LANE) == before + answered
+
+
+def test_the_first_hit_after_a_fill_is_the_lanes(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """A committed fill's index row is remembered as it is written: the second read of a
+    shard (the first hit) needs no SQLite, and the lane answers it."""
+    daemon = start_daemon({"o": origin.url}, "--readahead", "0")
+    data = os.urandom(70_000)
+    origin.put("fresh.tar", data)
+    assert curl(f"{daemon.url}/o/fresh.tar").headers["x-shardcache"] == "miss"
+    wait_for("the commit", lambda: daemon.metric("shardcache_cache_entries") == 1)
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        answer = connection.get("/o/fresh.tar")
+    finally:
+        connection.close()
+    assert answer.body == data and answer.field("x-shardcache") == "hit"
+    assert daemon.metric(LANE) == before + 1
