@@ -40,7 +40,6 @@ from shardcache.daemon.wiring import (
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability import logs
-from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
@@ -244,7 +243,7 @@ class Daemon:
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(
             app,
-            access_log_class=AccessLogger,
+            access_log_class=lane.access_logger_class(),
             handle_signals=False,
             shutdown_timeout=1.0,
             # The guard closes idle connections (and counts them). aiohttp's own timer runs from

@@ -17,17 +17,19 @@ from collections.abc import Callable
 from typing import cast
 
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.web import BaseRequest, StreamResponse
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.errors import ShardcacheError
+from shardcache.observability.logs import AccessLogger
 from shardcache.serving.access import is_foreign_host
 from shardcache.serving.conditionals import http_date
 from shardcache.serving.hit_answer import HitAnswer
 from shardcache.serving.object_headers import object_fields
 from shardcache.serving.s3_errors import SDK_AGENTS
 from shardcache.serving.s3_names import bucket_of_host, object_view, views_of
-from shardcache.serving.server_state import ServingContext
+from shardcache.serving.server_state import RelayedResponses, ServingContext
 
 log = logging.getLogger("shardcache.server")
 MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
@@ -41,6 +43,10 @@ PLAIN_FIELDS = frozenset(
     | {b"amz-sdk-invocation-id", b"amz-sdk-request", b"x-amz-user-agent"}
 )
 _TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, query or fragment
+# Fields that give a request a body, an upgrade or an end, which a relayed request must not
+# carry (a Content-Length of 0 is let through).
+_FRAMING_FIELDS = frozenset({b"transfer-encoding", b"upgrade", b"expect", b"te"})
+_TOKEN_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
 KEPT_HEADS = 4096  # hits' heads kept, one per hot entry version (`_head_of`)
 _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
 
@@ -95,11 +101,54 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
 
 
 def _may_become_plain(start: bytes) -> bool:
-    """Whether `start`, a head not yet whole, may still become a plain GET (else it is
-    aiohttp's to answer now: TLS on the plain port, binary garbage)."""
-    if not (start.startswith(b"GET /") or b"GET /".startswith(start)):
+    """Whether `start`, a head not yet whole, may still become a GET or HEAD the lane answers
+    or relays (else it is aiohttp's to answer now: TLS on the plain port, binary garbage)."""
+    if not any(start.startswith(m) or m.startswith(start) for m in (b"GET /", b"HEAD /")):
         return False
     return start.isascii() and b"\0" not in start
+
+
+def is_relayable(head: bytes) -> bool:
+    """Whether `head` (without its blank line) is one whole bodiless request that aiohttp
+    parses exactly as the lane splits it: a GET or HEAD in origin form, HTTP/1.1, CRLF line
+    ends only, no body or upgrade fields, kept alive. The lane relays such a request and
+    reads on after its response; anything else makes the connection aiohttp's for good."""
+    if not head.startswith((b"GET /", b"HEAD /")) or not head.isascii() or b"\0" in head:
+        return False
+    if head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\r\n"):
+        return False  # a bare CR or LF: a parser may split it otherwise
+    request_line, *lines = head.split(b"\r\n")
+    if not request_line.endswith(b" HTTP/1.1") or request_line.count(b" ") != 2:
+        return False
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        name = name.lower()
+        if not colon or not name or not _TOKEN_BYTES.issuperset(name):
+            return False  # obs-fold, a space before the colon, no name
+        if name in _FRAMING_FIELDS:
+            return False
+        if name == b"content-length" and value.strip(b" \t") != b"0":
+            return False
+        if name == b"connection" and value.strip(b" \t").lower() != b"keep-alive":
+            return False
+    return True
+
+
+class RelayingAccessLogger(AccessLogger):
+    """The access log, also called (whatever the level) so the hit lane hears when aiohttp ended
+    a response to a request it relayed: aiohttp calls it once the response is written, and only
+    then may the lane answer on that connection again. `HitLane.access_logger_class` binds it
+    to one daemon's `RelayedResponses` (aiohttp makes the instances itself)."""
+
+    relayed: RelayedResponses
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def log(self, request: BaseRequest, response: StreamResponse, time_s: float) -> None:
+        self.relayed.ended(request.transport, response.keep_alive is not False)
+        super().log(request, response, time_s)
 
 
 class HitLane:
@@ -113,6 +162,12 @@ class HitLane:
         self._tasks: set[asyncio.Task[None]] = set()
         self._heads: dict[int, tuple[EntryMeta, bytes | None]] = {}
         self.answered = 0  # requests answered here (the rest went to aiohttp)
+
+    def access_logger_class(self) -> type[RelayingAccessLogger]:
+        """The access logger class for aiohttp's runner, telling this lane's connections."""
+        return type(
+            "DaemonAccessLogger", (RelayingAccessLogger,), {"relayed": self.context.relayed}
+        )
 
     def protocol_factory(
         self, make_protocol: Callable[[], asyncio.Protocol]
@@ -232,6 +287,7 @@ class LaneProtocol(asyncio.Protocol):
         self._is_handed_over = False
         self._is_paused = False
         self._eof = False
+        self._relaying = False  # a request passed to aiohttp, its response not ended yet
         self.sending = False
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self.socket_fd = -1
@@ -254,7 +310,7 @@ class LaneProtocol(asyncio.Protocol):
             self._inner.data_received(data)
             return
         self._buffer = self._buffer + data if self._buffer else data
-        if self.sending:
+        if self.sending or self._relaying:
             if len(self._buffer) > MAX_PIPELINED_BYTES and not self._is_paused:
                 self._is_paused = True
                 self.transport.pause_reading()
@@ -262,7 +318,7 @@ class LaneProtocol(asyncio.Protocol):
         self._answer_buffered()
 
     def _answer_buffered(self) -> None:
-        while self._buffer and not self.sending and not self._is_handed_over:
+        while self._buffer and not (self.sending or self._relaying or self._is_handed_over):
             if self.transport.is_closing():
                 self._buffer = b""  # aborted after a failed body: nothing more is answered
                 return
@@ -273,14 +329,34 @@ class LaneProtocol(asyncio.Protocol):
                     self._hand_over()  # aiohttp's parser refuses garbage at once, not later
                 return
             request = parse_plain_get(buffer[:end])
-            if request is None:
-                self._hand_over()
-                return
             self._buffer = buffer[end + 4 :]  # before answering: the answer may end at once
-            if not self._lane.answer(self, request):
+            if request is not None and self._lane.answer(self, request):
+                continue
+            if is_relayable(buffer[:end]):
+                self._relay(buffer[: end + 4])
+            else:
                 self._buffer = buffer
                 self._hand_over()
-                return
+            return
+
+    def _relay(self, head: bytes) -> None:
+        """Pass one bodiless request to aiohttp and read on only once its response ended
+        (`relayed_ended`, told by `RelayingAccessLogger`): the connection stays the lane's."""
+        self._relaying = True
+        self._lane.context.relayed.watch(self.transport, self.relayed_ended)
+        self._inner.data_received(head)
+
+    def relayed_ended(self, keeps_alive: bool) -> None:
+        """aiohttp ended the response to the request `_relay` passed it; unless it keeps the
+        connection alive (it closes it next), the lane reads on."""
+        if not self._relaying:
+            return
+        self._relaying = False
+        self._lane.context.relayed.forget(self.transport)
+        if not keeps_alive:
+            self._hand_over()
+            return
+        self._go_on()
 
     def is_host_plain(self, host: str | None) -> bool:
         """`HitLane.is_plain_host`, asked once for the `Host` a connection keeps sending."""
@@ -294,8 +370,10 @@ class LaneProtocol(asyncio.Protocol):
     def answered(self) -> None:
         """A body went out whole: go on with what arrived meanwhile."""
         was_sending, self.sending = self.sending, False
-        if not was_sending:
-            return  # answered at once, inside `_answer_buffered`'s loop
+        if was_sending:  # else answered at once, inside `_answer_buffered`'s loop
+            self._go_on()
+
+    def _go_on(self) -> None:
         if self._is_paused:
             self._is_paused = False
             self.transport.resume_reading()
@@ -330,14 +408,16 @@ class LaneProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if not self._is_handed_over:
-            if self.sending:
+            if self.sending or self._relaying:
                 self._eof = True
-                return True  # kept open until the body is out (`answered`)
+                return True  # kept open until the answer ended (`_go_on`)
             self._hand_over()
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._buffer = b""
+        if self._relaying:
+            self._lane.context.relayed.forget(self.transport)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
