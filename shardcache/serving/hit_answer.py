@@ -18,6 +18,7 @@ from shardcache.cache.lease import Lease
 from shardcache.errors import IntegrityError, ShardcacheError
 from shardcache.observability.logs import CLIENT_CLOSED_STATUS, log_access
 from shardcache.serving.body import ClientGone, ClientStalled, FileSender, send_checked
+from shardcache.serving.ranges import ByteRange
 from shardcache.serving.server_state import ServingContext
 
 log = logging.getLogger("shardcache.server")
@@ -61,9 +62,14 @@ class HitAnswer:
         self._began = began
         self._sent = 0
         self._status = 200
+        self._offset = 0
+        self._stop = lease.size_bytes
 
-    def start(self, head: bytes) -> None:
-        """Send `head` (the status line and fields), then the body."""
+    def start(self, head: bytes, byte_range: ByteRange | None = None) -> None:
+        """Send `head` (the status line and fields), then the body, or `byte_range` of it."""
+        if byte_range is not None:
+            self._offset, self._stop = byte_range.start, byte_range.end + 1
+            self._status = 206
         lease = self._lease
         entry = lease.entry
         assert entry is not None
@@ -80,10 +86,10 @@ class HitAnswer:
         if check_due:
             assert checker is not None
             name = f"{lease.origin}/{self._key}"
-            check_due = not checker.is_checked(name, entry.fd, entry.meta, 0, lease.size_bytes)
+            check_due = not checker.is_checked(name, entry.fd, entry.meta, self._offset, self._stop)
         if not check_due and not transport.get_write_buffer_size():  # the head is out
             try:
-                self._send_now(entry.fd, lease.size_bytes)
+                self._send_now(entry.fd)
             except BlockingIOError:
                 pass
             except (BrokenPipeError, ConnectionResetError) as exc:
@@ -92,18 +98,19 @@ class HitAnswer:
             except (OSError, EOFError) as exc:
                 self._failed(exc)
                 return
-            if self._sent == lease.size_bytes:
+            if self._sent == self._stop - self._offset:
                 self._finished()
                 return
         connection.sending = True
         self._keep(loop.create_task(self._send_rest(check_due), name="hit lane body"))
 
-    def _send_now(self, fd: int, size_bytes: int) -> None:
+    def _send_now(self, fd: int) -> None:
         socket_fd = self._connection.socket_fd
-        while self._sent < size_bytes:
-            sent = os.sendfile(socket_fd, fd, self._sent, size_bytes - self._sent)
+        length = self._stop - self._offset
+        while self._sent < length:
+            sent = os.sendfile(socket_fd, fd, self._offset + self._sent, length - self._sent)
             if sent == 0:
-                raise EOFError(f"file ended {size_bytes - self._sent} bytes early")
+                raise EOFError(f"file ended {length - self._sent} bytes early")
             self._sent += sent
 
     async def _send_rest(self, check_due: bool) -> None:
@@ -124,10 +131,16 @@ class HitAnswer:
                         return checker.check(name, entry.fd, entry.meta, first, last)
 
                     await send_checked(
-                        sender, entry.fd, 0, lease.size_bytes, check, context.metrics.hit_checked
+                        sender,
+                        entry.fd,
+                        self._offset,
+                        self._stop,
+                        check,
+                        context.metrics.hit_checked,
                     )
                 else:
-                    await sender.send(entry.fd, self._sent, lease.size_bytes - self._sent)
+                    offset = self._offset + self._sent
+                    await sender.send(entry.fd, offset, self._stop - offset)
         except ClientGone as exc:
             self._sent += sender.sent_bytes
             self._gone(exc)
@@ -192,18 +205,29 @@ class HitAnswer:
             "GET %s aborted after %d of %d bytes (%s, origin %s): %s",
             self._path,
             self._sent,
-            lease.size_bytes,
+            self._stop - self._offset,
             kind,
             lease.origin,
             exc,
         )
         entry = lease.entry
         if entry is not None and isinstance(exc, EOFError | IntegrityError):
-            lease.entry = None  # closed once the drop is done with it
-            drop = context.cache.drop_damaged(lease.origin, self._key, entry)
-            self._keep(asyncio.get_running_loop().create_task(_dropped(drop, entry)))
+            # Dropped before the client hears of the failure and retries (as `objects` does),
+            # so its retry is a miss, never the same damaged hit; nothing more is read meanwhile.
+            lease.entry = None
+            self._connection.sending = True
+            self._keep(asyncio.get_running_loop().create_task(self._drop_then_abort(entry)))
+            return
         self._end()
         self._connection.abort()
+
+    async def _drop_then_abort(self, entry: Entry) -> None:
+        try:
+            await self._context.cache.drop_damaged(self._lease.origin, self._key, entry)
+        finally:
+            entry.close()
+            self._end()
+            self._connection.abort()
 
     def _end(self) -> None:
         """What every answer does last: the body counted, the lease closed, the access line."""
@@ -227,13 +251,6 @@ class HitAnswer:
                 asyncio.get_running_loop().time() - self._began,
                 self._connection.remote,
             )
-
-
-async def _dropped(drop: Awaitable[bool], entry: Entry) -> None:
-    try:
-        await drop
-    finally:
-        entry.close()
 
 
 async def _unused_write(data: bytes) -> None:

@@ -21,12 +21,13 @@ from aiohttp.web import BaseRequest, StreamResponse
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.lease import Lease, Result, info_of
-from shardcache.errors import ShardcacheError
+from shardcache.errors import RangeNotSatisfiable, ShardcacheError
 from shardcache.observability.logs import AccessLogger
 from shardcache.serving.access import is_foreign_host
 from shardcache.serving.conditionals import http_date
 from shardcache.serving.hit_answer import HitAnswer
 from shardcache.serving.object_headers import object_fields
+from shardcache.serving.ranges import ByteRange, parse_range
 from shardcache.serving.s3_errors import SDK_AGENTS
 from shardcache.serving.s3_names import bucket_of_host, object_view, views_of
 from shardcache.serving.server_state import RelayedResponses, ServingContext
@@ -39,6 +40,7 @@ MAX_PIPELINED_BYTES = 65536  # read while a body is sent; past it, reading pause
 # unchecked, as on loopback there (a path that needs the token is never the lane's).
 PLAIN_FIELDS = frozenset(
     {b"host", b"user-agent", b"accept", b"accept-encoding", b"connection", b"authorization"}
+    | {b"range"}
     | {b"x-amz-date", b"x-amz-content-sha256", b"x-amz-security-token", b"x-amz-checksum-mode"}
     | {b"amz-sdk-invocation-id", b"amz-sdk-request", b"x-amz-user-agent"}
 )
@@ -54,12 +56,15 @@ _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
 class PlainGet:
     """The fields the lane reads of a request it may answer."""
 
-    __slots__ = ("path", "host", "is_s3")
+    __slots__ = ("path", "host", "is_s3", "range")
 
-    def __init__(self, path: str, host: str | None, is_s3: bool = False) -> None:
+    def __init__(
+        self, path: str, host: str | None, is_s3: bool = False, range_: str | None = None
+    ) -> None:
         self.path = path
         self.host = host
         self.is_s3 = is_s3  # an S3 client's (`s3_errors.is_s3_request`): x-amz-request-id
+        self.range = range_  # its `Range`, as sent
 
 
 def parse_plain_get(head: bytes) -> PlainGet | None:
@@ -75,6 +80,7 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
     if b"//" in target or b"/." in target:  # aiohttp's URL normalizes dot segments
         return None
     host: str | None = None
+    range_: str | None = None
     is_s3 = False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
@@ -85,6 +91,10 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
             if host is not None:
                 return None
             host = value.strip(b" \t").decode("latin-1")
+        elif name == b"range":
+            if range_ is not None:
+                return None
+            range_ = value.strip(b" \t").decode("latin-1")
         elif name == b"user-agent":
             agent = value.decode("latin-1").lower()
             is_s3 = is_s3 or any(sdk in agent for sdk in SDK_AGENTS)
@@ -97,7 +107,26 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
             is_s3 = True
         elif name.startswith(b"x-amz-"):
             is_s3 = True
-    return PlainGet(target.decode("ascii"), host, is_s3)
+    return PlainGet(target.decode("ascii"), host, is_s3, range_)
+
+
+def _partial_head(lease: Lease, byte_range: ByteRange) -> bytes:
+    """A 206's status line and fields but `Date` and `Server`, as `object_response` makes them
+    (the fields, then Content-Range; no checksums: they are the whole object's)."""
+    fields = object_fields(
+        Result.HIT,
+        lease.etag,
+        lease.content_type,
+        byte_range,
+        lease.checksums,
+        lease.verified_by,
+        lease.last_modified,
+    )
+    fields["Content-Range"] = byte_range.content_range(lease.size_bytes)
+    lines = ["HTTP/1.1 206 Partial Content\r\n"]
+    lines += [f"{name}: {value}\r\n" for name, value in fields.items()]
+    lines.append(f"Content-Length: {byte_range.length}\r\n")
+    return "".join(lines).encode()
 
 
 def _may_become_plain(start: bytes) -> bool:
@@ -187,8 +216,22 @@ class HitLane:
             return False
         origin, key = names
         began = asyncio.get_running_loop().time()
+        wanted: list[ByteRange | None] = [None]
+        if request.range is None:
+            accept = self._is_sendable
+        else:
+
+            def accept(entry: Entry) -> bool:
+                if not self._is_sendable(entry):
+                    return False
+                try:  # `object_headers.wanted_range` with no If-Range
+                    wanted[0] = parse_range(request.range, entry.meta.size_bytes)
+                except RangeNotSatisfiable:
+                    return False  # a 416, aiohttp's to answer
+                return True
+
         try:
-            lease = context.cache.open_hit(origin, key, self._is_sendable)
+            lease = context.cache.open_hit(origin, key, accept)
         except ShardcacheError:
             return False  # an unknown origin, a key refused: aiohttp's handler says so
         if lease is None:
@@ -196,7 +239,7 @@ class HitLane:
         self.answered += 1
         context.prefetch.on_client_read(lease.origin, key)
         answer = HitAnswer(self.context, connection, request.path, key, lease, began, self.keep)
-        answer.start(self.head_of(lease, request.is_s3))
+        answer.start(self.head_of(lease, request.is_s3, wanted[0]), wanted[0])
         return True
 
     def _origin_and_key(self, path: str) -> tuple[str, str] | None:
@@ -250,12 +293,17 @@ class HitLane:
         self._heads[id(meta)] = (meta, head)
         return head
 
-    def head_of(self, lease: Lease, is_s3: bool = False) -> bytes:
-        """The status line and fields of `lease`'s hit, `Date` and `Server` included, and an
-        S3 client's `x-amz-request-id` (`s3_errors.add_request_id`)."""
+    def head_of(
+        self, lease: Lease, is_s3: bool = False, byte_range: ByteRange | None = None
+    ) -> bytes:
+        """The status line and fields of `lease`'s hit (of `byte_range`, a 206), `Date` and
+        `Server` included, and an S3 client's `x-amz-request-id` (`s3_errors.add_request_id`)."""
         assert lease.entry is not None
-        head = self._head_of(lease.entry.meta)
-        assert head is not None  # `_is_sendable` made it
+        if byte_range is None:
+            head = self._head_of(lease.entry.meta)
+            assert head is not None  # `_is_sendable` made it
+        else:
+            head = _partial_head(lease, byte_range)
         head += self._date() + _SERVER_FIELD
         if is_s3:
             head += f"x-amz-request-id: {secrets.token_hex(8).upper()}\r\n".encode()
