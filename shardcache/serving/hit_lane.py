@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import socket
 import struct
@@ -41,6 +42,9 @@ PLAIN_FIELDS = frozenset(
     | {b"amz-sdk-invocation-id", b"amz-sdk-request", b"x-amz-user-agent"}
 )
 _TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, query or fragment
+# A control byte other than HTAB, CR and LF (those are judged by where they stand): aiohttp's
+# parser refuses a head with one (400), so the lane never answers it.
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 KEPT_HEADS = 4096  # hits' heads kept, one per hot entry version (`_head_of`)
 _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
 
@@ -59,6 +63,8 @@ class PlainGet:
 def parse_plain_get(head: bytes) -> PlainGet | None:
     """`head` (without its blank line) as a plain HTTP/1.1 GET, or None when it is anything
     else, or anything this strict reading is unsure of: aiohttp's parser then has the final say."""
+    if _CONTROL_BYTE.search(head) is not None:
+        return None
     lines = head.split(b"\r\n")
     request_line = lines[0].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"GET" or request_line[2] != b"HTTP/1.1":

@@ -1,0 +1,37 @@
+"""The hit lane attacked as a hostile client and a flaky disk would (issue 36): heads the lane
+must leave to aiohttp's parser, which answers them at once, and the attacks that held (kept as
+guards). Every answer is read off a raw connection to a real daemon."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import pytest
+
+from tests.daemon_process import Daemon
+from tests.integration.test_hit_lane import LANE, Connection, _cached
+from tests.origin_server import OriginServer
+
+
+@pytest.mark.parametrize("control", [b"\x00", b"\x01", b"\x1b", b"\x7f"])
+def test_a_field_value_with_a_control_byte_gets_aiohttps_400_not_the_lanes_200(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, control: bytes
+) -> None:
+    daemon = start_daemon({"o": origin.url})
+    _cached(daemon, origin, "k.tar", os.urandom(10_000))
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        connection.send(
+            b"GET /o/k.tar HTTP/1.1\r\nHost: "
+            + connection.host.encode()
+            + b"\r\nUser-Agent: a"
+            + control
+            + b"b\r\n\r\n"
+        )
+        answer = connection.read()
+    finally:
+        connection.close()
+    assert answer.status_line.split()[1] == "400", (answer.status_line, answer.body[:200])
+    assert daemon.metric(LANE) == before
