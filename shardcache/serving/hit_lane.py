@@ -102,10 +102,14 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
 
 def _may_become_plain(start: bytes) -> bool:
     """Whether `start`, a head not yet whole, may still become a plain GET (else it is
-    aiohttp's to answer now: TLS on the plain port, binary garbage)."""
+    aiohttp's to answer now: TLS on the plain port, binary garbage, a line ended by a bare LF
+    or CR, whose CRLF CRLF never comes)."""
     if not (start.startswith(b"GET /") or b"GET /".startswith(start)):
         return False
-    return start.isascii() and b"\0" not in start
+    if not start.isascii() or _CONTROL_BYTE.search(start) is not None:
+        return False
+    lone = start.replace(b"\r\n", b"")
+    return b"\n" not in lone and b"\r" not in lone[:-1]  # a last CR may be a CRLF's half
 
 
 class HitLane:

@@ -14,6 +14,32 @@ from tests.integration.test_hit_lane import LANE, Connection, _cached
 from tests.origin_server import OriginServer
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /o/k.tar HTTP/1.1\nHost: H\n\n",
+        b"GET /o/k.tar HTTP/1.1\r\nHost: H\n\r\n",
+        b"GET /o/k.tar HTTP/1.1\r\nHost: H\r\nAccept: */*\n\n",
+        b"GET /o/k.tar HTTP/1.1\r\nHost: H\rX\r\n\n",
+    ],
+    ids=["bare-lf", "lf-crlf", "lf-lf-after-crlf", "bare-cr"],
+)
+def test_a_head_with_a_bare_lf_or_cr_is_aiohttps_to_refuse_at_once_not_held_by_the_lane(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, raw: bytes
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--client-header-timeout", "60")
+    _cached(daemon, origin, "k.tar", os.urandom(10_000))
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        connection.send(raw.replace(b"Host: H", f"Host: {connection.host}".encode()))
+        answer = connection.read()  # the lane waited for a CRLF CRLF that never comes
+    finally:
+        connection.close()
+    assert answer.status_line.split()[1] == "400", (answer.status_line, answer.body[:200])
+    assert daemon.metric(LANE) == before
+
+
 @pytest.mark.parametrize("control", [b"\x00", b"\x01", b"\x1b", b"\x7f"])
 def test_a_field_value_with_a_control_byte_gets_aiohttps_400_not_the_lanes_200(
     start_daemon: Callable[..., Daemon], origin: OriginServer, control: bytes
