@@ -33,6 +33,7 @@ from shardcache.serving.server_state import ServingContext
 log = logging.getLogger("shardcache.server")
 MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
 MAX_PIPELINED_BYTES = 65536  # read while a body is sent; past it, reading pauses
+ANSWERS_PER_TURN = 32  # pipelined hits answered in one loop turn (`LaneProtocol._next_turn`)
 # The only fields a request the lane answers may carry; any other (Range, a precondition, a
 # body's, a tier's) is a question for aiohttp's handler. An S3 client's signature is taken
 # unchecked, as on loopback there (a path that needs the token is never the lane's).
@@ -233,7 +234,8 @@ class HitLane:
 class LaneProtocol(asyncio.Protocol):
     """One connection: its requests go to the lane while it answers them, then (from the
     first it does not) to aiohttp's protocol, which saw the connection made and sees every
-    event after. A request that arrives while a body is sent waits in `_buffer`."""
+    event after. A request that arrives while a body is sent (or while a long pipelined run
+    waits for its next loop turn) waits in `_buffer`."""
 
     def __init__(self, lane: HitLane, inner: asyncio.Protocol) -> None:
         self._lane = lane
@@ -272,25 +274,39 @@ class LaneProtocol(asyncio.Protocol):
         self._answer_buffered()
 
     def _answer_buffered(self) -> None:
-        while self._buffer and not self.sending and not self._is_handed_over:
+        buffer, start, answers = self._buffer, 0, 0
+        while start < len(buffer) and not self.sending and not self._is_handed_over:
             if self.transport.is_closing():
                 self._buffer = b""  # aborted after a failed body: nothing more is answered
                 return
-            buffer = self._buffer
-            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if answers == ANSWERS_PER_TURN:
+                self._buffer = buffer[start:]
+                self._next_turn()
+                return
+            end = buffer.find(b"\r\n\r\n", start, start + MAX_HEAD_BYTES + 4)
             if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES or not _may_become_plain(buffer):
+                self._buffer = rest = buffer[start:]
+                if len(rest) > MAX_HEAD_BYTES or not _may_become_plain(rest):
                     self._hand_over()  # aiohttp's parser refuses garbage at once, not later
                 return
-            request = parse_plain_get(buffer[:end])
-            if request is None:
+            request = parse_plain_get(buffer[start:end])
+            if request is None or not self._lane.answer(self, request):
+                self._buffer = buffer[start:]
                 self._hand_over()
                 return
-            self._buffer = buffer[end + 4 :]  # before answering: the answer may end at once
-            if not self._lane.answer(self, request):
-                self._buffer = buffer
-                self._hand_over()
+            answers += 1
+            start = end + 4
+            if self.sending:  # the body goes on in a task: what is left waits for it
+                self._buffer = buffer[start:]
                 return
+        if not self.transport.is_closing():
+            self._buffer = buffer[start:]
+
+    def _next_turn(self) -> None:
+        """Answer the rest of a pipelined run in a later loop turn, as if behind a body: one
+        client's run of small hits must not hold the loop for everyone else's."""
+        self.sending = True
+        asyncio.get_running_loop().call_soon(self.answered)
 
     def is_host_plain(self, host: str | None) -> bool:
         """`HitLane.is_plain_host`, asked once for the `Host` a connection keeps sending."""

@@ -5,13 +5,17 @@ guards). Every answer is read off a raw connection to a real daemon."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.daemon_process import Daemon
-from tests.integration.test_hit_lane import LANE, Connection, _cached
+from tests.integration.test_hit_lane import LANE, Connection, _cached, request
 from tests.origin_server import OriginServer
+
+PIPELINED = 20_000
 
 
 @pytest.mark.parametrize(
@@ -61,3 +65,43 @@ def test_a_field_value_with_a_control_byte_gets_aiohttps_400_not_the_lanes_200(
         connection.close()
     assert answer.status_line.split()[1] == "400", (answer.status_line, answer.body[:200])
     assert daemon.metric(LANE) == before
+
+
+def test_a_long_pipelined_run_of_lane_hits_does_not_hold_the_loop_for_other_clients(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """20,000 pipelined small hits in one write: the lane answers them in turns, so another
+    client's requests keep their round trips meanwhile (one 256 KiB read of heads held the
+    loop about 2 s, its buffer re-copied after every answer)."""
+    daemon = start_daemon({"o": origin.url}, "--log-level", "warning")
+    _cached(daemon, origin, "k.tar", b"x" * 1000)
+    before = daemon.metric(LANE)
+    round_trips: list[float] = []
+    probing = threading.Event()
+    flood_done = threading.Event()
+
+    def probe() -> None:
+        other = Connection(daemon)
+        try:
+            while not flood_done.is_set():
+                began = time.monotonic()
+                assert other.get("/readyz").status_line == "HTTP/1.1 200 OK"
+                round_trips.append(time.monotonic() - began)
+                probing.set()
+        finally:
+            other.close()
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    connection = Connection(daemon)
+    try:
+        assert probing.wait(30)
+        connection.send(request("/o/k.tar", connection.host) * PIPELINED)
+        for _ in range(PIPELINED):
+            assert connection.read().body == b"x" * 1000
+    finally:
+        flood_done.set()
+        prober.join(60)
+        connection.close()
+    assert daemon.metric(LANE) == before + PIPELINED
+    assert max(round_trips) < 1.0, sorted(round_trips)[-5:]
