@@ -325,12 +325,11 @@ class LaneProtocol(asyncio.Protocol):
         if self._is_paused:
             self._is_paused = False
             self.transport.resume_reading()
-        if self._eof:  # the client is done sending: what is left is aiohttp's to answer
-            self._hand_over()
+        self._answer_buffered()  # a client done sending (`_eof`) still reads its answers
+        if self._eof and not self.sending and not self.transport.is_closing():
+            self._hand_over()  # what the lane left is aiohttp's, with the end of the input
             if not self._inner.eof_received():
                 self.transport.close()
-            return
-        self._answer_buffered()
 
     def abort(self, discard_unsent: bool = False) -> None:
         """End the connection after a body that did not go out whole (never a clean short

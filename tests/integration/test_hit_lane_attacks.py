@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.daemon_process import Daemon
+from tests.integration.disk_helpers import MiB
 from tests.integration.test_hit_lane import LANE, Connection, _cached, request
 from tests.origin_server import OriginServer
 
@@ -105,3 +106,28 @@ def test_a_long_pipelined_run_of_lane_hits_does_not_hold_the_loop_for_other_clie
         connection.close()
     assert daemon.metric(LANE) == before + PIPELINED
     assert max(round_trips) < 1.0, sorted(round_trips)[-5:]
+
+
+def test_requests_pipelined_behind_a_lane_body_are_answered_after_the_client_half_closes(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """GET big, GET small, then shutdown(SHUT_WR) (a client done sending still reads): both
+    answers come, whole, then the daemon closes (the lane closed after the first, with the
+    second unanswered, where aiohttp alone answers both)."""
+    daemon = start_daemon({"o": origin.url})
+    big, small = os.urandom(16 * MiB), os.urandom(1000)
+    _cached(daemon, origin, "big.tar", big)
+    _cached(daemon, origin, "small.tar", small)
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        connection.send(
+            request("/o/big.tar", connection.host) + request("/o/small.tar", connection.host)
+        )
+        connection.shut_write()
+        assert connection.read().body == big
+        assert connection.read().body == small
+        assert connection.read_until_closed() == b""
+    finally:
+        connection.close()
+    assert daemon.metric(LANE) == before + 2
