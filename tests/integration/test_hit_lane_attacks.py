@@ -5,6 +5,8 @@ guards). Every answer is read off a raw connection to a real daemon."""
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +15,7 @@ import pytest
 
 from tests.daemon_process import Daemon
 from tests.integration.disk_helpers import MiB
+from tests.integration.helpers import curl, wait_for
 from tests.integration.test_hit_lane import LANE, Connection, _cached, request
 from tests.origin_server import OriginServer
 
@@ -131,3 +134,87 @@ def test_requests_pipelined_behind_a_lane_body_are_answered_after_the_client_hal
     finally:
         connection.close()
     assert daemon.metric(LANE) == before + 2
+
+
+# -- attacks that held: kept as guards ------------------------------------------------------
+
+
+def test_a_remembered_entry_is_never_the_lanes_when_reads_need_the_token(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    token = "lane-attack-token-0123456789"
+    daemon = start_daemon(
+        {"o": origin.url}, "--admin-token", token, "--require-token-for-reads", token=token
+    )
+    origin.put("k.tar", b"k" * 5000)
+    bearer = f"Authorization: Bearer {token}"
+    for _ in range(2):  # a miss, then a hit through aiohttp: the entry is remembered
+        assert curl(f"{daemon.url}/o/k.tar", "-H", bearer).body == b"k" * 5000
+    before = daemon.metric(LANE)
+    signed = (
+        "Authorization: AWS4-HMAC-SHA256 Credential=x/20260101/us-east-1/s3/aws4_request, "
+        "SignedHeaders=host, Signature=00",
+        "x-amz-date: 20260101T000000Z",
+        "x-amz-content-sha256: UNSIGNED-PAYLOAD",
+    )
+    for fields, status in (((), "401"), (signed, "403")):
+        connection = Connection(daemon)  # a fresh one each: the lane's until it declines
+        try:
+            assert connection.get("/o/k.tar", *fields).status_line.split()[1] == status
+        finally:
+            connection.close()
+    assert daemon.metric(LANE) == before
+
+
+def test_a_slowloris_head_that_may_still_become_the_lanes_is_closed_by_the_header_timeout(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url}, "--client-header-timeout", "2")
+    _cached(daemon, origin, "k.tar", b"k" * 1000)
+    before = daemon.metric("shardcache_client_timeouts_total", phase="header")
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=0.2)
+    trickle = b"GET /o/k.tar HTTP/1.1\r\nUser-Agent: " + b"a" * 1000
+    deadline = time.monotonic() + 30
+    try:
+        for byte in trickle:  # one byte each 0.2 s: a head that never ends
+            assert time.monotonic() < deadline, "still open after 30 s"
+            try:
+                sock.sendall(bytes([byte]))
+                if sock.recv(1024) == b"":
+                    break  # closed
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+    finally:
+        sock.close()
+    wait_for(
+        "the header timeout counted",
+        lambda: daemon.metric("shardcache_client_timeouts_total", phase="header") == before + 1,
+    )
+
+
+def test_sigterm_lets_a_lane_body_in_flight_finish_whole(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url})
+    data = os.urandom(32 * MiB)
+    _cached(daemon, origin, "big.tar", data)
+    before = daemon.metric(LANE)
+    sock = socket.create_connection(("127.0.0.1", daemon.port), timeout=30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # the body cannot go at once
+    try:
+        sock.sendall(request("/o/big.tar", f"127.0.0.1:{daemon.port}"))
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += sock.recv(65536)
+        wait_for("the lane's answer", lambda: daemon.metric(LANE) == before + 1)
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        daemon.wait_for_log("shutting down: 1 response in flight")
+        while chunk := sock.recv(1 << 20):
+            received += chunk
+    finally:
+        sock.close()
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and body == data
+    assert daemon.process.wait(30) == 0
