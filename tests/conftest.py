@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shardcache.origins.receivers import ReceiverPool
 from tests.daemon_process import Daemon
 from tests.origin_server import OriginServer
 from tests.s3_stores import STORES, S3Store, client_for, env_for, moto_server, seaweedfs_server
@@ -82,6 +83,18 @@ def start_daemon(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in started:  # also closes the logs of daemons a test stopped itself
         code = daemon.stop()
         assert daemon not in running or code == 0, f"daemon exited {code}:\n{daemon.log()}"
+
+
+@pytest.fixture
+def receiver_pool() -> Iterator[ReceiverPool]:
+    """One receiving process, as the daemon passes its pool to every transport it builds:
+    started and answering before the test (as the daemon waits before it listens, so a short
+    read timeout never covers a receiver's imports); killed at the end."""
+    pool = ReceiverPool(1)
+    pool.start()
+    assert pool.wait_started(60) == 0, "the receiving process did not answer in 60 s"
+    yield pool
+    pool.kill_all()
 
 
 @pytest.fixture(autouse=True)

@@ -29,7 +29,7 @@ WAL_ALLOWANCE_BYTES = 512 * 1024  # what the WAL may reach between checkpoints, 
 # The `Cache` table's columns read or written here with `_sql` (diskcache 5.x; the test of this
 # module checks them against `PRAGMA table_info(Cache)`).
 COLUMNS_USED = ("key", "store_time", "access_time", "size", "filename", "tag")
-REMEMBERED_ROWS = 4096  # rows `get` found, kept for `get_remembered` (a path and a tag each)
+REMEMBERED_ROWS = 4096  # rows `get` read or `set` wrote, for `get_remembered` (path and tag)
 
 
 @contextlib.contextmanager
@@ -147,11 +147,14 @@ class Index:
             fd = open_entry_file(path)
         except FileNotFoundError:  # removed after its row (an eviction in progress): a miss
             return None, None
-        if len(self._remembered) >= REMEMBERED_ROWS:
+        self._remember(key, path, tag)
+        return fd, tag
+
+    def _remember(self, key: str, path: str, tag: Any) -> None:
+        if key not in self._remembered and len(self._remembered) >= REMEMBERED_ROWS:
             with contextlib.suppress(KeyError):  # emptied meanwhile (`check`): nothing to drop
                 self._remembered.popitem(last=False)  # the oldest
         self._remembered[key] = (path, tag)
-        return fd, tag
 
     def get_remembered(self, key: str) -> tuple[int, Any] | None:
         """`get` without SQLite, for a row `get` read since it last changed; None: ask `get`.
@@ -222,12 +225,15 @@ class Index:
     # -- writes ------------------------------------------------------------------------------
 
     def set(self, key: str, adopt: AdoptFile, tag: str) -> None:
-        """Index `adopt`'s file as `key`'s entry (moving it into the index tree)."""
+        """Index `adopt`'s file as `key`'s entry (moving it into the index tree), remembered:
+        a committed fill's first hit needs no SQLite (the hit lane answers it)."""
         self._drop_rows_left()
         try:
             self._cache.set(key, adopt, tag=tag)
         finally:
             self._forget(key)
+        if adopt.adopted_as is not None:  # the row names it now: remembered like `get`'s
+            self._remember(key, adopt.adopted_as, tag)
 
     def delete(self, key: str) -> bool:
         """Remove `key`'s row, then its file; return whether it existed."""

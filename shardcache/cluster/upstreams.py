@@ -39,11 +39,11 @@ from shardcache.origins.base import (
     OriginStream,
     RequestContext,
     SpeedFloor,
-    Spot,
     Timeouts,
 )
 from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
+from shardcache.origins.streams import StreamWrapper
 
 log = logging.getLogger("shardcache.origin")
 T = TypeVar("T")
@@ -387,25 +387,25 @@ class UpstreamSender:
         self._owner.note_success(self._upstream, self._sent_at, proves_bytes=True)
 
 
-class WatchedStream:
+class WatchedStream(StreamWrapper):
     """An upstream's stream that marks the upstream down when its body fails or stalls, so the
-    fill's resumed request goes to the next upstream."""
+    fill's resumed request goes to the next upstream. It watches both ways a body is taken:
+    iterated (`chunks`, held to the speed floor here) and landed (`landing`, held to it by the
+    landing itself)."""
 
     def __init__(
         self, inner: OriginStream, upstream: Upstream, owner: FailoverOrigin, sent_at: float
     ) -> None:
-        self.info = inner.info
+        info = inner.info
         if upstream is not owner._chain[-1]:  # the home's bytes are judged by its own checksum
-            self.info = dataclasses.replace(
-                inner.info, sent_by=UpstreamSender(upstream, owner, sent_at)
-            )
-        self._inner = inner
+            info = dataclasses.replace(inner.info, sent_by=UpstreamSender(upstream, owner, sent_at))
+        super().__init__(inner, info)
         self._upstream = upstream
         self._owner = owner
         self._sent_at = sent_at
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        chunks = aiter(self._inner)
+    async def chunks(self) -> AsyncIterator[bytes]:
+        chunks = aiter(self.inner)
         waiting_since = self._owner._clock()
 
         def silent_since() -> float:
@@ -422,14 +422,8 @@ class WatchedStream:
                 floor.passed(len(chunk), self._upstream.breaker.upstream)
             yield chunk
 
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
+    @contextlib.contextmanager
+    def landing(self, landed: Landed) -> Iterator[Landed]:
         last_byte_at = self._owner._clock()
 
         def noted(count: int) -> None:  # on the landing thread
@@ -438,7 +432,7 @@ class WatchedStream:
             landed(count)
 
         with self._noting_failures(lambda: last_byte_at):
-            await self._inner.land(fd, spot, noted, read_timeout_s, min_bytes_per_s)
+            yield noted
 
     @contextlib.contextmanager
     def _noting_failures(self, last_byte_at: Callable[[], float]) -> Iterator[None]:
@@ -456,9 +450,6 @@ class WatchedStream:
                 stall = OriginTimeout(f"no byte for {silent_s:.1f}s")
                 self._owner.note_failure(self._upstream, stall, self._sent_at)
             raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
 
 
 __all__ = [

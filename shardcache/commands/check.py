@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shardcache import config
 from shardcache.errors import (
@@ -30,6 +30,9 @@ from shardcache.errors import (
 from shardcache.keys import validate_key
 from shardcache.printable import printable
 from shardcache.units import format_size
+
+if TYPE_CHECKING:
+    from shardcache.origins.receivers import ReceiverPool
 
 PROBE_KEY = ".shardcache-check/no-such-key"
 SLACK_S = 5.0  # beyond the origin's connect and read timeouts, for one HEAD
@@ -71,7 +74,7 @@ class Verdict:
 def run_check(args: argparse.Namespace) -> int:
     # Imported here, as `serve` imports the daemon: `shardcache --help` stays fast.
     from shardcache.observability.logs import redact
-    from shardcache.origins.receivers import configure as configure_receivers
+    from shardcache.origins.receivers import ReceiverPool
 
     settings = config.load_settings(
         {"config": args.config, "origin": args.origin}, os.environ, for_daemon=False
@@ -81,9 +84,9 @@ def run_check(args: argparse.Namespace) -> int:
             "no origins configured: give --origin NAME=URL, SHARDCACHE_ORIGIN or --config FILE"
         )
     keys = _example_keys(args.key, [spec.name for spec in settings.origins])
-    pool = configure_receivers(1)  # HTTP origins receive through it, as in the daemon
+    pool = ReceiverPool(1)  # HTTP(S) and S3 origins receive through it, as in the daemon
     try:
-        verdicts = asyncio.run(_check_all(settings, keys))
+        verdicts = asyncio.run(_check_all(settings, keys, pool))
     finally:
         pool.close()
     for verdict in verdicts:  # problems quote origins' answers (status texts, messages)
@@ -110,19 +113,22 @@ def _example_keys(given: list[str], names: list[str]) -> dict[str, list[str]]:
     return keys
 
 
-async def _check_all(settings: config.Settings, keys: dict[str, list[str]]) -> list[Verdict]:
-    checks = [_check_one(settings, spec, keys[spec.name]) for spec in settings.origins]
+async def _check_all(
+    settings: config.Settings, keys: dict[str, list[str]], receivers: ReceiverPool
+) -> list[Verdict]:
+    checks = [_check_one(settings, spec, keys[spec.name], receivers) for spec in settings.origins]
     return list(await asyncio.gather(*checks))
 
 
 async def _check_one(
-    settings: config.Settings, spec: config.OriginSpec, keys: list[str]
+    settings: config.Settings, spec: config.OriginSpec, keys: list[str], receivers: ReceiverPool
 ) -> Verdict:
     from shardcache.daemon.wiring import build_origins
 
     verdict = Verdict(spec.name, spec.url, [], [])
     try:
-        origin = build_origins(dataclasses.replace(settings, origins=(spec,)))[spec.name]
+        one = dataclasses.replace(settings, origins=(spec,))
+        origin = build_origins(one, receivers)[spec.name]
     except ConfigError as exc:
         verdict.problems.append(f"cannot be built: {exc}")
         return verdict

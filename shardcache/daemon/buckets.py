@@ -23,6 +23,7 @@ from shardcache.keys import validate_origin_name
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Origin, Timeouts
 from shardcache.origins.listing import ListQuery, ListVersion, list_objects
+from shardcache.origins.receivers import ReceiverPool
 
 log = logging.getLogger("shardcache.daemon")
 # S3's rules for a bucket name (3 to 63 lowercase letters, digits, dots and hyphens).
@@ -41,12 +42,14 @@ class BucketsOnDemand:
         limit: int,
         table: OriginTable,
         timeouts: Timeouts,
+        receivers: ReceiverPool,
         metrics: Metrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = limit
         self._table = table
         self._timeouts = timeouts
+        self._receivers = receivers
         self._metrics = metrics
         self._clock = clock
         self.made: dict[str, ConfiguredOrigin] = {}
@@ -81,7 +84,9 @@ class BucketsOnDemand:
                 )
             self._count_try(bucket)
             spec = OriginSpec(bucket, f"s3://{bucket}")
-            origin = await asyncio.to_thread(make_origin, spec, self._timeouts)  # boto3: slow
+            origin = await asyncio.to_thread(  # boto3: slow
+                make_origin, spec, self._timeouts, self._receivers
+            )
             try:
                 await list_objects(origin, ListQuery(ListVersion.V2, max_keys=1))
             except OriginError:

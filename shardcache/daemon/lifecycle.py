@@ -40,10 +40,8 @@ from shardcache.daemon.wiring import (
 from shardcache.errors import ConfigError, ShardcacheError
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability import logs
-from shardcache.observability.logs import AccessLogger
 from shardcache.observability.metrics import Metrics
-from shardcache.origins.receivers import configure as configure_receivers
-from shardcache.origins.receivers import receiver_pool
+from shardcache.origins.receivers import ReceiverPool
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard, ConnectionLimits
@@ -57,6 +55,9 @@ STORE_CHECK_INTERVAL_S = 2.0
 # How long start-up waits for the receiving processes' first answer before it listens (they
 # import while the store opens; a few tenths of a second on an idle machine).
 RECEIVER_START_S = 30.0
+
+
+AIOHTTP_KEEPALIVE_S = 365 * 24 * 3600.0  # never first: `ConnectionGuard` times idle connections
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,10 @@ class Daemon:
         self.settings = settings
         self._reload_settings = reload_settings
         self.fetch_policy = fetch_policy(settings)  # none of its settings reloads
-        configured = configure_origins(settings)
+        # The process's receiving processes: every HTTP(S) and S3 transport sends through
+        # them; started in `start`, restarted by a reload, let go at the end.
+        self.receivers = ReceiverPool(settings.receivers)
+        configured = configure_origins(settings, self.receivers)
         self.metrics = Metrics(CollectorRegistry(), configured)
         # The one owner of the set of origins, replaced whole on reload; the cache closes it.
         self.origins = OriginTable(configured, self.metrics)
@@ -88,9 +92,6 @@ class Daemon:
         )
         self.started_at = time.monotonic()
         self.in_flight = InFlight()
-        # The process's receiving processes: every HTTP(S) and S3 transport sends through
-        # them; sized and started in `start`, restarted by a reload, let go at the end.
-        self.receivers = receiver_pool()
         self.metrics.watch_receivers(self.receivers.status)
         self._started: Started | None = None
         self._store_watch: asyncio.Task[None] | None = None
@@ -107,8 +108,7 @@ class Daemon:
             on_close=self._count_closed_connection,
         )
         self.state = ServerState(
-            read_timeout_s=settings.origin_read_timeout,
-            min_bytes_per_s=settings.origin_min_speed,
+            origin_timeouts=self.fetch_policy.timeouts,
             client_body_timeout_s=settings.client_body_timeout,
             client_send_timeout_s=settings.client_send_timeout,
             check_ready=self._check_ready,
@@ -118,7 +118,11 @@ class Daemon:
             hit_checker=(HitChecker(settings.verify_hits_window) if settings.verify_hits else None),
         )
         self.buckets = BucketsOnDemand(
-            settings.s3_buckets_on_demand, self.origins, self.fetch_policy.timeouts, self.metrics
+            settings.s3_buckets_on_demand,
+            self.origins,
+            self.fetch_policy.timeouts,
+            self.receivers,
+            self.metrics,
         )
         if settings.s3_buckets_on_demand:
             self.state.add_bucket = self.buckets.add
@@ -131,7 +135,6 @@ class Daemon:
         asyncio.get_running_loop().set_default_executor(
             ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="shardcache")
         )
-        self.receivers = configure_receivers(settings.receivers)
         self.receivers.start()
         store = await asyncio.to_thread(open_store, settings, self.metrics)
         if store.swept_partials:
@@ -240,11 +243,13 @@ class Daemon:
         # In-flight responses are drained before cleanup, so cleanup's own wait is short.
         runner = web.AppRunner(
             app,
-            access_log_class=AccessLogger,
+            access_log_class=lane.access_logger_class(),
             handle_signals=False,
             shutdown_timeout=1.0,
-            # A backstop only: the guard closes idle connections first (and counts them).
-            keepalive_timeout=2 * settings.client_idle_timeout,
+            # The guard closes idle connections (and counts them). aiohttp's own timer runs from
+            # a connection's start until it sees a request, and it never sees the hit lane's:
+            # it would close a connection the lane keeps busy. Out of its way, then.
+            keepalive_timeout=AIOHTTP_KEEPALIVE_S,
             # aiohttp inflates a gzip/deflate request body on the event loop as it arrives,
             # read or not (500 KB of gzip holds the loop for 1.5 s). Bodies stay raw, and an
             # encoded one is refused (`middleware.admit_request`).
@@ -322,7 +327,9 @@ class Daemon:
         notify(f"RELOADING=1\nMONOTONIC_USEC={monotonic_usec()}")
         try:
             new = self._reload_settings()
-            configured = self.buckets.kept_over(configure_origins(new, self.origins))
+            configured = self.buckets.kept_over(
+                configure_origins(new, self.receivers, self.origins)
+            )
         except ShardcacheError as exc:
             log.error("reload failed, nothing changed: %s", exc)
             notify("READY=1")

@@ -1,7 +1,7 @@
-"""`make_origin(spec, timeouts)`: the backend for one configured origin, from its URL scheme,
-with its mirrors and tier (`cluster.FailoverOrigin`) and its caps (`fetch.CappedOrigin`)
-around it; backends are imported lazily. Here because the composition root is the one place
-that knows every kind of origin."""
+"""`make_origin(spec, timeouts, receivers)`: the backend for one configured origin, from its URL
+scheme, with its mirrors and tier (`cluster.FailoverOrigin`) and its caps (`fetch.CappedOrigin`)
+around it; HTTP(S) and S3 backends get the daemon's receiver pool. Backends are imported lazily.
+Here because the composition root is the one place that knows every kind of origin."""
 
 from __future__ import annotations
 
@@ -11,16 +11,21 @@ from shardcache.config import OriginSpec
 from shardcache.errors import ConfigError
 from shardcache.keys import TIER_REQUEST_HEADER
 from shardcache.origins.base import Origin, Timeouts
+from shardcache.origins.receivers import ReceiverPool
 
 SHARDCACHE_REQUEST = (TIER_REQUEST_HEADER, "1")  # see `keys`; sent to members and mirrors
 
 
-def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
+def make_origin(spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> Origin:
     """Return a backend for `spec`; raise ConfigError if its scheme or settings are unusable.
 
     An origin with mirrors or a tier is a `FailoverOrigin` over one backend per URL and
-    member; caps wrap the whole in a `CappedOrigin`."""
-    origin = _make_failover(spec, timeouts) if spec.has_upstreams else _make_one(spec, timeouts)
+    member; caps wrap the whole in a `CappedOrigin`. Every HTTP(S) and S3 backend, tier
+    members made later included, receives through `receivers`, which the caller owns."""
+    if spec.has_upstreams:
+        origin = _make_failover(spec, timeouts, receivers)
+    else:
+        origin = _make_one(spec, timeouts, receivers)
     if spec.max_requests or spec.max_requests_per_second:
         from shardcache.fetch.capped import CappedOrigin
 
@@ -30,7 +35,7 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts) -> Origin:
     return origin
 
 
-def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
+def _make_failover(spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> Origin:
     from shardcache.cluster.breaker import CircuitBreaker
     from shardcache.cluster.tier import TierMembers, Upstream, redact_url
     from shardcache.cluster.upstreams import FailoverOrigin
@@ -43,7 +48,7 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
 
     chain = [
         Upstream(
-            _make_one(marked(url), timeouts),
+            _make_one(marked(url), timeouts, receivers),
             CircuitBreaker(redact_url(url)),
             "home" if url == spec.url else "mirror",
         )
@@ -58,21 +63,21 @@ def _make_failover(spec: OriginSpec, timeouts: Timeouts) -> Origin:
             # which may hold the object store's credentials: only its own.
             headers = (*spec.tier_headers, SHARDCACHE_REQUEST)
             member = OriginSpec(spec.name, f"{base}/{served_as}", headers=headers)
-            return _make_one(member, timeouts)
+            return _make_one(member, timeouts, receivers)
 
         tier = TierMembers(make_member, spec.tier, spec.tier_dns, spec.tier_refresh_s)
     return FailoverOrigin(spec.name, chain, tier, timeouts=timeouts)
 
 
-def _make_one(spec: OriginSpec, timeouts: Timeouts) -> Origin:
+def _make_one(spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> Origin:
     if spec.scheme == "s3":
         from shardcache.origins.s3 import S3Origin
 
-        return S3Origin(spec, timeouts)
+        return S3Origin(spec, timeouts, receivers)
     if spec.scheme in ("http", "https"):
         from shardcache.origins.http import HttpOrigin
 
-        return HttpOrigin(spec, timeouts)
+        return HttpOrigin(spec, timeouts, receivers)
     if spec.scheme == "file":
         from shardcache.origins.file import FileOrigin
 

@@ -33,6 +33,7 @@ from shardcache.observability.logs import redact
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Origin, Timeouts
 from shardcache.origins.file import FileOrigin
+from shardcache.origins.receivers import ReceiverPool
 
 log = logging.getLogger("shardcache.daemon")
 
@@ -56,10 +57,12 @@ def fetch_policy(settings: Settings) -> FetchPolicy:
 
 def build_origins(
     settings: Settings,
+    receivers: ReceiverPool,
     keep: dict[str, OriginSpec] | None = None,
     existing: dict[str, Origin] | None = None,
 ) -> dict[str, Origin]:
-    """Return one backend per configured origin; raise ConfigError for an unusable one.
+    """Return one backend per configured origin, receiving through `receivers` (the caller's);
+    raise ConfigError for an unusable one.
 
     On a reload, an origin whose spec is unchanged (`keep`) reuses its `existing` backend, so
     its connections and fills in flight carry on.
@@ -71,7 +74,7 @@ def build_origins(
         if keep and existing and keep.get(spec.name) == spec and spec.name in existing:
             origins[spec.name] = existing[spec.name]
             continue
-        origin = make_origin(spec, timeouts)
+        origin = make_origin(spec, timeouts, receivers)
         if isinstance(origin, FileOrigin) and not origin.root.is_dir():
             raise ConfigError(f"--origin {spec.name}: {origin.root} is not a directory")
         origins[spec.name] = origin
@@ -120,13 +123,14 @@ def refuse_own_endpoint(settings: Settings, spec: OriginSpec) -> None:
 
 
 def configure_origins(
-    settings: Settings, current: OriginTable | None = None
+    settings: Settings, receivers: ReceiverPool, current: OriginTable | None = None
 ) -> dict[str, ConfiguredOrigin]:
     """Every configured origin, whole: its backend (`build_origins`, reusing the `current`
     table's backend where the spec did not change) and how it is shown. What an
     `OriginTable` is built, or on a reload replaced, from; raises ConfigError."""
     built = build_origins(
         settings,
+        receivers,
         keep=current.specs if current else None,
         existing=current.origins if current else None,
     )

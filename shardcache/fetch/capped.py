@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from shardcache.errors import OriginBusy
 from shardcache.fetch.pacer import Pacer
 from shardcache.origins.base import (
     NEW_REQUEST,
-    Landed,
     ObjectInfo,
     Origin,
     OriginStream,
     RequestContext,
-    Spot,
 )
 from shardcache.origins.listing import Listing, ListQuery, list_objects
 from shardcache.origins.location import bucket_location
+from shardcache.origins.streams import StreamWrapper
 
 
 class CappedOrigin:
@@ -123,41 +122,15 @@ class CappedOrigin:
         await self.inner.aclose()
 
 
-class _SlotStream:
-    """A stream that gives its request's place back once: when its body ends or it is closed."""
+class _SlotStream(StreamWrapper):
+    """A stream that gives its request's place back once: when its body was read to its end,
+    landed, failed or closed, whichever comes first (`ended`)."""
 
     def __init__(self, inner: OriginStream, slots: asyncio.Semaphore | None) -> None:
-        self.info = inner.info
-        self._inner = inner
+        super().__init__(inner)
         self._slots = slots
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                yield chunk
-        finally:
-            self._release()  # read to the end (or failed): the next request may go
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        try:
-            await self._inner.land(fd, spot, landed, read_timeout_s, min_bytes_per_s)
-        finally:
-            self._release()  # landed in full (or failed): the next request may go
-
-    def _release(self) -> None:
-        if self._slots is not None:
+    def ended(self) -> None:
+        if self._slots is not None:  # the next request may go
             self._slots.release()
             self._slots = None
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            self._release()

@@ -29,14 +29,12 @@ from shardcache.keys import join_url
 from shardcache.origins.base import (
     CHUNK_BYTES,
     NEW_REQUEST,
-    Landed,
     ObjectInfo,
     RequestContext,
-    Spot,
-    land_chunks,
 )
 from shardcache.origins.file_listing import list_directory
 from shardcache.origins.listing import Listing, ListQuery
+from shardcache.origins.streams import ChunkStream
 
 # O_NOFOLLOW on every component: a component that became a link since `realpath` fails (ELOOP)
 # instead of being followed. O_NONBLOCK: opening a FIFO must not hang a worker thread (regular
@@ -125,7 +123,7 @@ def _open_regular(root: Path, key: str, path: Path) -> tuple[int, os.stat_result
     return fd, stat
 
 
-class FileStream:
+class FileStream(ChunkStream):
     def __init__(
         self, info: ObjectInfo, reader: AsyncBufferedReader, path: Path, remaining: int
     ) -> None:
@@ -134,7 +132,7 @@ class FileStream:
         self._path = path
         self._remaining = remaining
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         with map_os_errors(self._path):
             while self._remaining > 0:
                 chunk = await self._reader.read(min(CHUNK_BYTES, self._remaining))
@@ -142,16 +140,6 @@ class FileStream:
                     return
                 self._remaining -= len(chunk)
                 yield chunk
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         await self._reader.close()

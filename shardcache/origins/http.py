@@ -31,7 +31,7 @@ from shardcache.origins.base import (
     Timeouts,
 )
 from shardcache.origins.pool import tls_context
-from shardcache.origins.receivers import ReceiverPool, RemoteExchange, receiver_pool
+from shardcache.origins.receivers import ReceiverPool, RemoteExchange
 from shardcache.origins.responses import (  # retry_after_s: for s3
     check_range,
     info_from,
@@ -111,18 +111,19 @@ class HttpTransport:
     def __init__(
         self,
         timeouts: Timeouts,
+        receivers: ReceiverPool,
         headers: dict[str, str] | None = None,
         follow_within: str | None = None,
         ca_file: str | None = None,
-        receivers: ReceiverPool | None = None,
     ) -> None:
-        """`ca_file`: certificates to trust besides the system's (and `SSL_CERT_FILE`'s)."""
+        """`receivers`: the daemon's pool, which sends and receives every request.
+        `ca_file`: certificates to trust besides the system's (and `SSL_CERT_FILE`'s)."""
         self._headers = {
             "User-Agent": f"shardcache/{__version__}",
             "Accept-Encoding": "identity",
             **(headers or {}),
         }
-        self._receivers = receivers or receiver_pool()
+        self._receivers = receivers
         self._id = self._receivers.new_transport()
         self._ca_file = ca_file
         self._connect_s = timeouts.connect_s
@@ -264,11 +265,13 @@ class HttpTransport:
 
 
 class HttpOrigin:
-    def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
+    def __init__(self, spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> None:
         self.name = spec.name
         self._base = spec.url.rstrip("/")
         follow_within = spec.url if spec.follow_redirects else None
-        self._transport = HttpTransport(timeouts, dict(spec.headers), follow_within, spec.ca_file)
+        self._transport = HttpTransport(
+            timeouts, receivers, dict(spec.headers), follow_within, spec.ca_file
+        )
 
     @property
     def headers(self) -> dict[str, str]:

@@ -145,7 +145,8 @@ async def _wait_out(future: asyncio.Future[Any], receiver: ReceiverHandle) -> No
 
 class ReceiverPool:
     """`size` receiving processes, started on first use (or `start`), each request sent to
-    the one with the fewest open. Shared by every transport of the process."""
+    the one with the fewest open. The daemon (or `shardcache check`) builds one, passes it to
+    every transport it makes, and closes it; nothing builds one of its own."""
 
     def __init__(self, size: int = 0, threads: int = MAX_THREADS) -> None:
         """`threads`: each receiver's, for requests in flight (asking or landing)."""
@@ -348,25 +349,4 @@ def _orphaned(
         done.exception()  # retrieved
 
 
-_pool: ReceiverPool | None = None
-_pool_lock = threading.Lock()
-
-
-def receiver_pool() -> ReceiverPool:
-    """The process's pool (its size set by `configure`, else `default_size()`)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ReceiverPool()
-        return _pool
-
-
-def configure(size: int) -> ReceiverPool:
-    """Size the process's pool (0: `default_size()`), restarting it if it runs."""
-    pool = receiver_pool()
-    if pool.size != (size or default_size()) or not pool.alive():
-        pool.restart(size)
-    return pool
-
-
-__all__ = ["RemoteExchange", "ReceiverHandle", "ReceiverPool", "configure", "receiver_pool"]
+__all__ = ["RemoteExchange", "ReceiverHandle", "ReceiverPool"]

@@ -52,6 +52,7 @@ from shardcache.origins.listing import (
     wrap_token,
 )
 from shardcache.origins.location import US_EAST_1
+from shardcache.origins.receivers import ReceiverPool
 
 log = logging.getLogger("shardcache.origins")
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound", "NoSuchBucket"}
@@ -163,7 +164,7 @@ def _listing(response: Mapping[str, Any], under: str) -> Listing:
 
 
 class S3Origin:
-    def __init__(self, spec: OriginSpec, timeouts: Timeouts) -> None:
+    def __init__(self, spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> None:
         self.name = spec.name
         parts = urlsplit(spec.url)
         self.bucket = parts.netloc
@@ -186,7 +187,7 @@ class S3Origin:
         except botocore.exceptions.BotoCoreError as exc:  # AWS_PROFILE naming no profile, …
             raise ConfigError(f"origin {spec.name!r}: cannot make an S3 client: {exc}") from None
         # No follow_within: a presigned URL's redirect is never followed, to any host.
-        self._transport = HttpTransport(timeouts, ca_file=spec.ca_file)
+        self._transport = HttpTransport(timeouts, receivers, ca_file=spec.ca_file)
 
     def _object_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key

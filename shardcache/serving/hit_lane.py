@@ -18,17 +18,19 @@ from collections.abc import Callable
 from typing import cast
 
 from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.web import BaseRequest, StreamResponse
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.errors import ShardcacheError
+from shardcache.observability.logs import AccessLogger
 from shardcache.serving.access import is_foreign_host
 from shardcache.serving.conditionals import http_date
 from shardcache.serving.hit_answer import HitAnswer
 from shardcache.serving.object_headers import object_fields
 from shardcache.serving.s3_errors import SDK_AGENTS
 from shardcache.serving.s3_names import bucket_of_host, object_view, views_of
-from shardcache.serving.server_state import ServingContext
+from shardcache.serving.server_state import RelayedResponses, ServingContext
 
 log = logging.getLogger("shardcache.server")
 MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
@@ -46,6 +48,10 @@ _TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, quer
 # A control byte other than HTAB, CR and LF (those are judged by where they stand): aiohttp's
 # parser refuses a head with one (400), so the lane never answers it.
 _CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Fields that give a request a body, an upgrade or an end, which a relayed request must not
+# carry (a Content-Length of 0 is let through).
+_FRAMING_FIELDS = frozenset({b"transfer-encoding", b"upgrade", b"expect", b"te"})
+_TOKEN_BYTES = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
 KEPT_HEADS = 4096  # hits' heads kept, one per hot entry version (`_head_of`)
 _SERVER_FIELD = f"Server: {SERVER_SOFTWARE}\r\n".encode()
 
@@ -102,15 +108,58 @@ def parse_plain_get(head: bytes) -> PlainGet | None:
 
 
 def _may_become_plain(start: bytes) -> bool:
-    """Whether `start`, a head not yet whole, may still become a plain GET (else it is
-    aiohttp's to answer now: TLS on the plain port, binary garbage, a line ended by a bare LF
-    or CR, whose CRLF CRLF never comes)."""
-    if not (start.startswith(b"GET /") or b"GET /".startswith(start)):
+    """Whether `start`, a head not yet whole, may still become a GET or HEAD the lane answers
+    or relays (else it is aiohttp's to answer now: TLS on the plain port, binary garbage, a
+    line ended by a bare LF or CR, whose CRLF CRLF never comes)."""
+    if not any(start.startswith(m) or m.startswith(start) for m in (b"GET /", b"HEAD /")):
         return False
     if not start.isascii() or _CONTROL_BYTE.search(start) is not None:
         return False
     lone = start.replace(b"\r\n", b"")
     return b"\n" not in lone and b"\r" not in lone[:-1]  # a last CR may be a CRLF's half
+
+
+def is_relayable(head: bytes) -> bool:
+    """Whether `head` (without its blank line) is one whole bodiless request that aiohttp
+    parses exactly as the lane splits it: a GET or HEAD in origin form, HTTP/1.1, CRLF line
+    ends only, no body or upgrade fields, kept alive. The lane relays such a request and
+    reads on after its response; anything else makes the connection aiohttp's for good."""
+    if not head.startswith((b"GET /", b"HEAD /")) or not head.isascii() or b"\0" in head:
+        return False
+    if head.count(b"\n") != head.count(b"\r\n") or head.count(b"\r") != head.count(b"\r\n"):
+        return False  # a bare CR or LF: a parser may split it otherwise
+    request_line, *lines = head.split(b"\r\n")
+    if not request_line.endswith(b" HTTP/1.1") or request_line.count(b" ") != 2:
+        return False
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        name = name.lower()
+        if not colon or not name or not _TOKEN_BYTES.issuperset(name):
+            return False  # obs-fold, a space before the colon, no name
+        if name in _FRAMING_FIELDS:
+            return False
+        if name == b"content-length" and value.strip(b" \t") != b"0":
+            return False
+        if name == b"connection" and value.strip(b" \t").lower() != b"keep-alive":
+            return False
+    return True
+
+
+class RelayingAccessLogger(AccessLogger):
+    """The access log, also called (whatever the level) so the hit lane hears when aiohttp ended
+    a response to a request it relayed: aiohttp calls it once the response is written, and only
+    then may the lane answer on that connection again. `HitLane.access_logger_class` binds it
+    to one daemon's `RelayedResponses` (aiohttp makes the instances itself)."""
+
+    relayed: RelayedResponses
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def log(self, request: BaseRequest, response: StreamResponse, time_s: float) -> None:
+        self.relayed.ended(request.transport, response.keep_alive is not False)
+        super().log(request, response, time_s)
 
 
 class HitLane:
@@ -124,6 +173,12 @@ class HitLane:
         self._tasks: set[asyncio.Task[None]] = set()
         self._heads: dict[int, tuple[EntryMeta, bytes | None]] = {}
         self.answered = 0  # requests answered here (the rest went to aiohttp)
+
+    def access_logger_class(self) -> type[RelayingAccessLogger]:
+        """The access logger class for aiohttp's runner, telling this lane's connections."""
+        return type(
+            "DaemonAccessLogger", (RelayingAccessLogger,), {"relayed": self.context.relayed}
+        )
 
     def protocol_factory(
         self, make_protocol: Callable[[], asyncio.Protocol]
@@ -244,6 +299,7 @@ class LaneProtocol(asyncio.Protocol):
         self._is_handed_over = False
         self._is_paused = False
         self._eof = False
+        self._relaying = False  # a request passed to aiohttp, its response not ended yet
         self.sending = False
         self.transport: asyncio.Transport = cast(asyncio.Transport, None)
         self.socket_fd = -1
@@ -266,7 +322,7 @@ class LaneProtocol(asyncio.Protocol):
             self._inner.data_received(data)
             return
         self._buffer = self._buffer + data if self._buffer else data
-        if self.sending:
+        if self.sending or self._relaying:
             if len(self._buffer) > MAX_PIPELINED_BYTES and not self._is_paused:
                 self._is_paused = True
                 self.transport.pause_reading()
@@ -275,7 +331,7 @@ class LaneProtocol(asyncio.Protocol):
 
     def _answer_buffered(self) -> None:
         buffer, start, answers = self._buffer, 0, 0
-        while start < len(buffer) and not self.sending and not self._is_handed_over:
+        while start < len(buffer) and not (self.sending or self._relaying or self._is_handed_over):
             if self.transport.is_closing():
                 self._buffer = b""  # aborted after a failed body: nothing more is answered
                 return
@@ -289,16 +345,22 @@ class LaneProtocol(asyncio.Protocol):
                 if len(rest) > MAX_HEAD_BYTES or not _may_become_plain(rest):
                     self._hand_over()  # aiohttp's parser refuses garbage at once, not later
                 return
-            request = parse_plain_get(buffer[start:end])
-            if request is None or not self._lane.answer(self, request):
+            head = buffer[start:end]
+            request = parse_plain_get(head)
+            if request is not None and self._lane.answer(self, request):
+                answers += 1
+                start = end + 4
+                if self.sending:  # the body goes on in a task: what is left waits for it
+                    self._buffer = buffer[start:]
+                    return
+                continue
+            if is_relayable(head):
+                self._buffer = buffer[end + 4 :]
+                self._relay(buffer[start : end + 4])
+            else:
                 self._buffer = buffer[start:]
                 self._hand_over()
-                return
-            answers += 1
-            start = end + 4
-            if self.sending:  # the body goes on in a task: what is left waits for it
-                self._buffer = buffer[start:]
-                return
+            return
         if not self.transport.is_closing():
             self._buffer = buffer[start:]
 
@@ -307,6 +369,25 @@ class LaneProtocol(asyncio.Protocol):
         client's run of small hits must not hold the loop for everyone else's."""
         self.sending = True
         asyncio.get_running_loop().call_soon(self.answered)
+
+    def _relay(self, head: bytes) -> None:
+        """Pass one bodiless request to aiohttp and read on only once its response ended
+        (`relayed_ended`, told by `RelayingAccessLogger`): the connection stays the lane's."""
+        self._relaying = True
+        self._lane.context.relayed.watch(self.transport, self.relayed_ended)
+        self._inner.data_received(head)
+
+    def relayed_ended(self, keeps_alive: bool) -> None:
+        """aiohttp ended the response to the request `_relay` passed it; unless it keeps the
+        connection alive (it closes it next), the lane reads on."""
+        if not self._relaying:
+            return
+        self._relaying = False
+        self._lane.context.relayed.forget(self.transport)
+        if not keeps_alive:
+            self._hand_over()
+            return
+        self._go_on()
 
     def is_host_plain(self, host: str | None) -> bool:
         """`HitLane.is_plain_host`, asked once for the `Host` a connection keeps sending."""
@@ -320,13 +401,15 @@ class LaneProtocol(asyncio.Protocol):
     def answered(self) -> None:
         """A body went out whole: go on with what arrived meanwhile."""
         was_sending, self.sending = self.sending, False
-        if not was_sending:
-            return  # answered at once, inside `_answer_buffered`'s loop
+        if was_sending:  # else answered at once, inside `_answer_buffered`'s loop
+            self._go_on()
+
+    def _go_on(self) -> None:
         if self._is_paused:
             self._is_paused = False
             self.transport.resume_reading()
         self._answer_buffered()  # a client done sending (`_eof`) still reads its answers
-        if self._eof and not self.sending and not self.transport.is_closing():
+        if self._eof and not (self.sending or self._relaying) and not self.transport.is_closing():
             self._hand_over()  # what the lane left is aiohttp's, with the end of the input
             if not self._inner.eof_received():
                 self.transport.close()
@@ -355,14 +438,16 @@ class LaneProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if not self._is_handed_over:
-            if self.sending:
+            if self.sending or self._relaying:
                 self._eof = True
-                return True  # kept open until the body is out (`answered`)
+                return True  # kept open until the answer ended (`_go_on`)
             self._hand_over()
         return self._inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._buffer = b""
+        if self._relaying:
+            self._lane.context.relayed.forget(self.transport)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:

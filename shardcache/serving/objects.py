@@ -186,7 +186,7 @@ async def _respond(
     byte_range = wanted_range(request, validators, lease.size_bytes)
     start, end = (byte_range.start, byte_range.end + 1) if byte_range else (0, lease.size_bytes)
     if start == end:  # an empty object (ranges of it are 416)
-        await settle_empty(lease.fill, lease.stream, context.state.read_timeout_s)
+        await settle_empty(lease.fill, lease.stream, context.state.origin_timeouts.read_s)
     is_hit = lease.result is Result.HIT
     published = lease.checksums if is_hit else await _asked(request, lease, byte_range)
     response = object_response(
@@ -424,10 +424,10 @@ async def _send_body(
             sender.write,
             start,
             end,
-            state.read_timeout_s,
+            state.origin_timeouts.read_s,
             on_wait,
             sender.count_written,
-            state.min_bytes_per_s,
+            state.origin_timeouts.min_bytes_per_s,
         )
 
 

@@ -24,6 +24,7 @@ from shardcache.errors import QueueFull
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability.logs import FailureLog
 from shardcache.observability.metrics import Metrics
+from shardcache.origins.base import Timeouts
 from shardcache.prefetch.queue import PrefetchQueue
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.connections import ConnectionGuard
@@ -62,8 +63,9 @@ class InFlight:
 class ServerState:
     """What the handlers read of the daemon: timeouts, probes, the origin table, shutdown."""
 
-    read_timeout_s: float  # an origin's silence before a fill counts it stalled
-    min_bytes_per_s: int  # the origin speed floor (0: none)
+    # The fetch policy's (`FetchPolicy.timeouts`, the read timeout's one carrier): how long a
+    # stream relayed uncached may be silent, and its speed floor.
+    origin_timeouts: Timeouts
     client_body_timeout_s: float
     client_send_timeout_s: float
     check_ready: Callable[[], str | None]  # why not ready (on a worker thread), or None
@@ -135,6 +137,26 @@ class PostTurns:
             self._turn.release()
 
 
+class RelayedResponses:
+    """Connections with a request the hit lane relayed to aiohttp, and whom to tell when aiohttp
+    ended its response (its access logger is called then, whatever the log level)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[asyncio.BaseTransport, Callable[[bool], None]] = {}
+
+    def watch(self, transport: asyncio.BaseTransport, on_end: Callable[[bool], None]) -> None:
+        self._waiting[transport] = on_end
+
+    def forget(self, transport: asyncio.BaseTransport) -> None:
+        self._waiting.pop(transport, None)
+
+    def ended(self, transport: asyncio.BaseTransport | None, keeps_alive: bool) -> None:
+        """aiohttp ended a response on `transport`; `keeps_alive`: it reads on after it."""
+        on_end = self._waiting.get(transport) if transport is not None else None
+        if on_end is not None:
+            on_end(keeps_alive)
+
+
 def _failure_log() -> FailureLog:
     return FailureLog(logging.getLogger("shardcache.server"))
 
@@ -152,6 +174,7 @@ class ServingContext:
     guard: ConnectionGuard | None = None  # None: no connection limits (tests' apps)
     failures: FailureLog = field(default_factory=_failure_log)  # closed by the app's cleanup
     turns: PostTurns = field(default_factory=PostTurns)  # admin posts, one at a time
+    relayed: RelayedResponses = field(default_factory=RelayedResponses)  # the hit lane's
 
 
 CONTEXT_KEY = web.AppKey("serving", ServingContext)

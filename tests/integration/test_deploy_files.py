@@ -62,11 +62,12 @@ def test_systemd_unit_verifies(tmp_path: Path) -> None:
 def test_example_config_is_valid(tmp_path: Path) -> None:
     from shardcache.config import load_settings
     from shardcache.daemon.wiring import build_origins
+    from shardcache.origins.receivers import ReceiverPool
 
     # The systemd example starts as installed: no variable to set, no directory to create.
     settings = load_settings({"config": str(DEPLOY / "systemd" / "shardcache.toml")}, {})
     assert {o.name for o in settings.origins} == {"laion", "scratch"}
-    assert set(build_origins(settings)) == {"laion", "scratch"}
+    assert set(build_origins(settings, ReceiverPool(1))) == {"laion", "scratch"}
     # Its commented examples are valid once uncommented.
     example = tmp_path / "uncommented.toml"
     text = (DEPLOY / "systemd" / "shardcache.toml").read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def test_a_lane_hit_is_the_answer_aiohttp_gives_field_for_field(
     other.close()
 
 
-def test_keep_alive_and_pipelined_requests_are_answered_in_order_until_one_is_not_the_lanes(
+def test_keep_alive_and_pipelined_requests_are_answered_in_order_around_relayed_ones(
     start_daemon: Callable[..., Daemon], origin: OriginServer
 ) -> None:
     daemon = start_daemon({"o": origin.url})
@@ -149,8 +150,8 @@ def test_keep_alive_and_pipelined_requests_are_answered_in_order_until_one_is_no
             assert connection.get(f"/o/{key}").body == data, (round_, key)
     assert daemon.metric(LANE) == before + 30
 
-    # Three requests in one write, the second a HEAD: the first is the lane's, the rest
-    # aiohttp's, answered in order on the same connection.
+    # Three requests in one write, the second a HEAD (relayed to aiohttp): answered in order
+    # on the same connection, the GETs around it by the lane.
     keys = list(objects)
     connection.send(
         request(f"/o/{keys[0]}", connection.host)
@@ -161,10 +162,70 @@ def test_keep_alive_and_pipelined_requests_are_answered_in_order_until_one_is_no
     assert first.body == objects[keys[0]] and third.body == objects[keys[2]]
     assert head.status_line == "HTTP/1.1 200 OK" and head.body == b""
     assert head.field("content-length") == str(len(objects[keys[1]]))
-    assert daemon.metric(LANE) == before + 31
-    assert connection.get(f"/o/{keys[0]}").body == objects[keys[0]]  # aiohttp's now
-    assert daemon.metric(LANE) == before + 31
+    assert daemon.metric(LANE) == before + 32
+    ranged = connection.get(f"/o/{keys[0]}", "Range: bytes=5-9")  # relayed: a 206 by aiohttp
+    assert (
+        ranged.status_line == "HTTP/1.1 206 Partial Content"
+        and ranged.body == objects[keys[0]][5:10]
+    )
+    assert connection.get(f"/o/{keys[1]}").body == objects[keys[1]]  # the lane's again
+    assert daemon.metric(LANE) == before + 33
     connection.close()
+
+
+def test_a_keep_alive_client_that_heads_then_gets_or_misses_then_hits_stays_in_the_lane(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """What the aws CLI (HeadObject, then the GET on the same connection) and a long-lived
+    boto3 client (epoch 0's misses, then hits) send: the GETs that are hits are the lane's."""
+    daemon = start_daemon({"o": origin.url}, "--readahead", "0")
+    shards = {f"epoch/{n}.tar": os.urandom(30_000 + n) for n in range(4)}
+    for key, data in shards.items():
+        origin.put(key, data)
+    connection = Connection(daemon)
+    try:
+        for key in shards:  # epoch 0: misses, each relayed
+            assert connection.get(f"/o/{key}").field("x-shardcache") == "miss"
+        wait_for("the commits", lambda: daemon.metric("shardcache_cache_entries") == 4)
+        before = daemon.metric(LANE)
+        for key, data in shards.items():  # epoch 1: HEAD then GET, as the aws CLI reads
+            connection.send(request(f"/o/{key}", connection.host, method="HEAD"))
+            assert connection.read("HEAD").field("content-length") == str(len(data))
+            answer = connection.get(f"/o/{key}")
+            assert answer.body == data and answer.field("x-shardcache") == "hit"
+        assert daemon.metric(LANE) == before + 4
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST /_/prefetch HTTP/1.1\r\nHost: H\r\nContent-Length: 2\r\n\r\n[]",
+        b"GET /o/k.tar HTTP/1.1\r\nHost: H\r\nX-A: b\nX-B: c\r\n\r\n",  # a bare LF
+        b"GET /o/k.tar HTTP/1.1\r\nHost: H\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ],
+    ids=["a-body", "bare-lf", "chunked"],
+)
+def test_after_a_request_the_lane_cannot_frame_the_connection_is_aiohttps_for_good(
+    start_daemon: Callable[..., Daemon], origin: OriginServer, raw: bytes
+) -> None:
+    daemon = start_daemon({"o": origin.url})
+    data = os.urandom(10_000)
+    _cached(daemon, origin, "k.tar", data)
+    connection = Connection(daemon)
+    try:
+        connection.send(raw.replace(b"Host: H\r\n", f"Host: {connection.host}\r\n".encode()))
+        assert connection.read().status_line.startswith("HTTP/1.")  # a 400 says 1.0
+        before = daemon.metric(LANE)
+        try:
+            later = connection.get("/o/k.tar")
+        except ConnectionError:
+            later = None  # aiohttp closed it after its answer
+        assert later is None or later.body == data
+        assert daemon.metric(LANE) == before
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize(
@@ -362,3 +423,46 @@ def test_s3_addressed_hits_by_the_buckets_own_names_are_the_lanes_and_s3s_answer
         got = client.get_object(Bucket=bucket, Key=key)
         assert got["Body"].read() == data
     assert daemon.metric(LANE) >= before + 5
+
+
+def test_a_connection_the_lane_keeps_busy_outlives_aiohttps_keep_alive_timer(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """aiohttp times a connection's keep-alive from its start until it sees a request, and it
+    never sees the lane's: only the guard's idle clock, which the lane's answers reset, may
+    close it."""
+    daemon = start_daemon({"o": origin.url}, "--client-idle-timeout", "1")
+    data = os.urandom(5000)
+    _cached(daemon, origin, "busy.tar", data)
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        deadline = time.monotonic() + 3.5  # past aiohttp's 2 s (twice the idle timeout)
+        answered = 0
+        while time.monotonic() < deadline:
+            assert connection.get("/o/busy.tar").body == data, f"closed after {answered}"
+            answered += 1
+            time.sleep(0.2)  # a reader's pace, well inside the 1 s idle timeout
+    finally:
+        connection.close()
+    assert daemon.metric(LANE) == before + answered
+
+
+def test_the_first_hit_after_a_fill_is_the_lanes(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """A committed fill's index row is remembered as it is written: the second read of a
+    shard (the first hit) needs no SQLite, and the lane answers it."""
+    daemon = start_daemon({"o": origin.url}, "--readahead", "0")
+    data = os.urandom(70_000)
+    origin.put("fresh.tar", data)
+    assert curl(f"{daemon.url}/o/fresh.tar").headers["x-shardcache"] == "miss"
+    wait_for("the commit", lambda: daemon.metric("shardcache_cache_entries") == 1)
+    before = daemon.metric(LANE)
+    connection = Connection(daemon)
+    try:
+        answer = connection.get("/o/fresh.tar")
+    finally:
+        connection.close()
+    assert answer.body == data and answer.field("x-shardcache") == "hit"
+    assert daemon.metric(LANE) == before + 1

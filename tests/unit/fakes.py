@@ -12,12 +12,10 @@ from shardcache.checksums import Checksum
 from shardcache.errors import OriginChanged, OriginNotFound, OriginUnavailable
 from shardcache.origins.base import (
     NEW_REQUEST,
-    Landed,
     ObjectInfo,
     RequestContext,
-    Spot,
-    land_chunks,
 )
+from shardcache.origins.streams import ChunkStream
 
 
 @dataclass
@@ -41,7 +39,7 @@ class Pace:
 
 
 @dataclass
-class FakeStream:
+class FakeStream(ChunkStream):
     info: ObjectInfo
     data: bytes
     start: int
@@ -50,7 +48,7 @@ class FakeStream:
     gate: asyncio.Event | None
     pace: Pace | None = None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         if self.pace is None:
             async for chunk in self._chunks():
                 yield chunk
@@ -78,16 +76,6 @@ class FakeStream:
             yield self.data[position:end]
             position = end
             await asyncio.sleep(0)
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         return None

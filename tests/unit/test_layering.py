@@ -170,6 +170,7 @@ ORDER: dict[str, list[str]] = {
         "origins.file_listing",
         "origins.listing",
         "origins.location",
+        "origins.streams",
         "origins.base",
         "origins",
     ],

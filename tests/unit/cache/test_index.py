@@ -199,26 +199,33 @@ def _read(opened: tuple[int, object] | None) -> tuple[bytes, object] | None:
         os.close(fd)
 
 
-def test_a_row_is_remembered_only_once_get_read_it(index: Index, tmp_path: Path) -> None:
+def test_a_row_is_remembered_once_set_wrote_it_or_get_read_it(index: Index, tmp_path: Path) -> None:
+    """A committed fill's row is remembered as it is written (its first hit needs no SQLite,
+    so the hit lane answers it); a row only read is remembered by `get`."""
     _adopt(index, tmp_path, "k", b"one")
-    assert index.get_remembered("k") is None  # never read: SQLite must be asked
-    assert _read(index.get("k")) == (b"one", "tag of k")
     assert _read(index.get_remembered("k")) == (b"one", "tag of k")
     assert _read(index.get_remembered("other")) is None
+    reopened = Index(index.directory)  # as after a restart: nothing remembered
+    try:
+        assert reopened.get_remembered("k") is None  # SQLite must be asked
+        assert _read(reopened.get("k")) == (b"one", "tag of k")
+        assert _read(reopened.get_remembered("k")) == (b"one", "tag of k")
+    finally:
+        reopened.close()
 
 
 def test_every_write_forgets_what_it_changes(
     index: Index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A purge or a refetch must never be answered from a remembered row: set, delete,
-    delete_if_file, delete_to_free_space and check each forget the keys they touch. The old
-    files are left in place here (a removal that failed, or has not happened yet), so only
-    the forgetting stands between a reader and the old bytes."""
+    """A purge or a refetch must never be answered from a remembered row: a set remembers
+    only the row it wrote; delete, delete_if_file, delete_to_free_space and check each forget
+    the keys they touch. The old files are left in place here (a removal that failed, or has
+    not happened yet), so only the forgetting stands between a reader and the old bytes."""
     monkeypatch.setattr(index._cache._disk, "remove", lambda *_: None)
     _adopt(index, tmp_path, "k", b"one")
     _read(index.get("k"))
     _adopt(index, tmp_path, "k", b"two")  # a new version under the same key
-    assert index.get_remembered("k") is None
+    assert _read(index.get_remembered("k")) == (b"two", "tag of k")
     assert _read(index.get("k")) == (b"two", "tag of k")
     assert index.delete("k")
     assert index.get_remembered("k") is None and index.get("k") == (None, None)

@@ -32,6 +32,7 @@ from shardcache.errors import (
 from shardcache.fetch.capped import CappedOrigin
 from shardcache.observer import NullObserver
 from shardcache.origins.base import CONTINUED_REQUEST, Origin
+from shardcache.origins.receivers import ReceiverPool
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.policies import make_policy, make_timeouts
@@ -444,7 +445,9 @@ async def test_caps_bound_requests_at_once_and_a_second() -> None:
     assert loop.time() - started >= 11 / 100  # twelve requests spaced 10 ms apart
 
 
-def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> None:
+def test_tier_members_get_the_tier_headers_never_the_origins_credentials(
+    receiver_pool: ReceiverPool,
+) -> None:
     from shardcache.config import OriginSpec
     from shardcache.daemon.origin_factory import make_origin
     from shardcache.origins.base import Timeouts
@@ -456,7 +459,7 @@ def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> No
         tier=("http://m0:8470",),
         tier_headers=(("Authorization", "Bearer tier-token"),),
     )
-    failover = make_origin(spec, Timeouts(1, 1))
+    failover = make_origin(spec, Timeouts(1, 1), receiver_pool)
     assert isinstance(failover, FailoverOrigin)
     assert failover.url_for("k") == "https://cdn.example/x/k"
     assert failover.tier is not None
@@ -468,7 +471,9 @@ def test_tier_members_get_the_tier_headers_never_the_origins_credentials() -> No
     assert home["Authorization"] == "Bearer cdn-secret"
 
 
-def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status() -> None:
+def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status(
+    receiver_pool: ReceiverPool,
+) -> None:
     from shardcache.config import OriginSpec
     from shardcache.daemon.origin_factory import make_origin
     from shardcache.origins.base import Timeouts
@@ -479,7 +484,7 @@ def test_credentials_in_upstream_urls_never_reach_labels_logs_or_status() -> Non
         mirrors=("http://user:mirror-secret@mirror.example/x?sig=query-secret",),
         tier=("http://user:tier-secret@m0:8470",),
     )
-    failover = make_origin(spec, Timeouts(1, 1))
+    failover = make_origin(spec, Timeouts(1, 1), receiver_pool)
     assert isinstance(failover, FailoverOrigin)
     names = [(role, health.upstream) for role, health in failover.health()]
     assert names == [

@@ -16,6 +16,7 @@ from shardcache.fetch.origin_table import ConfiguredOrigin, OriginTable
 from shardcache.observability.metrics import Metrics
 from shardcache.origins.base import Timeouts
 from shardcache.origins.listing import Listing, ListQuery
+from shardcache.origins.receivers import ReceiverPool
 from tests.unit.fakes import FakeOrigin
 
 
@@ -37,7 +38,7 @@ class ListingOrigin(FakeOrigin):
 def made(monkeypatch: pytest.MonkeyPatch) -> list[ListingOrigin]:
     origins: list[ListingOrigin] = []
 
-    def make(spec, timeouts):  # type: ignore[no-untyped-def]
+    def make(spec, timeouts, receivers):  # type: ignore[no-untyped-def]
         origin = ListingOrigin(name=spec.name, missing={"gone"})
         origins.append(origin)
         return origin
@@ -56,7 +57,8 @@ class Clock:
 def _on_demand(limit: int, clock: Clock | None = None) -> tuple[BucketsOnDemand, OriginTable]:
     metrics = Metrics(CollectorRegistry(), [])
     table = OriginTable({}, metrics)
-    return BucketsOnDemand(limit, table, Timeouts(1, 1), metrics, clock or Clock()), table
+    pool = ReceiverPool(1)  # never started: `make_origin` is replaced
+    return BucketsOnDemand(limit, table, Timeouts(1, 1), pool, metrics, clock or Clock()), table
 
 
 async def test_a_bucket_is_made_once_however_many_ask(made: list[ListingOrigin]) -> None:

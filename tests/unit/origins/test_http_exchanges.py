@@ -18,7 +18,7 @@ from shardcache.cluster.upstreams import FailoverOrigin
 from shardcache.config import OriginSpec
 from shardcache.errors import OriginUnavailable
 from shardcache.fetch.segments import Segment
-from shardcache.origins import http, receivers
+from shardcache.origins import http
 from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpOrigin, HttpTransport
 from shardcache.origins.receivers import ReceiverPool
@@ -83,7 +83,7 @@ async def read(transport: HttpTransport, url: str) -> bytes:
         await stream.aclose()
 
 
-async def test_an_interim_103_answer_is_skipped_not_a_502() -> None:
+async def test_an_interim_103_answer_is_skipped_not_a_502(receiver_pool: ReceiverPool) -> None:
     """RFC 9110 §15.2: a client must accept any number of 1xx answers before the final one.
     http.client skips only `100 Continue`; a `103 Early Hints` became the answer (a 502)."""
     hints = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
@@ -93,7 +93,7 @@ async def test_an_interim_103_answer_is_skipped_not_a_502() -> None:
         return hints + hints + response(b"" if method == "HEAD" else body)
 
     async with RawOrigin(answer) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             assert await read(transport, origin.url("/a.tar")) == body
             assert await read(transport, origin.url("/a.tar")) == body
@@ -127,12 +127,14 @@ class LateAnswerOrigin(RawOrigin):
 
 
 @pytest.mark.parametrize("late_s", [0.03, 0.2])
-async def test_a_late_answer_is_never_read_as_the_next_ones(late_s: float) -> None:
+async def test_a_late_answer_is_never_read_as_the_next_ones(
+    late_s: float, receiver_pool: ReceiverPool
+) -> None:
     """Found by the attack: an origin that sends one more answer 30-200 ms after a complete
     one. The connection went back to the pool with nothing waiting on it yet, the next
     request took it, and read the late answer as its own: another key's bytes."""
     async with LateAnswerOrigin(late_s) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             await read(transport, origin.url("/a.tar"))
             assert await read(transport, origin.url("/b.tar")) == origin.real
@@ -140,7 +142,7 @@ async def test_a_late_answer_is_never_read_as_the_next_ones(late_s: float) -> No
             await transport.aclose()
 
 
-async def test_a_hang_up_costs_one_request_per_attempt() -> None:
+async def test_a_hang_up_costs_one_request_per_attempt(receiver_pool: ReceiverPool) -> None:
     """With `--origin-retries 2`, an origin that closes connections without answering got
     5 GETs a segment while the metric said 2 retries: a failure on a pooled connection was
     sent again, uncounted, on a new one. One request per attempt; the fill's retry loop
@@ -150,7 +152,7 @@ async def test_a_hang_up_costs_one_request_per_attempt() -> None:
         return response(b"ok") if path == "/ok" else None
 
     async with RawOrigin(answer) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             await read(transport, origin.url("/ok"))  # a pooled connection
             with pytest.raises(OriginUnavailable):
@@ -180,10 +182,9 @@ async def _land(transport: HttpTransport, url: str, path: Path) -> None:
 
 
 def _small_receivers(monkeypatch: pytest.MonkeyPatch, threads: int) -> ReceiverPool:
-    """One receiving process with `threads` request threads (against 512) as the process's
-    pool, and each transport's share 4 (against 64)."""
+    """One receiving process with `threads` request threads (against 512), and each
+    transport's share 4 (against 64)."""
     pool = ReceiverPool(1, threads)
-    monkeypatch.setattr(receivers, "_pool", pool)
     monkeypatch.setattr(http, "MAX_IN_USE", 4, raising=False)
     monkeypatch.setattr(http, "MAX_ASKING", 4, raising=False)
     return pool
@@ -207,8 +208,8 @@ async def test_one_origin_receiving_slowly_cannot_take_another_origins_threads(
     their headers; once answered, each slow body held a thread, and the healthy origin
     waited for one (in the issue: 504 after 17 s)."""
     async with RawOrigin(_drip) as slow, RawOrigin(_drip) as healthy_origin:
-        hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0))
-        healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0), few_threads)
+        healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), few_threads)
         landing = [
             asyncio.create_task(_land(hung, slow.url(f"/{i}"), tmp_path / str(i)))
             for i in range(40)
@@ -235,6 +236,7 @@ async def test_one_origin_receiving_slowly_cannot_take_another_origins_threads(
 
 async def test_waiting_for_a_share_is_not_the_upstreams_time(
     monkeypatch: pytest.MonkeyPatch,
+    receiver_pool: ReceiverPool,
 ) -> None:
     """Item 4: the read timeout starts when the request is sent. With one connection to
     share, a request that waited 0.3 s for it and was then answered in 0.3 s (0.6 s in all,
@@ -247,7 +249,7 @@ async def test_waiting_for_a_share_is_not_the_upstreams_time(
         return response(b"ok")
 
     async with RawOrigin(slowish) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.5))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.5), receiver_pool)
         try:
             bodies = await asyncio.gather(
                 read(transport, origin.url("/a")), read(transport, origin.url("/b"))
@@ -265,8 +267,8 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
     its breaker stays up (in the issue the healthy home was marked down)."""
     pool = _small_receivers(monkeypatch, 4)
     async with RawOrigin(_drip) as slow, RawOrigin(_drip) as home_server:
-        hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0))
-        home = HttpOrigin(OriginSpec("web", home_server.url("")), Timeouts(1.0, 0.3))
+        hung = HttpTransport(Timeouts(connect_s=1.0, read_s=3.0), pool)
+        home = HttpOrigin(OriginSpec("web", home_server.url("")), Timeouts(1.0, 0.3), pool)
         breaker = CircuitBreaker("home")
         failover = FailoverOrigin(
             "web", [Upstream(home, breaker, "home")], None, timeouts=Timeouts(1.0, 0.3)

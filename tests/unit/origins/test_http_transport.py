@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from shardcache.checksums import crc32c
 from shardcache.errors import OriginTimeout, OriginUnavailable
 from shardcache.fetch.segments import Segment
-from shardcache.origins import http, pool, receivers
+from shardcache.origins import http, pool
 from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool
@@ -22,7 +22,9 @@ from shardcache.origins.receivers import ReceiverPool
 BODY = b"x" * (8 << 20)
 
 
-async def test_a_pooled_connection_is_not_poisoned_by_an_old_read_timeout() -> None:
+async def test_a_pooled_connection_is_not_poisoned_by_an_old_read_timeout(
+    receiver_pool: ReceiverPool,
+) -> None:
     """Found by the fault soak: right after a busy minute, requests failed at once with "timed
     out", three retries in a row. aiohttp 3.14 re-arms `sock_read` on a connection already
     back in the keep-alive pool (aio-libs/aiohttp#12953); when it fires, the next request on
@@ -35,7 +37,7 @@ async def test_a_pooled_connection_is_not_poisoned_by_an_old_read_timeout() -> N
     app.router.add_get("/{key}", shard)
     server = TestServer(app)
     await server.start_server()
-    transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.2))
+    transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.2), receiver_pool)
     try:
         for _ in range(3):
             stream = await transport.get(str(server.make_url("/a.tar")), "a.tar", 0, None, None)
@@ -113,9 +115,10 @@ async def _land_all(
 
 async def test_a_landed_body_is_written_whole_with_its_crc_and_its_connection_reused(
     tmp_path: Path,
+    receiver_pool: ReceiverPool,
 ) -> None:
     async with _Origin() as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             for _ in range(2):
                 segment = await _land_all(transport, origin.url(), tmp_path / "a")
@@ -129,11 +132,12 @@ async def test_a_landed_body_is_written_whole_with_its_crc_and_its_connection_re
 
 async def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
     tmp_path: Path,
+    receiver_pool: ReceiverPool,
 ) -> None:
     """The pool cannot see a server's idle timeout: the request on the dead connection is
     sent again on a new one, once."""
     async with _Origin(close_idle_after_s=0.1) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             await _land_all(transport, origin.url(), tmp_path / "a")
             await asyncio.sleep(0.5)  # the server closes the idle connection
@@ -144,9 +148,11 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
     assert len(origin.ports) == 2 and origin.ports[0] != origin.ports[1]
 
 
-async def test_a_body_stalled_mid_way_times_out_and_a_short_one_fails(tmp_path: Path) -> None:
+async def test_a_body_stalled_mid_way_times_out_and_a_short_one_fails(
+    tmp_path: Path, receiver_pool: ReceiverPool
+) -> None:
     async with _Origin() as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.3))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=0.3), receiver_pool)
         try:
             origin.stall_after = 1 << 20
             started = time.monotonic()
@@ -162,13 +168,14 @@ async def test_a_body_stalled_mid_way_times_out_and_a_short_one_fails(tmp_path: 
 
 async def test_a_cancelled_landing_stops_its_thread_before_the_file_can_close(
     tmp_path: Path,
+    receiver_pool: ReceiverPool,
 ) -> None:
     """The fill closes its file right after a cancelled landing: the thread writing it must
     be stopped by then (its socket is shut down), or its next pwrite would land in whatever
     file reuses the descriptor."""
     async with _Origin() as origin:
         origin.stall_after = 1 << 20
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0), receiver_pool)
         path = tmp_path / "a"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -191,7 +198,9 @@ async def test_a_cancelled_landing_stops_its_thread_before_the_file_can_close(
         assert path.stat().st_size == written == origin.stall_after
 
 
-async def test_closing_the_transport_stops_a_request_waiting_for_its_answer() -> None:
+async def test_closing_the_transport_stops_a_request_waiting_for_its_answer(
+    receiver_pool: ReceiverPool,
+) -> None:
     async def hang(request: web.Request) -> web.Response:
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
@@ -200,7 +209,7 @@ async def test_closing_the_transport_stops_a_request_waiting_for_its_answer() ->
     app.router.add_get("/{key}", hang)
     server = TestServer(app)
     await server.start_server()
-    transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0))
+    transport = HttpTransport(Timeouts(connect_s=1.0, read_s=30.0), receiver_pool)
     try:
         asking = asyncio.create_task(
             transport.get(str(server.make_url("/a.tar")), "a.tar", 0, None, None)
@@ -258,14 +267,16 @@ def _response(body: bytes) -> bytes:
     return b'HTTP/1.1 200 OK\r\nETag: "e"\r\nContent-Length: %d\r\n\r\n' % len(body) + body
 
 
-async def test_bytes_past_a_body_never_answer_the_next_request_on_that_connection() -> None:
+async def test_bytes_past_a_body_never_answer_the_next_request_on_that_connection(
+    receiver_pool: ReceiverPool,
+) -> None:
     """Found by the attack: an origin sending more than its Content-Length (here, a whole
     forged response) left those bytes on the pooled connection, and the next key's request
     read them as its answer: another key's bytes, served and cached as a success."""
     real, forged = os.urandom(300_000), b"E" * 300_000
     answers = {"/a.tar": _response(os.urandom(1000)) + _response(forged), "/b.tar": _response(real)}
     async with _RawOrigin(answers) as origin:
-        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             for path in ("/a.tar", "/b.tar"):
                 stream = await transport.get(origin.url(path), path, 0, None, None)
@@ -277,7 +288,9 @@ async def test_bytes_past_a_body_never_answer_the_next_request_on_that_connectio
     assert origin.connections == [["/a.tar"], ["/b.tar"]]  # not reused past the extra bytes
 
 
-async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request() -> None:
+async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request(
+    receiver_pool: ReceiverPool,
+) -> None:
     """A server that accepts and then says nothing (or drips its handshake): the request's
     time runs out after the read timeout, and its thread's socket is shut down then, not
     after the 30 s connect timeout."""
@@ -290,7 +303,7 @@ async def test_a_tls_handshake_that_never_ends_is_stopped_with_its_request() -> 
     closed = asyncio.Event()
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    transport = HttpTransport(Timeouts(connect_s=30.0, read_s=0.5))
+    transport = HttpTransport(Timeouts(connect_s=30.0, read_s=0.5), receiver_pool)
     try:
         with pytest.raises(OriginTimeout):
             await transport.get(f"https://127.0.0.1:{port}/a.tar", "a.tar", 0, None, None)
@@ -309,7 +322,6 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
     read timeout frees a thread. The pool and the cap are scaled down here (16 threads, 4
     waiting per transport, against 512 and 64), their ratio kept."""
     small = ReceiverPool(1, threads=16)
-    monkeypatch.setattr(receivers, "_pool", small)
     monkeypatch.setattr(http, "MAX_IN_USE", 4)
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -318,9 +330,9 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
 
     hung_server = await asyncio.start_server(never_answer, "127.0.0.1", 0, backlog=512)
     hung_port = hung_server.sockets[0].getsockname()[1]
-    hung = HttpTransport(Timeouts(connect_s=5.0, read_s=3.0))
+    hung = HttpTransport(Timeouts(connect_s=5.0, read_s=3.0), small)
     async with _Origin() as origin:
-        healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0))
+        healthy = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), small)
         asking = [
             asyncio.create_task(hung.get(f"http://127.0.0.1:{hung_port}/{i}", "x", 0, 10, None))
             for i in range(40)

@@ -272,3 +272,12 @@ async def test_a_receiver_that_cannot_be_started_fails_the_request_clearly(
         await transport.head("http://127.0.0.1:9/a", "a")
     await asyncio.sleep(0)  # a turn is given back through the loop (`Share.give_back`)
     assert transport.share.in_use == 0
+
+
+def test_the_module_keeps_no_pool_of_its_own() -> None:
+    """The daemon owns the pool and passes it to every transport; a module-level pool (and a
+    transport falling back to it) would be a second owner that tests and `check` share."""
+    assert not hasattr(receivers, "receiver_pool") and not hasattr(receivers, "configure")
+    assert not any(isinstance(value, ReceiverPool) for value in vars(receivers).values())
+    with pytest.raises(TypeError):
+        HttpTransport(Timeouts(1.0, 5.0))  # type: ignore[call-arg]

@@ -11,6 +11,7 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 
 from shardcache.observability.metrics import Metrics
+from shardcache.origins.base import Timeouts
 from shardcache.serving.access import AccessPolicy
 from shardcache.serving.server import make_app
 from shardcache.serving.server_state import CONTEXT_KEY, ServerState, ServingContext
@@ -34,8 +35,7 @@ def _calls(folder: Path, attribute: str) -> list[str]:
 
 def test_the_application_holds_the_context_and_nothing_beside_it() -> None:
     state = ServerState(
-        read_timeout_s=1.0,
-        min_bytes_per_s=0,
+        origin_timeouts=Timeouts(connect_s=1.0, read_s=1.0),
         client_body_timeout_s=1.0,
         client_send_timeout_s=1.0,
         check_ready=lambda: None,
