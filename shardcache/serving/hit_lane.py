@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 import socket
 import struct
@@ -35,6 +36,7 @@ from shardcache.serving.server_state import RelayedResponses, ServingContext
 log = logging.getLogger("shardcache.server")
 MAX_HEAD_BYTES = 8192  # a longer head is no plain GET of ours: aiohttp parses it
 MAX_PIPELINED_BYTES = 65536  # read while a body is sent; past it, reading pauses
+ANSWERS_PER_TURN = 32  # pipelined hits answered in one loop turn (`LaneProtocol._next_turn`)
 # The only fields a request the lane answers may carry; any other (Range, a precondition, a
 # body's, a tier's) is a question for aiohttp's handler. An S3 client's signature is taken
 # unchecked, as on loopback there (a path that needs the token is never the lane's).
@@ -45,6 +47,9 @@ PLAIN_FIELDS = frozenset(
     | {b"amz-sdk-invocation-id", b"amz-sdk-request", b"x-amz-user-agent"}
 )
 _TARGET_BYTES = frozenset(range(0x21, 0x7F)) - set(b"%?#\\")  # no escapes, query or fragment
+# A control byte other than HTAB, CR and LF (those are judged by where they stand): aiohttp's
+# parser refuses a head with one (400), so the lane never answers it.
+_CONTROL_BYTE = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # Fields that give a request a body, an upgrade or an end, which a relayed request must not
 # carry (a Content-Length of 0 is let through).
 _FRAMING_FIELDS = frozenset({b"transfer-encoding", b"upgrade", b"expect", b"te"})
@@ -70,6 +75,8 @@ class PlainGet:
 def parse_plain_get(head: bytes) -> PlainGet | None:
     """`head` (without its blank line) as a plain HTTP/1.1 GET, or None when it is anything
     else, or anything this strict reading is unsure of: aiohttp's parser then has the final say."""
+    if _CONTROL_BYTE.search(head) is not None:
+        return None
     lines = head.split(b"\r\n")
     request_line = lines[0].split(b" ")
     if len(request_line) != 3 or request_line[0] != b"GET" or request_line[2] != b"HTTP/1.1":
@@ -131,10 +138,14 @@ def _partial_head(lease: Lease, byte_range: ByteRange) -> bytes:
 
 def _may_become_plain(start: bytes) -> bool:
     """Whether `start`, a head not yet whole, may still become a GET or HEAD the lane answers
-    or relays (else it is aiohttp's to answer now: TLS on the plain port, binary garbage)."""
+    or relays (else it is aiohttp's to answer now: TLS on the plain port, binary garbage, a
+    line ended by a bare LF or CR, whose CRLF CRLF never comes)."""
     if not any(start.startswith(m) or m.startswith(start) for m in (b"GET /", b"HEAD /")):
         return False
-    return start.isascii() and b"\0" not in start
+    if not start.isascii() or _CONTROL_BYTE.search(start) is not None:
+        return False
+    lone = start.replace(b"\r\n", b"")
+    return b"\n" not in lone and b"\r" not in lone[:-1]  # a last CR may be a CRLF's half
 
 
 def is_relayable(head: bytes) -> bool:
@@ -326,7 +337,8 @@ class HitLane:
 class LaneProtocol(asyncio.Protocol):
     """One connection: its requests go to the lane while it answers them, then (from the
     first it does not) to aiohttp's protocol, which saw the connection made and sees every
-    event after. A request that arrives while a body is sent waits in `_buffer`."""
+    event after. A request that arrives while a body is sent (or while a long pipelined run
+    waits for its next loop turn) waits in `_buffer`."""
 
     def __init__(self, lane: HitLane, inner: asyncio.Protocol) -> None:
         self._lane = lane
@@ -366,26 +378,45 @@ class LaneProtocol(asyncio.Protocol):
         self._answer_buffered()
 
     def _answer_buffered(self) -> None:
-        while self._buffer and not (self.sending or self._relaying or self._is_handed_over):
+        buffer, start, answers = self._buffer, 0, 0
+        while start < len(buffer) and not (self.sending or self._relaying or self._is_handed_over):
             if self.transport.is_closing():
                 self._buffer = b""  # aborted after a failed body: nothing more is answered
                 return
-            buffer = self._buffer
-            end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD_BYTES + 4)
+            if answers == ANSWERS_PER_TURN:
+                self._buffer = buffer[start:]
+                self._next_turn()
+                return
+            end = buffer.find(b"\r\n\r\n", start, start + MAX_HEAD_BYTES + 4)
             if end < 0:
-                if len(buffer) > MAX_HEAD_BYTES or not _may_become_plain(buffer):
+                self._buffer = rest = buffer[start:]
+                if len(rest) > MAX_HEAD_BYTES or not _may_become_plain(rest):
                     self._hand_over()  # aiohttp's parser refuses garbage at once, not later
                 return
-            request = parse_plain_get(buffer[:end])
-            self._buffer = buffer[end + 4 :]  # before answering: the answer may end at once
+            head = buffer[start:end]
+            request = parse_plain_get(head)
             if request is not None and self._lane.answer(self, request):
+                answers += 1
+                start = end + 4
+                if self.sending:  # the body goes on in a task: what is left waits for it
+                    self._buffer = buffer[start:]
+                    return
                 continue
-            if is_relayable(buffer[:end]):
-                self._relay(buffer[: end + 4])
+            if is_relayable(head):
+                self._buffer = buffer[end + 4 :]
+                self._relay(buffer[start : end + 4])
             else:
-                self._buffer = buffer
+                self._buffer = buffer[start:]
                 self._hand_over()
             return
+        if not self.transport.is_closing():
+            self._buffer = buffer[start:]
+
+    def _next_turn(self) -> None:
+        """Answer the rest of a pipelined run in a later loop turn, as if behind a body: one
+        client's run of small hits must not hold the loop for everyone else's."""
+        self.sending = True
+        asyncio.get_running_loop().call_soon(self.answered)
 
     def _relay(self, head: bytes) -> None:
         """Pass one bodiless request to aiohttp and read on only once its response ended
@@ -425,12 +456,11 @@ class LaneProtocol(asyncio.Protocol):
         if self._is_paused:
             self._is_paused = False
             self.transport.resume_reading()
-        if self._eof:  # the client is done sending: what is left is aiohttp's to answer
-            self._hand_over()
+        self._answer_buffered()  # a client done sending (`_eof`) still reads its answers
+        if self._eof and not (self.sending or self._relaying) and not self.transport.is_closing():
+            self._hand_over()  # what the lane left is aiohttp's, with the end of the input
             if not self._inner.eof_received():
                 self.transport.close()
-            return
-        self._answer_buffered()
 
     def abort(self, discard_unsent: bool = False) -> None:
         """End the connection after a body that did not go out whole (never a clean short

@@ -63,6 +63,10 @@ class Connection:
         body, self._buffer = self._buffer[:length], self._buffer[length:]
         return Answer(status_line, fields, body)
 
+    def shut_write(self) -> None:
+        """Half-close: the client sends nothing more and still reads."""
+        self._socket.shutdown(socket.SHUT_WR)
+
     def read_until_closed(self) -> bytes:
         """Everything until the daemon closes the connection (an abort included)."""
         data = self._buffer
