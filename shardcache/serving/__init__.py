@@ -13,7 +13,7 @@ Parts, top down:
   and the `ServerState` they read.
 - `hit_lane`: a plain GET of a remembered, checked entry answered on the connection's protocol
   in front of aiohttp (the same answer, cheaper); anything else goes to aiohttp for good;
-  `hit_answer`: one such answer, its head and body.
+  `hit_answer`: one such answer, its head and body; `lane_requests`: which heads it takes.
 - `body`: response bodies on the socket: `os.sendfile` from cache files and from fills being
   tailed, pass-through streams; any failure after the first byte aborts the connection.
 - `ranges`: one `Range` header parsed (pure); `conditionals`: the RFC 9110 §13 preconditions

@@ -267,6 +267,9 @@ def test_what_the_lane_does_not_take_gets_aiohttps_answer(
 
 
 def _file_of(daemon: Daemon, before: set[Path]) -> Path:
+    """The committed entry's file (a hit may come from a fill whose body is complete before
+    its file is moved into the index)."""
+    wait_for("the commit", lambda: len(set(entry_files(daemon.cache_dir)) - before) == 1)
     (path,) = set(entry_files(daemon.cache_dir)) - before
     return path
 

@@ -56,6 +56,7 @@ ORDER: dict[str, list[str]] = {
         "serving.s3_api",
         "serving.hit_lane",
         "serving.hit_answer",
+        "serving.lane_requests",
         "serving.objects",
         "serving.object_headers",
         "serving.admin",
