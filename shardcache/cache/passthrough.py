@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator
 from shardcache.checksums import Checksum, Verifier
 from shardcache.errors import IntegrityError, OriginChanged
 from shardcache.fetch.segments import OriginRequests
-from shardcache.origins.base import Landed, ObjectInfo, OriginStream, Spot, land_chunks
+from shardcache.origins.base import ObjectInfo, OriginStream
+from shardcache.origins.streams import ChunkStream
 
 
-class ContinuedStream:
+class ContinuedStream(ChunkStream):
     """An uncacheable object streamed through: the first segment's open stream, then the rest
     of the object from one more request (If-Match on the first response's ETag, and refused
     if it is another version). Its `info` carries the object's published checksums, which
@@ -33,7 +34,7 @@ class ContinuedStream:
         self._requests = requests
         requests.count("ok")  # counted when opened: its body's fate is the client's to see
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         return verified(self._chunks(), self.info)
 
     async def _chunks(self) -> AsyncIterator[bytes]:
@@ -52,23 +53,13 @@ class ContinuedStream:
                 self._requests.received(len(chunk))
                 yield chunk
 
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
-
     async def aclose(self) -> None:
         await self._first.aclose()
         if self._rest is not None:
             await self._rest.aclose()
 
 
-class RelayedStream:
+class RelayedStream(ChunkStream):
     """One more reader's whole-object stream of an uncacheable object, with the checksums its
     version is verified against, its bytes counted as a fill's are."""
 
@@ -95,23 +86,13 @@ class RelayedStream:
         self._stream = stream
         self._requests = requests
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
+    def chunks(self) -> AsyncIterator[bytes]:
         return verified(self._chunks(), self.info)
 
     async def _chunks(self) -> AsyncIterator[bytes]:
         async for chunk in self._stream:
             self._requests.received(len(chunk))
             yield chunk
-
-    async def land(
-        self,
-        fd: int,
-        spot: Spot,
-        landed: Landed,
-        read_timeout_s: float,
-        min_bytes_per_s: float = 0.0,
-    ) -> None:
-        await land_chunks(self, fd, spot, landed, read_timeout_s, min_bytes_per_s)
 
     async def aclose(self) -> None:
         await self._stream.aclose()
