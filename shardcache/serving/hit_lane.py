@@ -376,9 +376,11 @@ class LaneProtocol(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         if not self._is_handed_over:
-            if self.sending or self._relaying:
+            if self.sending:
                 self._eof = True
-                return True  # kept open until the answer ended (`_go_on`)
+                return True  # kept open until the lane's body is out (`_go_on`)
+            # A relayed request's handler must hear the end now: it watches the connection
+            # for a client that left (a miss waiting for its turn gives the turn back).
             self._hand_over()
         return self._inner.eof_received()
 
