@@ -6,9 +6,11 @@ ended, whatever that response is, then the lane reads on in order."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from tests.integration.disk_helpers import MiB, entry_files, flip_byte
 from tests.integration.helpers import curl, sha256, wait_for
 from tests.integration.test_hit_lane import (
     LANE,
+    SIGNED,
     Answer,
     Connection,
     _cached,
@@ -25,6 +28,7 @@ from tests.integration.test_hit_lane import (
     request,
 )
 from tests.origin_server import Behaviour, OriginServer
+from tests.s3_stores import client_for
 
 SIZE = 65_536 + 17
 
@@ -100,6 +104,52 @@ def test_every_range_form_at_the_edges_is_the_answer_aiohttp_gives(
             assert by_handler.body == data, fields
     assert differences == []
     assert lane_answers >= 10  # the forms it takes were the lane's, not all relayed
+
+
+def test_s3_signed_ranges_are_the_lanes_and_the_s3_answer_aiohttp_gives(
+    s3_client, s3_env, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    bucket, key = "lane-range-bucket", "shards/s-000001.tar"
+    try:  # the stores are shared by the session
+        s3_client.create_bucket(Bucket=bucket)
+    except s3_client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    data = os.urandom(200_000)
+    (tmp_path / "upload").write_bytes(data)
+    s3_client.upload_file(str(tmp_path / "upload"), bucket, key)
+    daemon = start_daemon({"lake": f"s3://{bucket}/shards"}, "--readahead", "0", env=s3_env)
+    client = client_for(daemon.url)
+    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data  # the miss
+
+    def lane_answers(fields: tuple[str, ...]) -> Answer | None:
+        before = daemon.metric(LANE)
+        connection = Connection(daemon)
+        try:
+            answer = connection.get(f"/{bucket}/{key}", *SIGNED, *fields)
+        finally:
+            connection.close()
+        return answer if daemon.metric(LANE) == before + 1 else None
+
+    wait_for("an S3-addressed hit the lane answers", lambda: lane_answers(()) is not None)
+
+    def comparable(answer: Answer) -> tuple[str, list[tuple[str, str]], bytes]:
+        fields = [(k, "ID" if k == "x-amz-request-id" else v) for k, v in _without_date(answer)]
+        return answer.status_line, fields, answer.body
+
+    for wanted in ["bytes=0-0", "bytes=-1", "bytes=199990-", "bytes=-300000", "bytes=5-4"]:
+        by_lane = lane_answers((f"Range: {wanted}",))
+        assert by_lane is not None, wanted
+        other = Connection(daemon)
+        try:
+            by_handler = other.get(f"/{bucket}/{key}", *SIGNED, f"Range: {wanted}", "X-Probe: 1")
+        finally:
+            other.close()
+        assert comparable(by_lane) == comparable(by_handler), wanted
+    assert lane_answers(("Range: bytes=200000-",)) is None  # a 416, S3's XML by aiohttp
+    before = daemon.metric(LANE)
+    got = client.get_object(Bucket=bucket, Key=key, Range="bytes=10-19")
+    assert got["Body"].read() == data[10:20] and got["ContentRange"] == "bytes 10-19/200000"
+    assert daemon.metric(LANE) == before + 1
 
 
 def test_rot_outside_a_range_spares_it_and_rot_inside_aborts_it(
@@ -244,3 +294,73 @@ def test_clients_leaving_mid_relayed_miss_leave_the_lane_answering(
     finally:
         fresh.close()
     assert daemon.metric(LANE) == lanes + 1
+
+
+def test_sigterm_during_a_relayed_miss_ends_it_whole_and_never_half_answers_what_follows(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    daemon = start_daemon({"o": origin.url})
+    hit = os.urandom(30_000)
+    _cached(daemon, origin, "h.tar", hit)
+    slow = os.urandom(300_000)
+    origin.put("slow.tar", slow)
+    release = threading.Event()
+    origin.behaviour["slow.tar"] = Behaviour(hold=release)
+    connection = Connection(daemon)
+    try:
+        connection.send(
+            request("/o/slow.tar", connection.host) + request("/o/h.tar", connection.host)
+        )
+        wait_for("the miss at the origin", lambda: origin.gets["slow.tar"] >= 1)
+        os.kill(daemon.process.pid, signal.SIGTERM)
+        daemon.wait_for_log("shutting down")
+        release.set()
+        received = connection.read_until_closed()
+    finally:
+        release.set()
+        connection.close()
+    head, _, rest = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and rest[: len(slow)] == slow
+    after = rest[len(slow) :]
+    if after:  # what followed is answered whole (by whom it may be) or not at all
+        next_head, _, body = after.partition(b"\r\n\r\n")
+        fields = dict(line.split(": ", 1) for line in next_head.decode("latin-1").split("\r\n")[1:])
+        assert len(body) == int(fields["Content-Length"]), next_head
+        if next_head.startswith(b"HTTP/1.1 200"):
+            assert body == hit
+    assert daemon.process.wait(30) == 0
+
+
+def test_a_flood_pipelined_behind_a_relayed_miss_then_a_half_close_is_answered_whole_in_order(
+    start_daemon: Callable[..., Daemon], origin: OriginServer
+) -> None:
+    """More than the lane reads while it waits (`MAX_PIPELINED_BYTES`), behind a relayed
+    miss the origin holds, then the end of the client's input: every request is answered, in
+    order, after the miss, and the connection closes after the last."""
+    daemon = start_daemon({"o": origin.url})
+    hits = [os.urandom(1000 + n) for n in range(3)]
+    for n, data in enumerate(hits):
+        _cached(daemon, origin, f"h{n}.tar", data)
+    slow = os.urandom(100_000)
+    origin.put("slow.tar", slow)
+    release = threading.Event()
+    origin.behaviour["slow.tar"] = Behaviour(hold=release)
+    lanes = daemon.metric(LANE)
+    count = 1500
+    connection = Connection(daemon)
+    try:
+        host = connection.host
+        flood = b"".join(request(f"/o/h{n % 3}.tar", host) for n in range(count))
+        assert len(flood) > 65536
+        connection.send(request("/o/slow.tar", host) + flood)
+        connection.shut_write()
+        wait_for("the miss at the origin", lambda: origin.gets["slow.tar"] >= 1)
+        release.set()
+        assert connection.read().body == slow
+        for n in range(count):
+            assert connection.read().body == hits[n % 3], n
+        assert connection.read_until_closed() == b""
+    finally:
+        release.set()
+        connection.close()
+    assert daemon.metric(LANE) == lanes + count
