@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from shardcache.errors import RangeNotSatisfiable
 
-_SINGLE = re.compile(r"^\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*$", re.IGNORECASE)
+# ASCII whitespace only: the hit lane reads a field as latin-1 and aiohttp as UTF-8 with
+# surrogates, and NEL or NBSP (0x85, 0xA0) must mean the same to both (not a space).
+_SINGLE = re.compile(r"^\s*bytes\s*=\s*([0-9]*)\s*-\s*([0-9]*)\s*$", re.IGNORECASE | re.ASCII)
 # Past any object's size; also keeps int() off numbers of thousands of digits (slow, and over
 # Python's 4,300-digit limit a ValueError).
 _MAX_DIGITS = 18

@@ -94,6 +94,8 @@ def test_invalid_origin_names(name: str) -> None:
         ("bytes=0-" + "9" * 5000, ByteRange(0, 99)),  # past Python's 4,300-digit int() limit
         ("bytes=-" + "9" * 5000, ByteRange(0, 99)),
         ("bytes=\u0661-\u0662", None),  # Arabic-Indic digits are not a range
+        ("bytes=\xa00-9", None),  # NBSP and NEL are no spaces (aiohttp reads them as surrogates)
+        ("bytes=0-9\x85", None),
     ],
 )
 def test_parse_range(header: str | None, expected: ByteRange | None) -> None:
