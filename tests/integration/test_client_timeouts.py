@@ -142,7 +142,9 @@ def daemon(origin: OriginServer, start_daemon) -> Daemon:
 
 
 def test_non_reading_idle_and_slowloris_clients_are_closed(daemon: Daemon) -> None:
-    time.sleep(2.5)  # let the warm-up connection pass its idle timeout
+    # The warm-up's connection closed with its answer (urllib asks for that); its fill's file
+    # closes when the fill commits:
+    wait_for("the warm-up's commit", lambda: daemon.metric("shardcache_cache_entries") == 1)
     baseline = _fds(daemon)
     non_reading: list[socket.socket] = []
     idle: list[socket.socket] = []
