@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 import aiohttp
 import pytest
@@ -40,10 +39,7 @@ def test_32_concurrent_requests_make_one_origin_fetch(origin: OriginServer, star
     )
     runner.start()
     # Release the origin only once all 32 requests are inside the daemon.
-    deadline = time.monotonic() + 20
-    while daemon.metric(FIRST_BYTES, result="coalesced") < 31:
-        assert time.monotonic() < deadline, "requests did not all join the fill"
-        time.sleep(0.02)
+    wait_for("all 31 joiners", lambda: daemon.metric(FIRST_BYTES, result="coalesced") >= 31)
     hold.set()
     runner.join(60)
 

@@ -54,6 +54,27 @@ def _fd_kinds(daemon: Daemon) -> dict[str, int]:
     return kinds
 
 
+def _accepted(daemon: Daemon, clients: list[socket.socket]) -> int:
+    """How many of `clients` the daemon accepted: its sockets whose peer is one of theirs
+    (matched by inode in /proc/net/tcp), not those still queued in the listen backlog."""
+    inodes = set()
+    for name in os.listdir(f"/proc/{daemon.process.pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{daemon.process.pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = {sock.getsockname()[1] for sock in clients}
+    accepted = 0
+    with open(f"/proc/{daemon.process.pid}/net/tcp") as table:
+        for row in table.readlines()[1:]:
+            fields = row.split()
+            peer_port = int(fields[2].split(":")[1], 16)
+            accepted += fields[9] in inodes and peer_port in ports
+    return accepted
+
+
 def _connect(daemon: Daemon, receive_buffer: int | None = None) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if receive_buffer is not None:  # before connect, so the window stays small
@@ -121,7 +142,9 @@ def daemon(origin: OriginServer, start_daemon) -> Daemon:
 
 
 def test_non_reading_idle_and_slowloris_clients_are_closed(daemon: Daemon) -> None:
-    time.sleep(2.5)  # let the warm-up connection pass its idle timeout
+    # The warm-up's connection closed with its answer (urllib asks for that); its fill's file
+    # closes when the fill commits:
+    wait_for("the warm-up's commit", lambda: daemon.metric("shardcache_cache_entries") == 1)
     baseline = _fds(daemon)
     non_reading: list[socket.socket] = []
     idle: list[socket.socket] = []
@@ -196,7 +219,7 @@ def test_one_client_cannot_take_every_slot(origin: OriginServer, start_daemon) -
     origin.put("s.tar", b"s" * 1000)
     daemon = start_daemon({"web": origin.url}, "--max-connections-per-client", "10")
     held = [_connect(daemon) for _ in range(10)]
-    time.sleep(0.2)
+    wait_for("the daemon accepts the 10", lambda: _accepted(daemon, held) == 10)
     refused = _connect(daemon)
     refused.settimeout(5)
     assert refused.recv(65536).startswith(b"HTTP/1.1 503")
@@ -219,7 +242,7 @@ def test_connections_past_the_cap_get_a_503(origin: OriginServer, start_daemon) 
     origin.put("s.tar", b"s" * 1000)
     daemon = start_daemon({"web": origin.url}, "--max-connections", "50", *TIMEOUTS[:2])
     held = [_connect(daemon) for _ in range(50)]
-    time.sleep(0.2)
+    wait_for("the daemon accepts the 50", lambda: _accepted(daemon, held) == 50)
     refused = _connect(daemon)
     refused.settimeout(5)
     answer = refused.recv(65536)
@@ -246,7 +269,7 @@ def test_a_stalled_reader_does_not_stop_a_shared_fill(
     daemon = start_daemon({"web": origin.url}, "--readahead", "0", *TIMEOUTS)
     stalled = _connect(daemon, receive_buffer=4096)
     stalled.sendall(b"GET /web/cold.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    time.sleep(0.2)
+    wait_for("the stalled reader's fill asks the origin", lambda: origin.gets["cold.tar"] >= 1)
     with urllib.request.urlopen(daemon.url + "/web/cold.tar", timeout=30) as response:
         assert response.read() == SHARD
     _wait_all_closed([stalled], within_s=8)

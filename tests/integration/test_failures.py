@@ -23,10 +23,7 @@ def test_mid_body_failure_resumes_with_range(origin: OriginServer, start_daemon)
     worker.start()
     # Cut the connection only once the fill has written bytes, so there is something to resume.
     partial = daemon.cache_dir / "v1" / "partial"
-    deadline = time.monotonic() + 20
-    while not any(p.stat().st_size for p in partial.iterdir()):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for("the fill's first bytes", lambda: any(p.stat().st_size for p in partial.iterdir()))
     some_bytes_on_disk.set()
     worker.join(60)
     (result,) = results
@@ -80,8 +77,7 @@ def test_etag_change_during_resume_fails_the_fill(origin: OriginServer, start_da
     results = []
     worker = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
     worker.start()
-    while origin.gets["s.tar"] == 0:
-        time.sleep(0.01)
+    wait_for("the fill's GET", lambda: origin.gets["s.tar"])
     origin.etags["s.tar"] = '"' + base64.b16encode(os.urandom(16)).decode() + '"'
     origin.behaviour["s.tar"].hold = None
     hold.set()
@@ -117,10 +113,7 @@ def test_crash_mid_fill_leaves_nothing_servable(
     worker = threading.Thread(target=lambda: curl(f"{daemon.url}/web/s.tar"))
     worker.start()
     partial = cache_dir / "v1" / "partial"
-    deadline = time.monotonic() + 20
-    while not any(p.stat().st_size > 0 for p in partial.iterdir()):
-        assert time.monotonic() < deadline, "the fill never started writing"
-        time.sleep(0.02)
+    wait_for("the fill's first bytes", lambda: any(p.stat().st_size for p in partial.iterdir()))
     daemon.stop(signal.SIGKILL)
     worker.join(30)
     hold.set()
@@ -142,11 +135,9 @@ def test_a_cache_file_truncated_under_the_daemon_aborts_the_hit(
     cache_dir = tmp_path / "cache"
     daemon = start_daemon({"web": origin.url}, cache_dir=cache_dir)
     assert curl(f"{daemon.url}/web/s.tar").sha256 == sha256(data)
-    deadline = time.monotonic() + 10
-    while not (entries := list((cache_dir / "v1" / "index").rglob("*.val"))):
-        assert time.monotonic() < deadline, "the fill never committed"  # commit follows the body
-        time.sleep(0.01)
-    os.truncate(entries[0], 1024 * 1024)
+    index = cache_dir / "v1" / "index"
+    wait_for("the fill's commit", lambda: list(index.rglob("*.val")))  # commit follows the body
+    os.truncate(next(index.rglob("*.val")), 1024 * 1024)
 
     result = curl(f"{daemon.url}/web/s.tar")
 

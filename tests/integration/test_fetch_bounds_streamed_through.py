@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import CurlResult, curl
+from tests.integration.helpers import CurlResult, curl, wait_for
 from tests.origin_server import OriginServer
 
 MiB = 1 << 20
@@ -105,7 +105,8 @@ def test_joiners_of_a_streamed_through_object_that_left_send_nothing(
     daemon = _passthrough_daemon(origin, start_daemon, tmp_path)
     stayer = threading.Thread(target=curl, args=(f"{daemon.url}/a/big.tar", "--max-time", "30"))
     stayer.start()
-    time.sleep(0.1)
+    # Its fill is registered before it asks the origin anything: the six join it.
+    wait_for("the stayer's fill", lambda: origin.heads["big.tar"] + origin.gets["big.tar"])
     _readers(f"{daemon.url}/a/big.tar", 6, "--max-time", "1.5")
     stayer.join(30)
     time.sleep(12)  # every turn booked for a leaver has come by now

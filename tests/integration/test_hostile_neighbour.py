@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon_process import Daemon
+from tests.integration.helpers import wait_for
 from tests.origin_server import OriginServer
 
 TOKEN = "a-token-for-the-neighbour-tests-0123"
@@ -113,7 +114,7 @@ def test_origin_credentials_and_locations_stay_out_of_error_answers(
         headers={"Authorization": f"Bearer {TOKEN}"},
     )
     urllib.request.urlopen(prefetch, timeout=10).close()
-    time.sleep(1)
+    wait_for("the prefetch's failure", lambda: daemon.get_json("/_/prefetch")[1]["failed"] == 1)
     for document in ("/_/prefetch", "/_/status"):
         text = json.dumps(daemon.get_json(document)[1])
         assert "hunter2secret" not in text, text
@@ -144,7 +145,7 @@ def test_clients_that_leave_before_the_headers_leave_no_traceback(
     for _ in range(30):
         with socket.create_connection(("127.0.0.1", daemon.port)) as sock:
             sock.sendall(b"GET /web/s.tar HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    time.sleep(1)
+    wait_for("the 499s logged", lambda: daemon.log().count("GET /web/s.tar 499") >= 20)
     log = daemon.log()
     assert "Traceback" not in log and "Error handling request" not in log, log[-3000:]
     assert log.count("GET /web/s.tar 499") >= 20

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from shardcache.loader.sample import write_shard
 from tests.daemon_process import Daemon
+from tests.integration.helpers import wait_for
 from tests.origin_server import OriginServer
 
 SECRET_MARKER = b"SHARDCACHE-HOSTILE-SECRET-8d2f61"
@@ -880,13 +881,12 @@ def test_the_other_host_was_never_asked(target: Target) -> None:
 
 def test_nothing_from_outside_was_cached(target: Target) -> None:
     daemon = target.daemon
-    deadline = time.monotonic() + 30
-    while True:  # the prefetch rows queued links out of the root: wait for them to settle
+
+    def settled() -> bool:  # the prefetch rows queued links out of the root
         status = daemon.get_json("/_/prefetch")[1]
-        if status["pending"] == 0 and status["in_flight"] == 0:
-            break
-        assert time.monotonic() < deadline, f"prefetch did not settle: {status}"
-        time.sleep(0.05)
+        return status["pending"] == 0 and status["in_flight"] == 0
+
+    wait_for("the prefetch queue settles", settled)
     holding = [
         path
         for path in daemon.cache_dir.rglob("*")

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.integration.helpers import curl, sha256
+from tests.integration.helpers import curl, sha256, wait_for
 from tests.origin_server import OriginServer
 
 MiB = 1024 * 1024
@@ -52,13 +52,9 @@ def test_sigterm_drains_a_transfer_in_flight(
     results = []
     client = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
     client.start()
-    while origin.gets["s.tar"] == 0:
-        time.sleep(0.01)
+    wait_for("the transfer's GET", lambda: origin.gets["s.tar"])
     os.kill(daemon.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while _readyz(daemon.url) != 503:  # /readyz fails at once…
-        assert time.monotonic() < deadline, "readyz never answered 503"
-        time.sleep(0.02)
+    wait_for("/readyz 503", lambda: _readyz(daemon.url) == 503, 5)  # /readyz fails at once…
     refused = curl(f"{daemon.url}/web/other.tar", "--no-fail")  # …new requests get 503…
     assert refused.status == 503 and refused.headers["retry-after"]
     client.join(30)  # …and the transfer in flight completes
@@ -80,8 +76,7 @@ def test_grace_period_ends_a_transfer_that_is_too_slow(
     results = []
     client = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/web/s.tar")))
     client.start()
-    while origin.gets["s.tar"] == 0:
-        time.sleep(0.01)
+    wait_for("the transfer's GET", lambda: origin.gets["s.tar"])
     began = time.monotonic()
     os.kill(daemon.process.pid, signal.SIGTERM)
     assert daemon.process.wait(30) == 0
@@ -105,8 +100,7 @@ def test_sighup_reloads_origins_and_keeps_transfers(
     results = []
     client = threading.Thread(target=lambda: results.append(curl(f"{daemon.url}/a/s.tar")))
     client.start()
-    while origin.gets["a/s.tar"] == 0:
-        time.sleep(0.01)
+    wait_for("the transfer's GET", lambda: origin.gets["a/s.tar"])
 
     # (flags win over the file, so the harness's --cache-size and --log-level stay put)
     config.write_text(
@@ -114,10 +108,7 @@ def test_sighup_reloads_origins_and_keeps_transfers(
         f'[origins.a]\nurl = "{origin.url}/a"\n[origins.b]\nurl = "{origin.url}/b"\n'
     )
     os.kill(daemon.process.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "b" not in daemon.get_json("/_/origins")[1]["origins"]:  # type: ignore[operator]
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.05)
+    wait_for("origin b", lambda: "b" in daemon.get_json("/_/origins")[1]["origins"], 10)  # type: ignore[operator]
     assert curl(f"{daemon.url}/b/t.tar").body == b"t" * 1000
     client.join(30)
     assert results[0].exit_code == 0 and results[0].sha256 == sha256(data)
@@ -125,8 +116,5 @@ def test_sighup_reloads_origins_and_keeps_transfers(
 
     config.write_text("[origins.a\nbroken")
     os.kill(daemon.process.pid, signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while "reload failed" not in daemon.log():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    daemon.wait_for_log("reload failed", 10)
     assert set(daemon.get_json("/_/origins")[1]["origins"]) == {"a", "b"}  # type: ignore[arg-type]

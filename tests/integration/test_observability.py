@@ -10,6 +10,7 @@ Prometheus HTTP API and requires each to return data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -25,7 +26,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.integration.helpers import curl
+from tests.integration.helpers import curl, wait_for
 from tests.origin_server import OriginServer
 from tests.ports import free_port
 from tests.readiness import answers_200, wait_until_ready
@@ -107,6 +108,12 @@ def prometheus_for(tmp_path: Path) -> Iterator:  # type: ignore[type-arg]
     yield start
     for server in started:
         server.stop()
+
+
+def _requests_seen(prometheus: Prometheus) -> float:
+    """The daemon's requests as Prometheus last scraped them (-1 before a first scrape)."""
+    total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
+    return float(total[0]["value"][1]) if total else -1  # type: ignore[index]
 
 
 def _dashboard_queries() -> list[tuple[str, str]]:
@@ -193,8 +200,7 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
         )
     )
     runner.start()
-    while daemon.metric(FIRST_BYTES, result="coalesced") < 7:
-        time.sleep(0.02)
+    wait_for("the 7 joiners", lambda: daemon.metric(FIRST_BYTES, result="coalesced") >= 7)
     hold.set()
     runner.join(30)
     assert sorted(results) == ["coalesced"] * 7 + ["miss"]  # 1 miss, 7 coalesced
@@ -207,15 +213,13 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     _wait_prefetch(daemon, done=2)
     assert curl(f"{daemon.url}/web/p_0.tar").headers["x-shardcache"] == "hit"
     _post_prefetch(daemon, ["/web/p_2.tar"])  # the loader asks before it finished: late
-    while origin.gets["p_2.tar"] == 0:
-        time.sleep(0.02)
+    wait_for("the prefetch's GET", lambda: origin.gets["p_2.tar"])
     late: list[str] = []
     asker = threading.Thread(
         target=lambda: late.append(curl(f"{daemon.url}/web/p_2.tar").headers["x-shardcache"])
     )
     asker.start()
-    while daemon.metric("shardcache_prefetch_late_total", origin="web") < 1:
-        time.sleep(0.02)
+    wait_for("the late read", lambda: daemon.metric("shardcache_prefetch_late_total", origin="web"))
     late_hold.set()
     asker.join(30)
     assert late == ["coalesced"]
@@ -266,21 +270,20 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     measured = daemon.metric("shardcache_plan_measured_hit_ratio", plan="trainer-0")
     assert measured == (1.0 if first == "hit" else 0.0)
 
-    # Wait until Prometheus holds the final figures, and a few more scrapes for rate().
-    deadline = time.monotonic() + 30
-    while True:
-        total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
-        if total and float(total[0]["value"][1]) == 26:  # type: ignore[index]
-            break
-        assert time.monotonic() < deadline, "Prometheus never saw the final counters"
-        time.sleep(0.5)
-    time.sleep(3)
+    # Wait until Prometheus holds the final figures, and the scrapes rate() needs.
+    wait_for("Prometheus to see the final counters", lambda: _requests_seen(prometheus) == 26)
+    empty: list[str] = []
 
-    empty = [name for name, expr in _dashboard_queries() if not prometheus.query(expr)]
-    assert empty == [], f"dashboard queries without data: {empty}"
-    for alert, expr, signal in _alert_signals():
+    def every_query_has_data() -> bool:
+        empty[:] = [name for name, expr in _dashboard_queries() if not prometheus.query(expr)]
+        empty.extend(alert for alert, _, signal in _alert_signals() if not prometheus.query(signal))
+        return not empty
+
+    with contextlib.suppress(AssertionError):
+        wait_for("data for every dashboard query and alert signal", every_query_has_data)
+    assert empty == [], f"dashboard queries or alert signals without data: {empty}"
+    for _, expr, _ in _alert_signals():
         prometheus.query(expr)  # the full expression must evaluate (it need not fire)
-        assert prometheus.query(signal), f"alert {alert}: {signal!r} returned no data"
     rules = prometheus.api("rules")["groups"][0]["rules"]  # type: ignore[index]
     assert len(rules) == 5 and all(r["health"] == "ok" for r in rules), rules
 
@@ -323,22 +326,21 @@ def test_every_panel_has_data_or_says_why_on_a_plain_daemon(
     assert f"shardcache_upstream_failures_total{home} 0.0" in scrape.splitlines()
     assert "shardcache_plan_predicted_hit_ratio{" not in scrape  # no plan: no series
 
-    deadline = time.monotonic() + 30
-    while True:  # the reads scraped, then two more scrapes for rate()
-        total = prometheus.query('sum(shardcache_requests_total{job="shardcache"})')
-        if total and float(total[0]["value"][1]) == 4:  # type: ignore[index]
-            break
-        assert time.monotonic() < deadline, "Prometheus never saw the reads"
-        time.sleep(0.5)
-    time.sleep(2.5)
+    wait_for("Prometheus to see the reads", lambda: _requests_seen(prometheus) == 4)
     upstream = prometheus.query('shardcache_upstream_up{origin="files"}')
     assert [u["metric"]["upstream"] for u in upstream] == [f"file://{root}"]  # type: ignore[index]
-
     silent: list[str] = []
-    for title, no_value, expressions in _dashboard_panels():
-        empty = [expr for expr in expressions if not prometheus.query(expr)]
-        if empty and not no_value:
-            silent.append(f"{title!r}: {empty}")
+
+    def every_panel_speaks() -> bool:  # rate() has data after two more scrapes
+        silent.clear()
+        for title, no_value, expressions in _dashboard_panels():
+            empty = [expr for expr in expressions if not prometheus.query(expr)]
+            if empty and not no_value:
+                silent.append(f"{title!r}: {empty}")
+        return not silent
+
+    with contextlib.suppress(AssertionError):
+        wait_for("data or a text on every panel", every_panel_speaks)
     assert silent == [], f"panels with no data and nothing saying why: {silent}"
     texts = {title: text for title, text, _ in _dashboard_panels() if text}
     assert texts == {"Plans: predicted vs measured hit ratio": "no plans posted"}
@@ -415,9 +417,8 @@ def test_the_loader_stall_counts_concurrent_waits_once(origin: OriginServer, sta
     began = time.monotonic()
     for reader in readers:
         reader.start()
-    while daemon.metric(FIRST_BYTES, result="coalesced") < 3:
-        time.sleep(0.02)
-    time.sleep(1.0)
+    wait_for("the 3 joiners", lambda: daemon.metric(FIRST_BYTES, result="coalesced") >= 3)
+    time.sleep(1.0)  # the wait measured below
     hold.set()
     for reader in readers:
         reader.join(30)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 import urllib.request
 from collections.abc import Callable
 
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl
+from tests.integration.helpers import curl, wait_for
 from tests.origin_server import OriginServer
 
 
@@ -36,10 +35,15 @@ def test_a_prefetch_completes_when_a_reader_of_its_object_came_and_left(
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 202
-    time.sleep(0.2)
+    wait_for("the prefetch's HEAD", lambda: origin.heads["p.tar"])  # out for 1 s
     left = curl(f"{daemon.url}/o/p.tar", "--max-time", "0.3")
     assert left.exit_code == 28  # the reader gave up before the origin answered
-    time.sleep(4)
+
+    def prefetch_ended() -> bool:
+        status = daemon.get_json("/_/prefetch")[1]
+        return status["done"] + status["failed"] >= 1  # type: ignore[operator]
+
+    wait_for("the prefetch to end", prefetch_ended)
     gets_before = origin.gets["p.tar"]
     answer = curl(f"{daemon.url}/o/p.tar")
     assert answer.body == data
@@ -83,7 +87,12 @@ def test_a_reader_that_leaves_near_the_end_lets_the_fill_finish(
 
     _read_and_leave(f"{daemon.url}/web/near.tar", size - 200 * 1024)
     _read_and_leave(f"{daemon.url}/web/far.tar", 256 * 1024)
-    time.sleep(1.5)  # both origins' answers end (or stop) meanwhile
+
+    def answers_ended() -> bool:  # both origins' answers end (or stop), one entry cached
+        entries = daemon.metric("shardcache_cache_entries")
+        return entries >= 1 and daemon.metric("shardcache_receiver_requests_in_flight") == 0
+
+    wait_for("the near fill's commit and the far one's stop", answers_ended)
 
     assert curl(f"{daemon.url}/web/near.tar").headers["x-shardcache"] == "hit"
     assert origin.gets["near.tar"] == 1

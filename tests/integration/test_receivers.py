@@ -186,10 +186,7 @@ def test_a_receiver_never_outlives_a_daemon_killed_with_sigkill(
     daemon.process.send_signal(signal.SIGKILL)
     daemon.process.wait()
     for pid in pids:  # orphans of a killed daemon: reaped by init, once they read EOF
-        deadline = time.monotonic() + 10
-        while _is_running(pid):
-            assert time.monotonic() < deadline, f"receiver {pid} outlived its daemon"
-            time.sleep(0.05)
+        wait_for(f"receiver {pid} to end with its daemon", lambda: not _is_running(pid), 10)  # noqa: B023
 
 
 def test_an_overlong_body_landing_in_a_receiver_fails_and_is_never_cached(

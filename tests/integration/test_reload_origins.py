@@ -4,6 +4,7 @@ origins a reload replaced are closed, their pooled connections with them."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import re
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 from tests.daemon_process import Daemon
+from tests.integration.helpers import wait_for
 from tests.origin_server import OriginServer
 
 KiB = 1024
@@ -133,10 +135,15 @@ def test_reload_closes_the_clients_of_replaced_origins(
     assert len(origin.gets) == 22  # every round reached the origin, on the client of its day
     # The replaced clients close once their requests are done: only the current one's stay,
     # at most 4 (two reads at once, each a GET and the HEAD for the object's checksum).
-    deadline = time.monotonic() + 10
-    while (held := _sockets_to(daemon.process.pid, origin.port)) > 4:
-        assert time.monotonic() < deadline, f"{held} sockets to the origin after 10 reloads"
-        time.sleep(0.05)
+    held = [0]
+
+    def only_the_current() -> bool:
+        held[0] = _sockets_to(daemon.process.pid, origin.port)
+        return held[0] <= 4
+
+    with contextlib.suppress(AssertionError):
+        wait_for("the replaced clients' sockets to close", only_the_current, 10)
+    assert held[0] <= 4, f"{held[0]} sockets to the origin after 10 reloads"
 
 
 def test_a_renamed_origin_leaves_metrics_and_the_others_keep_counting(

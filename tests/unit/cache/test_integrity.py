@@ -30,6 +30,7 @@ from shardcache.observer import NullObserver
 from tests.unit.cache.test_shard_cache import read_all, settle
 from tests.unit.fakes import FakeOrigin
 from tests.unit.policies import make_policy
+from tests.unit.waiting import until
 
 MiB = 1024 * 1024
 SEGMENTED = make_policy(
@@ -222,11 +223,20 @@ async def test_a_second_reader_streamed_through_never_gets_another_version_unche
 
     try:
         origin.head_gate = asyncio.Event()  # the fill waits for its checksums…
+        misses = 0
+        note_request = store.note_request
+
+        def counting(url: str, found: bool) -> None:
+            nonlocal misses
+            misses += not found
+            note_request(url, found=found)
+
+        store.note_request = counting  # type: ignore[method-assign]
         starting = asyncio.create_task(cache.open("fake", "big.tar"))
-        while not origin.heads["big.tar"]:
-            await asyncio.sleep(0.01)
+        await until("the starter's HEAD", lambda: origin.heads["big.tar"])
         joining = asyncio.create_task(cache.open("fake", "big.tar"))
-        await asyncio.sleep(0.2)  # …while the second reader's lookup misses and joins it
+        # …while the second reader's lookup misses and joins it (in the step that notes it):
+        await until("the joiner's miss", lambda: misses == 2)
         origin.head_gate.set()
         starter = await starting
         assert starter.result is Result.MISS and starter.stream is not None
@@ -336,7 +346,11 @@ async def test_no_task_exception_is_left_unretrieved(
 
     origin.head = head  # type: ignore[method-assign]
     lease_task = asyncio.create_task(cache.open("fake", "a.tar"))
-    await asyncio.sleep(0.05)
+    await until("the lease, or the fill's failure before it", lease_task.done)
+    if lease_task.exception() is None:
+        fill = lease_task.result().fill
+        assert fill is not None
+        await until("the HEAD's new version fails the fill", lambda: fill.state.is_final)
     origin.gate.set()
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         with pytest.raises(OriginError):
@@ -433,8 +447,8 @@ async def test_a_fill_verified_but_not_yet_indexed_answers_as_a_hit_would(
     monkeypatch.setattr(store, "commit", slow_commit)
     first = await cache.open("fake", "a.tar")
     assert first.fill is not None
-    while first.fill.state is not FillState.VERIFIED:
-        await asyncio.sleep(0.001)
+    fill = first.fill
+    await until("the fill verifies", lambda: fill.state is FillState.VERIFIED)
     joiner = await cache.open("fake", "a.tar")
     commit_may_go.set()
     assert joiner.result is Result.HIT

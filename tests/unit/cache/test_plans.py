@@ -160,16 +160,16 @@ def test_a_read_never_waits_for_a_thread_holding_the_book() -> None:
     queued, not waited for, and counts once the lock is free."""
     book = PlanBook(clock=Clock())
     book.post("job", 0, ["a", "b"])
-    released = threading.Event()
+    held, released = threading.Event(), threading.Event()
 
     def hold() -> None:  # the book's lock is what this test is about: held from outside
         with book._lock:
+            held.set()
             released.wait()
 
     holder = threading.Thread(target=hold)
     holder.start()
-    while not book._lock.locked():
-        time.sleep(0.001)
+    assert held.wait(10), "the holder thread never took the book's lock"
     started = time.monotonic()
     book.on_request("a", hit=True)
     assert time.monotonic() - started < 0.05

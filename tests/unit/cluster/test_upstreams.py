@@ -36,6 +36,7 @@ from shardcache.origins.receivers import ReceiverPool
 from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.policies import make_policy, make_timeouts
+from tests.unit.waiting import until
 
 MiB = 1024 * 1024
 
@@ -195,10 +196,15 @@ class Stopped(FakeOrigin):
     process stopped with SIGSTOP)."""
 
     resume: asyncio.Event | None = None
+    hanging = 0  # opens waiting for `resume` now
 
     async def open(self, key: str, *args: object, **kwargs: object) -> object:  # type: ignore[override]
         if self.resume is not None:
-            await self.resume.wait()
+            self.hanging += 1
+            try:
+                await self.resume.wait()
+            finally:
+                self.hanging -= 1
         return await super().open(key)
 
 
@@ -218,7 +224,7 @@ async def test_after_a_back_off_one_request_probes_and_the_others_keep_skipping(
     clock.now += 1.5
     stopped.resume = asyncio.Event()
     probe = asyncio.ensure_future(failover.open("k"))  # the probe: it hangs
-    await asyncio.sleep(0.01)
+    await until("the probe reaches the stopped upstream", lambda: stopped.hanging == 1)
     for _ in range(3):
         await failover.open("k")
     assert len(stopped.opens) == 1 and len(home.opens) == 4  # the others went past it
@@ -526,7 +532,7 @@ async def test_caps_shed_what_they_cannot_serve_in_time_instead_of_queueing() ->
     rate = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2, clock=clock)
     # All at the same instant: turns at 0, 1 and 2 s; the next would wait 3 s, over the limit.
     tasks = [asyncio.ensure_future(rate.head("k")) for _ in range(5)]
-    await asyncio.sleep(0.05)
+    await until("the first answer and the sheds", lambda: sum(t.done() for t in tasks) >= 3)
     outcomes = []
     for task in tasks:
         if task.done() and isinstance(task.exception(), OriginBusy):

@@ -10,6 +10,7 @@ import pytest
 from shardcache.errors import OriginShed, OriginThrottled
 from shardcache.fetch.limiter import BETA, CALM_S, CUBIC_C, RequestLimiter
 from shardcache.origins.http import retry_after_s
+from tests.unit.waiting import until
 
 
 class Clock:
@@ -84,7 +85,7 @@ async def test_waiting_requests_go_as_soon_as_the_limit_lifts() -> None:
         limiter.throttled(at)
     assert limiter.rate is not None and limiter.rate <= 2
     waiting = [asyncio.create_task(_send(limiter, 1)) for _ in range(8)]
-    await asyncio.sleep(0.05)  # they queue up
+    await until("the 8 requests queue up", lambda: limiter.waiting == 8)
     assert not any(task.done() for task in waiting)
     clock.now += CALM_S  # calm, and nothing sent in the last second: lifted
     limiter.answered()

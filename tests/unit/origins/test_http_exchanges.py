@@ -22,6 +22,7 @@ from shardcache.origins import http
 from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpOrigin, HttpTransport
 from shardcache.origins.receivers import ReceiverPool
+from tests.unit.waiting import until
 
 # An answer: the bytes to write for (method, path), or None to hang up without answering.
 Answer = Callable[[str, str], Awaitable[bytes | None]]
@@ -215,8 +216,7 @@ async def test_one_origin_receiving_slowly_cannot_take_another_origins_threads(
             for i in range(40)
         ]
         try:
-            while sum(map(len, slow.connections)) < 4:  # its share is busy
-                await asyncio.sleep(0.01)
+            await until("its share is busy", lambda: sum(map(len, slow.connections)) >= 4)
             # Without a share on receiving, every thread is taken within moments: wait for
             # that (or half a second, when the share holds them back).
             deadline = time.monotonic() + 0.5
@@ -277,8 +277,7 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
             asyncio.create_task(_land(hung, slow.url(f"/{i}"), tmp_path / str(i))) for i in range(4)
         ]
         try:
-            while sum(map(len, slow.connections)) < 4:
-                await asyncio.sleep(0.01)
+            await until("4 hung", lambda: sum(map(len, slow.connections)) >= 4)
             # Answered is not yet landing (each landing takes a thread again for the body),
             # so the home may still get a thread at first: ask until it waits for one.
             deadline = time.monotonic() + 2.0

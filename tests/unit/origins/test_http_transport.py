@@ -18,6 +18,7 @@ from shardcache.origins import http, pool
 from shardcache.origins.base import Timeouts
 from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool
+from tests.unit.waiting import until
 
 BODY = b"x" * (8 << 20)
 
@@ -60,6 +61,7 @@ class _Origin:
     def __init__(self, close_idle_after_s: float | None = None) -> None:
         self.close_idle_after_s = close_idle_after_s
         self.ports: list[int] = []
+        self.idle_closed = 0  # connections closed for their idleness
         self.stall_after: int | None = None
         self.short_by = 0
         app = web.Application()
@@ -80,9 +82,13 @@ class _Origin:
             request.transport.close()  # cut: the client must see a short body
         if self.close_idle_after_s is not None and request.transport is not None:
             asyncio.get_running_loop().call_later(
-                self.close_idle_after_s, request.transport.close
+                self.close_idle_after_s, self._close_idle, request.transport
             )  # as a server's keep-alive timeout does
         return response
+
+    def _close_idle(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+        self.idle_closed += 1
 
     async def __aenter__(self) -> _Origin:
         await self.server.start_server()
@@ -140,7 +146,7 @@ async def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(
         transport = HttpTransport(Timeouts(connect_s=1.0, read_s=5.0), receiver_pool)
         try:
             await _land_all(transport, origin.url(), tmp_path / "a")
-            await asyncio.sleep(0.5)  # the server closes the idle connection
+            await until("the server closes the idle connection", lambda: origin.idle_closed == 1)
             await _land_all(transport, origin.url(), tmp_path / "a")
         finally:
             await transport.aclose()
@@ -182,8 +188,8 @@ async def test_a_cancelled_landing_stops_its_thread_before_the_file_can_close(
             stream = await transport.get(origin.url(), "a.tar", 0, None, None)
             segment = Segment(0, len(BODY))
             landing = asyncio.create_task(stream.land(fd, segment, lambda count: None, 30.0))
-            while segment.done_bytes < origin.stall_after:
-                await asyncio.sleep(0.01)
+            stall_after = origin.stall_after
+            await until("the bytes before the stall", lambda: segment.done_bytes >= stall_after)
             started = time.monotonic()
             landing.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -201,7 +207,10 @@ async def test_a_cancelled_landing_stops_its_thread_before_the_file_can_close(
 async def test_closing_the_transport_stops_a_request_waiting_for_its_answer(
     receiver_pool: ReceiverPool,
 ) -> None:
+    asked = asyncio.Event()
+
     async def hang(request: web.Request) -> web.Response:
+        asked.set()
         await asyncio.sleep(3600)
         raise AssertionError("unreachable")
 
@@ -214,7 +223,7 @@ async def test_closing_the_transport_stops_a_request_waiting_for_its_answer(
         asking = asyncio.create_task(
             transport.get(str(server.make_url("/a.tar")), "a.tar", 0, None, None)
         )
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(asked.wait(), 10)
         started = time.monotonic()
         await transport.aclose()
         with pytest.raises(OriginUnavailable):
@@ -324,9 +333,16 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
     small = ReceiverPool(1, threads=16)
     monkeypatch.setattr(http, "MAX_IN_USE", 4)
 
+    accepted, open_now = 0, 0
+
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()  # until the client gives up
-        writer.close()
+        nonlocal accepted, open_now
+        accepted, open_now = accepted + 1, open_now + 1
+        try:
+            await reader.read()  # until the client gives up
+        finally:
+            open_now -= 1
+            writer.close()
 
     hung_server = await asyncio.start_server(never_answer, "127.0.0.1", 0, backlog=512)
     hung_port = hung_server.sockets[0].getsockname()[1]
@@ -338,7 +354,8 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
             for i in range(40)
         ]
         try:
-            await asyncio.sleep(0.5)  # all of them sent or waiting
+            # All 40 take their places in the first steps; the 4 allowed at once connect.
+            await until("the hung origin's 4 connections", lambda: accepted >= 4)
             started = time.monotonic()
             stream = await healthy.get(origin.url(), "a.tar", 0, None, None)
             await stream.aclose()
@@ -350,5 +367,5 @@ async def test_an_origin_that_never_answers_cannot_take_every_origin_thread(
             await hung.aclose()
             await healthy.aclose()
             hung_server.close()
-            await asyncio.sleep(0.2)  # the handlers see their clients go
+            await until("the handlers see their clients go", lambda: open_now == 0)
             small.kill_all()

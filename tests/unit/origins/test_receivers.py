@@ -18,6 +18,7 @@ from shardcache.origins.http import HttpTransport
 from shardcache.origins.receivers import ReceiverPool, default_size
 from shardcache.origins.wire import error_from, error_message, receive, send_message, socket_pair
 from tests.unit.origins.test_http_exchanges import RawOrigin, response
+from tests.unit.waiting import until
 
 
 def test_a_message_carries_its_payload_and_descriptor(tmp_path: Path) -> None:
@@ -63,6 +64,14 @@ def test_the_default_size_follows_the_cgroups_cpu_quota(
     path.write_text(cpu_max)
     assert default_size(path) == (cores if expected is None else min(cores, expected))
     assert default_size(tmp_path / "absent") == cores
+
+
+def _size(path: Path) -> int:
+    """Bytes a receiver wrote into `path` so far (0 before the landing created it)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 async def _land(transport: HttpTransport, url: str, path: Path, size: int) -> Segment:
@@ -121,7 +130,8 @@ async def test_a_receiver_killed_mid_body_fails_the_landing_and_is_replaced(
                 _land(transport, origin.url("/stall"), tmp_path / "s", 1000)
             )
             await half.wait()
-            await asyncio.sleep(0.3)  # the 500 bytes landed; the receiver waits for more
+            # the 500 bytes landed; the receiver waits for more
+            await until("the first 500 bytes land", lambda: _size(tmp_path / "s") == 500)
             (victim,) = pool.alive()
             os.kill(victim.pid, signal.SIGKILL)
             async with asyncio.timeout(5):
@@ -155,7 +165,7 @@ async def test_a_cancelled_landing_waits_until_the_receiver_stopped_writing(
             path = tmp_path / "c"
             landing = asyncio.create_task(_land(transport, origin.url("/c"), path, 100000))
             await started.wait()
-            await asyncio.sleep(0.3)
+            await until("the first 10 bytes land", lambda: _size(path) == 10)
             landing.cancel()
             async with asyncio.timeout(5):
                 with pytest.raises(asyncio.CancelledError):
@@ -221,7 +231,7 @@ async def test_a_stopped_receiver_is_killed_for_its_silence_and_its_landing_fail
                 _land(transport, origin.url("/z"), tmp_path / "z", 100000)
             )
             await started.wait()
-            await asyncio.sleep(0.3)
+            await until("the first 10 bytes land", lambda: _size(tmp_path / "z") == 10)
             (victim,) = pool.alive()
             os.kill(victim.pid, signal.SIGSTOP)
             async with asyncio.timeout(8):  # not the 60 s read timeout
