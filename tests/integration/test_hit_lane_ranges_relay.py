@@ -335,12 +335,14 @@ def test_sigterm_during_a_relayed_miss_ends_it_whole_and_never_half_answers_what
     assert daemon.process.wait(30) == 0
 
 
-def test_a_flood_pipelined_behind_a_relayed_miss_then_a_half_close_is_answered_whole_in_order(
+def test_the_end_of_input_behind_a_relayed_miss_is_aiohttps_a_client_that_left(
     start_daemon: Callable[..., Daemon], origin: OriginServer
 ) -> None:
-    """More than the lane reads while it waits (`MAX_PIPELINED_BYTES`), behind a relayed
-    miss the origin holds, then the end of the client's input: every request is answered, in
-    order, after the miss, and the connection closes after the last."""
+    """A flood pipelined behind a relayed miss the origin holds, then the end of the client's
+    input. The end goes to aiohttp at once, as it would without the lane: a client that left
+    must let go of what it waits for (a turn at a cap, a fill only it wants), and the end of
+    input is all that tells. So the connection closes; whatever came before is whole and in
+    order, never a clean short body, and the object is served whole after."""
     daemon = start_daemon({"o": origin.url})
     hits = [os.urandom(1000 + n) for n in range(3)]
     for n, data in enumerate(hits):
@@ -349,22 +351,28 @@ def test_a_flood_pipelined_behind_a_relayed_miss_then_a_half_close_is_answered_w
     origin.put("slow.tar", slow)
     release = threading.Event()
     origin.behaviour["slow.tar"] = Behaviour(hold=release)
-    lanes = daemon.metric(LANE)
-    count = 1500
     connection = Connection(daemon)
     try:
         host = connection.host
-        flood = b"".join(request(f"/o/h{n % 3}.tar", host) for n in range(count))
+        flood = b"".join(request(f"/o/h{n % 3}.tar", host) for n in range(1500))
         assert len(flood) > 65536
         connection.send(request("/o/slow.tar", host) + flood)
         connection.shut_write()
-        wait_for("the miss at the origin", lambda: origin.gets["slow.tar"] >= 1)
-        release.set()
-        assert connection.read().body == slow
-        for n in range(count):
-            assert connection.read().body == hits[n % 3], n
-        assert connection.read_until_closed() == b""
+        release.set()  # the miss may or may not have reached the origin by the end of input
+        received = connection.read_until_closed()  # closed: the client's end was a departure
     finally:
         release.set()
         connection.close()
-    assert daemon.metric(LANE) == lanes + count
+    expected = [slow] + [hits[n % 3] for n in range(1500)]
+    position = 0
+    for body in expected:  # every whole answer in order; a partial one only last
+        head_end = received.find(b"\r\n\r\n", position)
+        if head_end < 0:
+            break
+        length = int(received[position:head_end].split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        got = received[head_end + 4 : head_end + 4 + length]
+        if len(got) < length:
+            break  # the connection ended inside this answer: short against its Content-Length
+        assert got == body
+        position = head_end + 4 + length
+    assert curl(f"{daemon.url}/o/slow.tar").sha256 == sha256(slow)  # still served whole
