@@ -361,10 +361,11 @@ SIGNED = (
 )
 
 
-def test_s3_addressed_hits_by_the_buckets_own_names_are_the_lanes_and_s3s_answer(
-    s3_client, s3_env, start_daemon: Callable[..., Daemon], tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
-    bucket, key = "lane-bucket", "datasets/laion/shards_000001.tar"
+def s3_lake(  # type: ignore[no-untyped-def]
+    s3_client, s3_env, start_daemon: Callable[..., Daemon], tmp_path: Path, bucket: str, key: str
+) -> tuple[Daemon, bytes]:
+    """200,000 random bytes uploaded as `bucket`/`key` (as users upload, `upload_file`) and a
+    daemon whose origin `lake` is the bucket under `key`'s folder."""
     try:  # the stores are shared by the session
         s3_client.create_bucket(Bucket=bucket)
     except s3_client.exceptions.BucketAlreadyOwnedByYou:
@@ -372,7 +373,16 @@ def test_s3_addressed_hits_by_the_buckets_own_names_are_the_lanes_and_s3s_answer
     data = os.urandom(200_000)
     (tmp_path / "upload").write_bytes(data)
     s3_client.upload_file(str(tmp_path / "upload"), bucket, key)
-    daemon = start_daemon({"lake": f"s3://{bucket}/datasets/laion"}, "--readahead", "0", env=s3_env)
+    prefix = key.rpartition("/")[0]
+    daemon = start_daemon({"lake": f"s3://{bucket}/{prefix}"}, "--readahead", "0", env=s3_env)
+    return daemon, data
+
+
+def test_s3_addressed_hits_by_the_buckets_own_names_are_the_lanes_and_s3s_answer(
+    s3_client, s3_env, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    bucket, key = "lane-bucket", "datasets/laion/shards_000001.tar"
+    daemon, data = s3_lake(s3_client, s3_env, start_daemon, tmp_path, bucket, key)
     client = client_for(daemon.url)
     assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data  # the miss
     wait_for(

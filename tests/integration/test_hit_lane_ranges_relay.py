@@ -26,6 +26,7 @@ from tests.integration.test_hit_lane import (
     _file_of,
     _without_date,
     request,
+    s3_lake,
 )
 from tests.origin_server import Behaviour, OriginServer
 from tests.s3_stores import client_for
@@ -110,14 +111,7 @@ def test_s3_signed_ranges_are_the_lanes_and_the_s3_answer_aiohttp_gives(
     s3_client, s3_env, start_daemon: Callable[..., Daemon], tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     bucket, key = "lane-range-bucket", "shards/s-000001.tar"
-    try:  # the stores are shared by the session
-        s3_client.create_bucket(Bucket=bucket)
-    except s3_client.exceptions.BucketAlreadyOwnedByYou:
-        pass
-    data = os.urandom(200_000)
-    (tmp_path / "upload").write_bytes(data)
-    s3_client.upload_file(str(tmp_path / "upload"), bucket, key)
-    daemon = start_daemon({"lake": f"s3://{bucket}/shards"}, "--readahead", "0", env=s3_env)
+    daemon, data = s3_lake(s3_client, s3_env, start_daemon, tmp_path, bucket, key)
     client = client_for(daemon.url)
     assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data  # the miss
 
