@@ -24,8 +24,16 @@ from tests.unit.cache.test_shard_cache import read_all
 from tests.unit.cluster.test_upstreams import Clock, upstream
 from tests.unit.fakes import FakeOrigin
 from tests.unit.policies import make_policy, make_timeouts
+from tests.unit.waiting import until
 
 MiB = 1024 * 1024
+
+
+async def store_checks_clean(store: Store) -> None:
+    """`store.check()` finds nothing wrong once the index write still on a worker thread has
+    ended: a write is between its value file and its row for a moment, which `check` would
+    report as an unknown file (found: 1 run in 3 on a loaded machine)."""
+    await until("the store to check clean", lambda: store.check() == [], 5)
 
 
 def _pair(mirror_etag: str | None, data: bytes, served: bytes) -> tuple[FakeOrigin, FakeOrigin]:
@@ -69,7 +77,7 @@ async def test_a_mirror_with_its_own_etag_dying_mid_body_is_finished_from_the_ho
         hit = await cache.open("o", "k")
         assert hit.result is Result.HIT
         assert await read_all(hit) == data
-        assert store.check() == []
+        await store_checks_clean(store)
     finally:
         await cache.aclose()
 
@@ -105,7 +113,7 @@ async def test_an_empty_etag_mirror_with_wrong_bytes_is_caught_and_never_cached(
         hit = await cache.open("o", "k")
         assert hit.result is Result.HIT
         assert await read_all(hit) == data
-        assert store.check() == []
+        await store_checks_clean(store)
     finally:
         await cache.aclose()
 
@@ -143,7 +151,7 @@ async def test_a_resume_from_the_home_of_a_mirrors_wrong_bytes_is_caught_and_not
         hit = await cache.open("o", "k")
         assert hit.result is Result.HIT
         assert await read_all(hit) == data
-        assert store.check() == []
+        await store_checks_clean(store)
     finally:
         await cache.aclose()
 
@@ -173,7 +181,7 @@ async def test_a_home_that_changed_since_its_head_is_not_spliced_after_the_mirro
         lease = await cache.open("o", "k")
         with pytest.raises(OriginChanged):
             await read_all(lease)
-        assert store.check() == []
+        await store_checks_clean(store)
     finally:
         await cache.aclose()
 
