@@ -29,13 +29,11 @@
         │   └── OriginTooSlow           504     timeout      a body below --origin-min-speed
         ├── OriginUnavailable           502     unavailable  refused, reset, 5xx
         │   ├── OriginThrottled         502     throttled    429 / 503 SlowDown; passed on as 503
-        │   │   └── OriginShed          503     throttled    its turn under the limiter too far off
+        │   ├── OriginShed              503     busy         not sent: its turn or place too far off
         │   ├── OriginHeadUnsupported   502     unavailable  405/501 to HEAD: no checksums that way
         │   ├── OriginNotResumable      502     unavailable  failed mid-body, no ETag to resume by
         │   ├── OriginRedirected        502     unavailable  a 3xx the origin may not follow
         │   ├── OriginRefused           502     unavailable  a 4xx: asking again gets the same
-        │   ├── OriginBusy              503     busy         its max_requests(_per_second) booked
-        │   │   └── LocalBusy           503     busy         our own share for it (threads) full
         │   ├── OriginUntrusted         502     tls          its TLS certificate did not verify
         │   └── OriginDenied            502     denied       our credentials were refused
         ├── OriginChanged               502     changed      the ETag moved under a resumed fill
@@ -235,17 +233,28 @@ class OriginThrottled(OriginUnavailable):
         self.retry_after_s = retry_after_s
 
 
-class OriginShed(OriginThrottled):
-    """The origin is throttling us and this request's turn under its limiter is further off
-    than a request may wait (the read timeout): shed with 503 and Retry-After, not retried
-    here (a retry would only queue it again), and passed on as throttling so that a daemon
-    reading through this one as a tier slows down too."""
+class OriginShed(OriginUnavailable):
+    """The request was not sent: its turn at the origin's gate (its cap, or the pace its
+    throttling allows), or a place in this daemon's own share for the origin, is further off
+    than a request may wait (the read timeout). Shed with 503 and Retry-After rather than
+    queued without bound, and not retried here (a retry would only queue it again).
+
+    `kind` says why: "throttled" when the origin's throttling set the pace, passed on as such
+    so that a daemon reading through this one as a tier slows down too; "busy" for an
+    operator's cap or our own share. `is_local`: our own share (its threads) was full, which
+    says nothing of the upstream: no breaker hears of it."""
 
     status = 503
+    kind = "busy"
     is_retryable = False
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message, retry_after_s)
+    def __init__(
+        self, message: str, retry_after_s: float, kind: str = "busy", is_local: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.kind = kind
+        self.is_local = is_local
 
 
 class OriginHeadUnsupported(OriginUnavailable):
@@ -274,26 +283,6 @@ class OriginRefused(OriginUnavailable):
     its filesystem): asking again would get the same answer, so it is not retried."""
 
     is_retryable = False
-
-
-class OriginBusy(OriginUnavailable):
-    """The operator's cap on the origin (`max_requests`, `max_requests_per_second`) is booked
-    further ahead than a request may wait: shed with 503 and Retry-After rather than queued
-    without bound."""
-
-    status = 503
-    kind = "busy"
-    is_retryable = False
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class LocalBusy(OriginBusy):
-    """This daemon's own share for one origin (its connections, the origin threads) stayed
-    taken for longer than a request may wait. A local shortage, not the upstream's failure:
-    no breaker hears of it and no read timeout ran (it starts when the request is sent)."""
 
 
 class OriginUntrusted(OriginUnavailable):

@@ -18,7 +18,10 @@ class Observer(Protocol):
         """The origin refused a request as one too many (429, 503 SlowDown)."""
 
     def origin_request_limit(self, origin: str, limit: int) -> None:
-        """The origin's limit on requests at once changed (0: unlimited)."""
+        """The requests a second the origin's throttling allows changed (0: unlimited)."""
+
+    def origin_wait_abandoned(self, origin: str) -> None:
+        """A request stopped waiting at the origin's gate (its fill was stopped): never sent."""
 
     def origin_failed(self, origin: str, kind: str) -> None:
         """An object failed for a reason no one request was counted under (its checksum did
@@ -51,6 +54,9 @@ class NullObserver:
         return None
 
     def origin_request_limit(self, origin: str, limit: int) -> None:
+        return None
+
+    def origin_wait_abandoned(self, origin: str) -> None:
         return None
 
     def origin_failed(self, origin: str, kind: str) -> None:
@@ -103,6 +109,9 @@ class FailureTally:
 
     def origin_request_limit(self, origin: str, limit: int) -> None:
         self._observer.origin_request_limit(origin, limit)
+
+    def origin_wait_abandoned(self, origin: str) -> None:
+        self._observer.origin_wait_abandoned(origin)
 
     def origin_failed(self, origin: str, kind: str) -> None:
         self.settle(origin, kind)

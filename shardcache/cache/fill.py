@@ -34,7 +34,7 @@ from shardcache.errors import (
     ShuttingDown,
 )
 from shardcache.fetch.checksum_trust import ChecksumTrust
-from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.gate import OriginGate
 from shardcache.fetch.policy import FetchPolicy
 from shardcache.fetch.segments import OriginRequests, SegmentedDownload
 from shardcache.observer import FailureTally, Observer
@@ -79,14 +79,14 @@ class FillFactory:
         cache_key: str,
         origin: Origin,
         origin_key: str,
-        limiter: RequestLimiter | None = None,
+        gate: OriginGate | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
     ) -> Fill:
         """A fill of `origin_key` (cache key `cache_key`), not started: its owner runs
         `run()` as a task it keeps in `Fill.task`. `on_unwanted(fill)`: the last holder let
         go of a fill nothing else wants (see the module docstring); the owner stops it, or
         closes the stream nobody took."""
-        return Fill(self, cache_key, origin, origin_key, limiter, on_unwanted)
+        return Fill(self, cache_key, origin, origin_key, gate, on_unwanted)
 
 
 class Fill:
@@ -96,7 +96,7 @@ class Fill:
         cache_key: str,
         origin: Origin,
         origin_key: str,
-        limiter: RequestLimiter | None = None,
+        gate: OriginGate | None = None,
         on_unwanted: Callable[[Fill], None] | None = None,
     ) -> None:
         """Made by `FillFactory.new`, which says what the arguments are."""
@@ -110,7 +110,7 @@ class Fill:
         self.readers = Readers(cache_key, self._tell_owner_if_unwanted, lambda: self.state.is_final)
         started = self._is_started
         self._requests = OriginRequests(
-            origin, origin_key, parts.policy, self._tally, limiter, started
+            origin, origin_key, parts.policy, self._tally, gate, started
         )
         self._passthrough: CheckedStream | None = None
         self.is_kept = True  # False once purged: it finishes for its readers, uncommitted

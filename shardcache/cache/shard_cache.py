@@ -81,7 +81,7 @@ class ShardCache:
         before)."""
         self.store = store
         self._fills = fills or FillFactory.of(store, policy, observer, clock, keeps_block_digests)
-        # Each origin with its limiter, built as one by the daemon, which replaces it whole on
+        # Each origin with its gate, built as one by the daemon, which replaces it whole on
         # a reload; this cache closes it (`aclose`). A mapping is a table built by hand.
         self._origins = (
             origins if isinstance(origins, OriginTable) else OriginTable(origins, observer)
@@ -112,8 +112,7 @@ class ShardCache:
     def _using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
         """Hold `origin` open while a fill or request uses it (`OriginTable.replace` closes a
         replaced one only after)."""
-        slot = self._origins.slot_of(origin)
-        return contextlib.nullcontext() if slot is None else slot.using()
+        return self._origins.using(origin)
 
     def cache_key(self, origin_name: str, key: str) -> tuple[Origin, str]:
         """Return the origin and the cache key (full origin URL); raise UnknownOrigin/InvalidKey."""
@@ -259,7 +258,7 @@ class ShardCache:
         meta = await self._peek(url)
         if meta is not None:
             return Result.HIT, info_of(meta)
-        with self._using(origin):
+        async with self._origins.one_request(origin, self._policy.read_timeout_s):
             info = await origin.head(key)
         usable = self.checksum_trust.usable(origin.name, info.checksums)  # none set aside
         return Result.MISS, dataclasses.replace(info, checksums=usable)
@@ -270,14 +269,14 @@ class ShardCache:
         Raises UnknownOrigin, NotSupported (an origin that cannot list), BadRequest (a token
         it did not make) or an OriginError."""
         origin = self.origin(origin_name)
-        with self._using(origin):
+        async with self._origins.one_request(origin, self._policy.read_timeout_s):
             return await list_objects(origin, query)
 
     async def bucket_location(self, origin_name: str) -> str:
         """Origin `origin_name`'s bucket's region as S3's `LocationConstraint` (`location`);
         raises UnknownOrigin or an OriginError."""
         origin = self.origin(origin_name)
-        with self._using(origin):
+        async with self._origins.one_request(origin, self._policy.read_timeout_s):
             return await bucket_location(origin)
 
     async def purge(self, origin_name: str, key: str) -> Purged:
@@ -323,7 +322,7 @@ class ShardCache:
     async def size_prefetch(
         self, origin_name: str, key: str
     ) -> Sized | tuple[PrefetchOutcome, Fill | None]:
-        """Size `key` for a prefetch (a HEAD, retried within the origin's limiter), the first
+        """Size `key` for a prefetch (a HEAD, retried, in turns at the origin's gate), the first
         of its three steps: size, admit (the caller's look-ahead budget), `start_prefetch`.
 
         Returns `Sized` to admit and start, or, with nothing to start, (CACHED, None) or
@@ -338,11 +337,10 @@ class ShardCache:
         if await self._peek(url) is not None:
             return PrefetchOutcome.CACHED, None
         mark = self.flights.mark(url)
-        slot = self._origins.slot_of(origin)
-        limiter = None if slot is None else slot.limiter
-        requests = OriginRequests(origin, key, self._policy, self._observer, limiter)
+        gate = self._origins.gate_of(origin)
+        requests = OriginRequests(origin, key, self._policy, self._observer, gate)
         with self._using(origin):
-            info = await requests.head()  # retried, within the origin's limiter
+            info = await requests.head()  # retried, each try in its turn at the origin's gate
         return Sized(origin, key, url, info, mark)
 
     async def start_prefetch(
@@ -402,9 +400,8 @@ class ShardCache:
         return PrefetchOutcome.TOO_LARGE if state is FillState.PASSTHROUGH else outcome
 
     def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
-        slot = self._origins.slot_of(origin)  # the limiter of this backend, also mid-reload
-        limiter = None if slot is None else slot.limiter
-        return self._fills.new(url, origin, key, limiter, self._drop_unwanted)
+        gate = self._origins.gate_of(origin)  # this backend's, also mid-reload
+        return self._fills.new(url, origin, key, gate, self._drop_unwanted)
 
     def _drop_unwanted(self, fill: Fill) -> None:
         """Stop a fill whose last reader let go and that nothing wants cached (`fill`'s

@@ -22,10 +22,10 @@ from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
 from shardcache.errors import (
     IntegrityError,
-    LocalBusy,
     OriginChanged,
     OriginError,
     OriginHeadUnsupported,
+    OriginShed,
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
@@ -170,7 +170,7 @@ class FailoverOrigin:
                     # its checksum on GET: read a GET's headers only, then close it.
                     other = await self._headers_of_get(upstream.origin, key, context)
             except OriginError as exc:
-                if isinstance(exc, LocalBusy):
+                if isinstance(exc, OriginShed) and exc.is_local:
                     pass  # our own threads were busy: nothing said about this upstream
                 elif _is_upstream_failure(exc):
                     self.note_failure(upstream, exc, sent_at)
@@ -277,10 +277,10 @@ class FailoverOrigin:
             upstream.breaker.sending(carries_bytes)
             try:
                 answer = await ask(upstream.origin)
-            except LocalBusy as exc:
-                last = exc  # our own threads were busy: nothing said about this upstream
-                continue
             except OriginError as exc:
+                if isinstance(exc, OriginShed) and exc.is_local:
+                    last = exc  # our own threads were busy: nothing said about this upstream
+                    continue
                 if isinstance(exc, OriginThrottled) and upstream.role == "tier":
                     raise  # members share one store: see the module docstring
                 if not _is_upstream_failure(exc):

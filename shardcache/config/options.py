@@ -378,6 +378,6 @@ _BY_NAME = {option.name: option for option in OPTIONS}
 
 def default(name: str) -> Any:
     """The parsed default of the option `name`, for a value built without loaded Settings (a
-    `CappedOrigin` in a test), so no second copy of it is written down. KeyError if unknown."""
+    `FetchPolicy` in a test), so no second copy of it is written down. KeyError if unknown."""
     option = _BY_NAME[name]
     return option.parse(option.default)

@@ -1,7 +1,7 @@
 """`make_origin(spec, timeouts, receivers)`: the backend for one configured origin, from its URL
-scheme, with its mirrors and tier (`cluster.FailoverOrigin`) and its caps (`fetch.CappedOrigin`)
-around it; HTTP(S) and S3 backends get the daemon's receiver pool. Backends are imported lazily.
-Here because the composition root is the one place that knows every kind of origin."""
+scheme, with its mirrors and tier (`cluster.FailoverOrigin`) around it; HTTP(S) and S3 backends
+get the daemon's receiver pool; its caps are its gate's, in its `OriginTable` slot. Backends are
+imported lazily, here because the composition root is the one place that knows every kind."""
 
 from __future__ import annotations
 
@@ -20,19 +20,11 @@ def make_origin(spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -
     """Return a backend for `spec`; raise ConfigError if its scheme or settings are unusable.
 
     An origin with mirrors or a tier is a `FailoverOrigin` over one backend per URL and
-    member; caps wrap the whole in a `CappedOrigin`. Every HTTP(S) and S3 backend, tier
+    member. Every HTTP(S) and S3 backend, tier
     members made later included, receives through `receivers`, which the caller owns."""
     if spec.has_upstreams:
-        origin = _make_failover(spec, timeouts, receivers)
-    else:
-        origin = _make_one(spec, timeouts, receivers)
-    if spec.max_requests or spec.max_requests_per_second:
-        from shardcache.fetch.capped import CappedOrigin
-
-        return CappedOrigin(
-            origin, spec.max_requests, spec.max_requests_per_second, max_wait_s=timeouts.read_s
-        )
-    return origin
+        return _make_failover(spec, timeouts, receivers)
+    return _make_one(spec, timeouts, receivers)
 
 
 def _make_failover(spec: OriginSpec, timeouts: Timeouts, receivers: ReceiverPool) -> Origin:

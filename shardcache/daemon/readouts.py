@@ -16,7 +16,6 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.cluster.breaker import Health
 from shardcache.cluster.upstreams import FailoverOrigin
-from shardcache.fetch.capped import CappedOrigin
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.observability.cache_metrics import CacheGauges
 from shardcache.observability.metrics import Metrics
@@ -116,9 +115,8 @@ def upstream_rows(origins: dict[str, Origin]) -> list[tuple[str, str, Health]]:
     """(origin, role, health) of every upstream of the origins that have several."""
     rows: list[tuple[str, str, Health]] = []
     for name, origin in origins.items():
-        inner = origin.inner if isinstance(origin, CappedOrigin) else origin
-        if isinstance(inner, FailoverOrigin):
-            rows += [(name, role, health) for role, health in inner.health()]
+        if isinstance(origin, FailoverOrigin):
+            rows += [(name, role, health) for role, health in origin.health()]
     return rows
 
 

@@ -9,11 +9,12 @@ Parts:
   claimed in order so the bytes a reader needs next land first; the retry of a segment whose
   connection dropped, resumed from where it stopped.
 - `origin_table`: `OriginTable`, the configured origins with the state kept per origin (its
-  throttling limiter), built and retired as one unit on reload.
-- `limiter`: `RequestLimiter`, requests a second once an origin throttles (429, 503 SlowDown):
-  cut on refusals, grown back on a cubic curve.
-- `capped`: `CappedOrigin`, an operator's fixed caps (requests at once, requests a second).
-- `pacer`: `Pacer`, evenly spaced turns at a rate: the limiter and the caps pace through it.
+  gate), built and retired as one unit on reload.
+- `gate`: `OriginGate`, where every request to one origin waits its turn: one queue paced at
+  the lower of the operator's cap and the throttling curve, an optional cap on requests at
+  once, one shed exception (`OriginShed`, with its Retry-After).
+- `throttle`: `ThrottleCurve`, requests a second once an origin throttles (429, 503
+  SlowDown): cut on refusals, grown back on a cubic curve.
 - `checksum_trust`, `second_opinion`: which kinds of published checksum an origin has shown it
   cannot get right, and the second hash of a body that failed one.
 

@@ -1,5 +1,5 @@
-"""`OriginTable`: the configured origins, each with everything kept for it (backend, limiter, how
-it is shown); the one owner of the set of origins.
+"""`OriginTable`: the configured origins, each with everything kept for it (backend, gate, how it
+is shown); the one owner of the set of origins.
 
 A reload (`replace`) builds the table again, carrying over the slot of a kept backend; retired
 clients close once unused, or after RETIRE_WAIT_S. Knows nothing of the cache."""
@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from shardcache.config import OriginSpec
-from shardcache.fetch.limiter import RequestLimiter
+from shardcache.errors import OriginThrottled
+from shardcache.fetch.gate import NO_CAPS, GateCaps, OriginGate
 from shardcache.observer import Observer
 from shardcache.origins.base import Origin
 
@@ -37,13 +37,21 @@ class ConfiguredOrigin:
     def has_upstreams(self) -> bool:
         return self.spec is not None and self.spec.has_upstreams
 
+    @property
+    def caps(self) -> GateCaps:
+        """The operator's caps on requests to it (none for an origin built by hand)."""
+        if self.spec is None:
+            return NO_CAPS
+        return GateCaps(self.spec.max_requests, self.spec.max_requests_per_second)
+
 
 @dataclass(eq=False, slots=True)
 class OriginSlot:
-    """One origin, everything kept for it, and a count of the fills and requests using it."""
+    """One origin, everything kept for it (`gate`: every request to it waits there), and a
+    count of the fills and requests using it."""
 
     configured: ConfiguredOrigin
-    limiter: RequestLimiter
+    gate: OriginGate
     users: int = 0
     is_idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -85,8 +93,7 @@ class OriginTable:
 
     def _new_slot(self, configured: ConfiguredOrigin) -> OriginSlot:
         name = configured.origin.name
-        report = functools.partial(self._observer.origin_request_limit, name)
-        return OriginSlot(configured, RequestLimiter(name, report))
+        return OriginSlot(configured, OriginGate(name, configured.caps, self._observer))
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -133,16 +140,45 @@ class OriginTable:
                 return slot
         return None
 
+    def gate_of(self, origin: Origin) -> OriginGate | None:
+        """The gate every request to `origin` waits at (None: not in the table)."""
+        slot = self.slot_of(origin)
+        return None if slot is None else slot.gate
+
+    def using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
+        """Hold `origin` open while a fill or request uses it (`replace` closes a replaced
+        one only after)."""
+        slot = self.slot_of(origin)
+        return contextlib.nullcontext() if slot is None else slot.using()
+
+    @contextlib.asynccontextmanager
+    async def one_request(self, origin: Origin, max_wait_s: float) -> AsyncIterator[None]:
+        """Hold `origin` open for one request that is no fill's (a client's HEAD of a miss, a
+        listing), sent in its turn at the origin's gate, which hears whether the origin
+        refused it as one too many. Raises OriginShed when the turn is too far off."""
+        slot = self.slot_of(origin)
+        if slot is None:
+            yield
+            return
+        with slot.using():
+            sent_at = await slot.gate.turn(max_wait_s)
+            try:
+                yield
+            except OriginThrottled:
+                slot.gate.throttled(sent_at)
+                raise
+            slot.gate.answered()
+
     def replace(self, origins: Mapping[str, Origin | ConfiguredOrigin]) -> None:
         """Make `origins` the whole table; retire (then close) the slots of those replaced.
-        A backend kept from the current table keeps its slot (its limiter, its users)."""
+        A backend kept from the current table keeps its slot (its gate, its users)."""
         slots: dict[str, OriginSlot] = {}
         for name, given in origins.items():
             configured = _configured(given)
             slot = self._slots.get(name)
             if slot is None or slot.origin is not configured.origin:
                 slot = self._new_slot(configured)
-                self._observer.origin_request_limit(name, 0)  # a new limiter: unlimited
+                self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
             else:
                 slot.configured = configured  # the same backend; how it is shown may change
             slots[name] = slot

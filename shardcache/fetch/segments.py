@@ -23,7 +23,7 @@ from shardcache.errors import (
     OriginNotResumable,
     OriginThrottled,
 )
-from shardcache.fetch.limiter import RequestLimiter
+from shardcache.fetch.gate import OriginGate
 from shardcache.fetch.policy import FetchPolicy
 from shardcache.observer import Observer
 from shardcache.origins.base import (
@@ -80,7 +80,7 @@ class Attempt:
     """One try of `OriginRequests.retrying`'s operation: what its loop tells the request.
 
     `throttled_s`: the throttling the loop has waited out so far, which bounds how long this
-    try may wait for a turn at the limiter. `is_new_reader`: a reader's own first GET
+    try may wait for its turn at the origin's gate. `is_new_reader`: a reader's own first GET
     (`OriginRequests.open(for_new_reader=True)`), of whose answer nothing is under way."""
 
     throttled_s: float = 0.0
@@ -102,17 +102,17 @@ class OriginRequests:
         key: str,
         policy: FetchPolicy,
         observer: Observer,
-        limiter: RequestLimiter | None = None,
+        gate: OriginGate | None = None,
         client_reading: Callable[[], bool] | None = None,
     ) -> None:
-        """`limiter`: the origin's, shared by every fill (see `limiter`), or None.
+        """`gate`: the origin's, shared by every fill and request to it (see `gate`), or None.
         `client_reading()`: whether a client may already have this object's answer under way
         (a fill that started); without it, once the origin answered one of these requests."""
         self.origin = origin
         self.key = key
         self.policy = policy
         self._observer = observer
-        self._limiter = limiter
+        self._gate = gate
         self._has_answered = False  # the origin answered one of these requests
         self._client_reading = client_reading or (lambda: self._has_answered)
 
@@ -137,11 +137,11 @@ class OriginRequests:
         Each try is handed its `Attempt`, which its request passes to `_asking`."""
         attempt = 0
         # Waited out for the origin's throttling, at most the read timeout in all: the turns
-        # at the limiter of requests it refused, and the back-offs after them.
+        # at the gate of requests it refused, and the back-offs after them.
         throttled_s = 0.0
         while True:
             began = time.monotonic()
-            this_try = Attempt(throttled_s, is_new_reader)  # the limiter's bound for its turn
+            this_try = Attempt(throttled_s, is_new_reader)  # the bound for its turn at the gate
             try:
                 return await operation(this_try)
             except OriginError as exc:
@@ -164,7 +164,15 @@ class OriginRequests:
             return self.origin.open(self.key, start, end, if_match, context=context)
 
         try:
-            return await self._asking(get, attempt)
+            if self._gate is None or not await self._gate.take_place(
+                self._max_wait_s(attempt), self._continues_an_answer(attempt)
+            ):
+                return await self._asking(get, attempt)
+            try:  # the place is held until the body ends
+                return self._gate.holding(await self._asking(get, attempt))
+            except BaseException:
+                self._gate.give_place_back()
+                raise
         except OriginError as exc:
             self.count(exc.kind)
             raise
@@ -206,24 +214,28 @@ class OriginRequests:
     async def _asking(
         self, request: Callable[[RequestContext], Awaitable[T]], attempt: Attempt
     ) -> T:
-        """Send one request, `attempt` of a retry loop, at the origin's pace (see `limiter`),
-        and tell the limiter whether the origin refused it as one too many."""
+        """Send one request, `attempt` of a retry loop, at the origin's pace (see `gate`),
+        and tell the gate whether the origin refused it as one too many."""
         # A request that continues an answer a client may be reading (segments, the HEAD for
-        # checksums of a fill that started) goes first and is never shed, by the limiter or
-        # an operator's caps (its `RequestContext`); any other waits for its turn no longer
-        # than what is left of the read timeout after the throttling it met already: it is
-        # shed (503 with Retry-After) and its client told when to come back.
+        # checksums of a fill that started) goes first and is never shed (its
+        # `RequestContext`); any other waits for its turn no longer than what is left of the
+        # read timeout after the throttling it met already: it is shed (503 with Retry-After)
+        # and its client told when to come back.
         urgent = self._continues_an_answer(attempt)
         context = CONTINUED_REQUEST if urgent else NEW_REQUEST
-        if self._limiter is None:
+        if self._gate is None:
             answer = await self._noting_throttled(lambda: request(context))
         else:
-            max_wait_s = max(0.0, self.policy.read_timeout_s - attempt.throttled_s)
-            async with self._limiter.permit(max_wait_s, is_urgent=urgent) as sent_at:
-                answer = await self._noting_throttled(lambda: request(context), sent_at)
-            self._limiter.answered()
+            sent_at = await self._gate.turn(self._max_wait_s(attempt), is_urgent=urgent)
+            answer = await self._noting_throttled(lambda: request(context), sent_at)
+            self._gate.answered()
         self._has_answered = True
         return answer
+
+    def _max_wait_s(self, attempt: Attempt) -> float:
+        """How long `attempt`'s request may wait at the gate: the read timeout, less the
+        throttling its retry loop waited out already."""
+        return max(0.0, self.policy.read_timeout_s - attempt.throttled_s)
 
     async def _noting_throttled(
         self, request: Callable[[], Awaitable[T]], sent_at: float | None = None
@@ -232,8 +244,8 @@ class OriginRequests:
             return await request()
         except OriginThrottled:
             self._observer.origin_throttled(self.origin.name)
-            if self._limiter is not None and sent_at is not None:
-                self._limiter.throttled(sent_at)
+            if self._gate is not None and sent_at is not None:
+                self._gate.throttled(sent_at)
             raise
 
     async def _back_off(
@@ -241,7 +253,7 @@ class OriginRequests:
     ) -> float:
         """Sleep before a retry as the policy says (`FetchPolicy.wait_before_retry`, which
         raises `exc` when throttling is not to be waited out); return the seconds slept for
-        throttling (0 for other failures). Throttled retries are logged at DEBUG: the limiter
+        throttling (0 for other failures). Throttled retries are logged at DEBUG: the gate
         logs the change of state, the metrics count the refusals."""
         is_throttled = isinstance(exc, OriginThrottled)
         delay = self.policy.wait_before_retry(

@@ -139,7 +139,14 @@ class Metrics:
         )
         self.origin_request_limit_gauge = Gauge(
             "shardcache_origin_request_limit",
-            "Requests to the origin allowed at once while it throttles (0: unlimited)",
+            "Requests a second the origin gets while it throttles us (0: unlimited)",
+            ["origin"],
+            registry=registry,
+        )
+        self.origin_waits_abandoned = Counter(
+            "shardcache_origin_waits_abandoned",
+            "Requests that stopped waiting at the origin's gate (their fill was stopped) and "
+            "were never sent",
             ["origin"],
             registry=registry,
         )
@@ -241,6 +248,7 @@ class Metrics:
             self.origin_retries.labels(origin)
             self.origin_throttled_total.labels(origin)
             self.origin_request_limit_gauge.labels(origin)
+            self.origin_waits_abandoned.labels(origin)
             self.origin_bytes_total.labels(origin)
             self.origin_fetch.labels(origin)
             self.prefetch_late_total.labels(origin)
@@ -394,6 +402,9 @@ class Metrics:
 
     def origin_request_limit(self, origin: str, limit: int) -> None:
         self.origin_request_limit_gauge.labels(origin).set(limit)
+
+    def origin_wait_abandoned(self, origin: str) -> None:
+        self.origin_waits_abandoned.labels(origin).inc()
 
     def origin_bytes(self, origin: str, size_bytes: int) -> None:
         self.origin_bytes_total.labels(origin).inc(size_bytes)

@@ -15,10 +15,10 @@ from shardcache import __version__
 from shardcache.config import OriginSpec
 from shardcache.crc_spans import Span
 from shardcache.errors import (
-    LocalBusy,
     OriginChanged,
     OriginHeadUnsupported,
     OriginRedirected,
+    OriginShed,
     OriginTimeout,
 )
 from shardcache.keys import join_url
@@ -148,10 +148,10 @@ class HttpTransport:
         """Send one request and wait for its answer's headers; the caller must close the
         returned exchange (which gives its turn in the share back).
 
-        Raises LocalBusy when no turn in this transport's share, or no receiving thread, came
-        within the read timeout: a local wait, which is never the upstream's time. The read
-        timeout for the answer starts when the request is on its thread, about to be sent, so
-        a wait for a thread never marks a healthy upstream down."""
+        Raises OriginShed (`is_local`) when no turn in this transport's share, or no receiving
+        thread, came within the read timeout: a local wait, which is never the upstream's
+        time. The read timeout for the answer starts when the request is on its thread, about
+        to be sent, so a wait for a thread never marks a healthy upstream down."""
         loop = asyncio.get_running_loop()
         sent = False
         request = {
@@ -187,8 +187,8 @@ class HttpTransport:
                     else f"an origin thread ({self.share.in_use} of {self.share.size} in use "
                     "for this origin)"
                 )
-                raise LocalBusy(
-                    f"{label}: waited {self._read_s:g}s for {waited_for}", 1.0
+                raise OriginShed(
+                    f"{label}: waited {self._read_s:g}s for {waited_for}", 1.0, is_local=True
                 ) from None
             raise OriginTimeout(f"{label}: timed out, no answer in {self._read_s:g}s") from None
 

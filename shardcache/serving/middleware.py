@@ -15,9 +15,9 @@ from aiohttp import web
 
 from shardcache.errors import (
     CrossSite,
-    OriginBusy,
     OriginError,
     OriginNotFound,
+    OriginShed,
     OriginThrottled,
     QueueFull,
     RangeNotSatisfiable,
@@ -159,7 +159,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         _count_error(request, exc)
         _log_failure(request, exc)
         headers = {ERROR_KIND_HEADER: exc.kind}
-        if isinstance(exc, OriginBusy):
+        if isinstance(exc, OriginShed):
             headers.update(_retry_after(exc.retry_after_s))
         return json_error(exc.status, _origin_error_message(request, exc), headers)
     except ShardcacheError as exc:

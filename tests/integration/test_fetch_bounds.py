@@ -1,7 +1,7 @@
 """The bounds the fetch policy promises a client, against real origins: an operator's rate cap
 (`fetch.capped`) sheds a request with 503 and Retry-After before the client's answer starts,
 never cuts off an answer it started; throttling is waited out for at most the read timeout in
-all (`fetch.limiter`, `FetchPolicy.wait_before_retry`); and a fill that nothing reached a client
+all (`fetch.gate`, `FetchPolicy.wait_before_retry`); and a fill that nothing reached a client
 of yet passes a long Retry-After on at once."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from tests.app_thread import AppThread
 from tests.daemon_process import Daemon
-from tests.integration.helpers import curl
+from tests.integration.helpers import curl, wait_for
 from tests.origin_server import OriginServer
 
 MiB = 1 << 20
@@ -29,9 +29,9 @@ def test_a_rate_cap_never_cuts_off_an_answer_it_started(
     """One client, one 12 MiB shard, `max_requests_per_second = 2` and a 2 s read timeout:
     the fill's first GET is answered (the client gets its 200), then its 5 further segments
     book turns 0.5 s apart; the fifth is 2.5 s off, past the wait bound, and is shed with
-    OriginBusy, a segment of a fill whose client is already reading. Found: curl exit 18, the
-    200 aborted after 0 of 12582912 bytes, at 0.06 s. The throttling limiter never sheds
-    such a request (`is_urgent`); the cap does not know it."""
+    OriginShed, a segment of a fill whose client is already reading. Found: curl exit 18, the
+    200 aborted after 0 of 12582912 bytes, at 0.06 s. The throttling limiter never shed such a
+    request (`is_urgent`); the cap did not know it. Both are the gate's now (`fetch.gate`)."""
     data = os.urandom(12 * MiB)
     origin.put("big.tar", data)
     config = tmp_path / "shardcache.toml"
@@ -185,11 +185,11 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
     once and give up after 0.5 s (a loader's timeout, a killed worker); then one more reader
     comes. Only the first request had gone to the origin; the other five were waiting for
     their turns, for nobody. The cap exists so that "fills whose clients left can not queue
-    requests behind a low cap" (`fetch.capped`). Found: the late reader got 503 with
-    `Retry-After: 11` while the origin was idle, and the origin was then sent the five
-    GETs at 2, 4, 6, 8 and 10 s, each fill stopped ("every reader left") only once its
-    answer came: a reader that left is noticed only when the fill starts, and a booked turn
-    is never given back (`CappedOrigin._turn` books before it sleeps)."""
+    requests behind a low cap". Found: the late reader got 503 with `Retry-After: 11` while
+    the origin was idle, and the origin was then sent the five GETs at 2, 4, 6, 8 and 10 s,
+    each fill stopped ("every reader left") only once its answer came: a reader that left was
+    noticed only when the fill started, and a booked turn was never given back. The five
+    leave the gate's queue as their readers leave, and say so in a metric."""
     for n in range(7):
         origin.put(f"k{n}.tar", os.urandom(4096))
     config = tmp_path / "shardcache.toml"
@@ -213,7 +213,11 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
         thread.start()
     for thread in leavers:
         thread.join(10)
-    time.sleep(0.5)
+    wait_for(
+        "the five waiting requests to leave the gate",
+        lambda: daemon.metric("shardcache_origin_waits_abandoned_total", origin="a") >= 5,
+        15,
+    )
     began = time.monotonic()
     late = curl(f"{daemon.url}/a/k6.tar", "--max-time", "20")
     took_s = time.monotonic() - began

@@ -78,7 +78,7 @@ def test_the_reader_of_the_drawing_follows_indentation() -> None:
     """The parser itself: a grandchild's parent is its drawn parent, not the root."""
     drawn = _drawn()
     assert drawn["ShardcacheError"][0] is None
-    assert drawn["OriginShed"][0] == "OriginThrottled"
+    assert drawn["OriginTooSlow"][0] == "OriginTimeout"
     assert drawn["OriginThrottled"][0] == "OriginUnavailable"
     assert drawn["OriginChanged"][0] == "OriginError"
     assert drawn["CacheError"][0] == "ShardcacheError"

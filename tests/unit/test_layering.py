@@ -138,11 +138,10 @@ ORDER: dict[str, list[str]] = {
     "fetch": [
         "fetch.segments",
         "fetch.origin_table",
+        "fetch.gate",
+        "fetch.throttle",
         "fetch.second_opinion",
         "fetch.checksum_trust",
-        "fetch.capped",
-        "fetch.limiter",
-        "fetch.pacer",
         "fetch.policy",
         "fetch",
     ],

@@ -20,21 +20,21 @@ from shardcache.cluster.breaker import BreakerState, CircuitBreaker, Health
 from shardcache.cluster.rendezvous import rank
 from shardcache.cluster.tier import TierMembers, Upstream
 from shardcache.cluster.upstreams import FailoverOrigin
+from shardcache.config import OriginSpec
 from shardcache.errors import (
     IntegrityError,
-    OriginBusy,
     OriginChanged,
     OriginNotFound,
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
 )
-from shardcache.fetch.capped import CappedOrigin
+from shardcache.fetch.origin_table import ConfiguredOrigin
 from shardcache.observer import NullObserver
 from shardcache.origins.base import CONTINUED_REQUEST, Origin
 from shardcache.origins.receivers import ReceiverPool
 from tests.unit.cache.test_shard_cache import read_all
-from tests.unit.fakes import FakeOrigin, Pace
+from tests.unit.fakes import FakeOrigin
 from tests.unit.policies import make_policy, make_timeouts
 from tests.unit.waiting import until
 
@@ -428,29 +428,6 @@ async def test_a_dns_tier_adopts_new_answers_and_keeps_its_members_through_a_fai
     assert made.count("http://10.0.0.2:8470") == 1  # a member that stays keeps its breaker
 
 
-async def test_caps_bound_requests_at_once_and_a_second() -> None:
-    origin = FakeOrigin("capped")
-    origin.pace = Pace(0.01)
-    data = b"y" * 40_000
-    for i in range(12):
-        origin.put(f"k{i}", data)
-    capped = CappedOrigin(origin, max_requests=3, max_requests_per_second=100, max_wait_s=30)
-
-    async def read(key: str) -> bytes:
-        stream = await capped.open(key)
-        try:
-            return b"".join([c async for c in stream])
-        finally:
-            await stream.aclose()
-
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    bodies = await asyncio.gather(*(read(f"k{i}") for i in range(12)))
-    assert bodies == [data] * 12
-    assert origin.pace.most_open_streams == 3  # never more at once, and the cap was reached
-    assert loop.time() - started >= 11 / 100  # twelve requests spaced 10 ms apart
-
-
 def test_tier_members_get_the_tier_headers_never_the_origins_credentials(
     receiver_pool: ReceiverPool,
 ) -> None:
@@ -510,7 +487,7 @@ async def test_one_request_at_once_still_streams_an_uncacheable_object_through(
     origin.checksums_on_get = False  # a HEAD must bring them, as from S3
     data = os.urandom(3 * MiB)
     origin.put("big", data)
-    capped = CappedOrigin(origin, max_requests=1, max_wait_s=5)
+    capped = ConfiguredOrigin(origin, OriginSpec("o", "http://origin", max_requests=1))
     cache = ShardCache(
         Store(tmp_path / "c", 2 * MiB),  # smaller than the object: streamed through
         {"o": capped},
@@ -523,33 +500,6 @@ async def test_one_request_at_once_still_streams_an_uncacheable_object_through(
         assert origin.heads["big"] == 1 and len(origin.opens) == 2
     finally:
         await cache.aclose()
-
-
-async def test_caps_shed_what_they_cannot_serve_in_time_instead_of_queueing() -> None:
-    origin = FakeOrigin("o")
-    origin.put("k", b"x")
-    clock = Clock()
-    rate = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2, clock=clock)
-    # All at the same instant: turns at 0, 1 and 2 s; the next would wait 3 s, over the limit.
-    tasks = [asyncio.ensure_future(rate.head("k")) for _ in range(5)]
-    await until("the first answer and the sheds", lambda: sum(t.done() for t in tasks) >= 3)
-    outcomes = []
-    for task in tasks:
-        if task.done() and isinstance(task.exception(), OriginBusy):
-            outcomes.append(f"busy {task.exception().retry_after_s:.0f}")  # type: ignore[union-attr]
-        else:
-            outcomes.append("answered" if task.done() else "booked")
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    assert outcomes == ["answered", "booked", "booked", "busy 3", "busy 3"]  # shed: not booked
-    origin.gate = asyncio.Event()  # bodies never end
-    slots = CappedOrigin(origin, max_requests=1, max_wait_s=0.1)
-    first = await slots.open("k")
-    with pytest.raises(OriginBusy, match="1 requests at once stayed busy"):
-        await slots.open("k")
-    await first.aclose()
-    second = await slots.open("k")  # closing gave the place back
-    await second.aclose()
 
 
 async def test_every_first_caller_of_a_dns_tier_waits_for_its_first_resolution() -> None:

@@ -1,4 +1,4 @@
-"""The origins and their limiters as one unit across reloads (issue 23, item 6): no sockets."""
+"""The origins and their gates as one unit across reloads (issue 23, item 6): no sockets."""
 
 from __future__ import annotations
 
@@ -20,17 +20,17 @@ class ClosingOrigin(FakeOrigin):
         self.closed.set()
 
 
-async def test_a_reload_builds_a_limiter_for_each_new_origin_and_keeps_the_others() -> None:
-    """Found: an origin added by SIGHUP got no limiter (they were built once, at start-up)."""
+async def test_a_reload_builds_a_gate_for_each_new_origin_and_keeps_the_others() -> None:
+    """Found: an origin added by SIGHUP got no gate (they were built once, at start-up)."""
     kept, rebuilt = ClosingOrigin("a"), ClosingOrigin("b")
     table = OriginTable({"a": kept, "b": rebuilt}, NullObserver())
     slot_a, slot_b = table.get("a"), table.get("b")
     assert slot_a is not None and slot_b is not None
     added, rebuilt_again = ClosingOrigin("c"), ClosingOrigin("b")
     table.replace({"a": kept, "b": rebuilt_again, "c": added})
-    assert table.get("a") is slot_a  # same backend: same limiter, throttled or not
+    assert table.get("a") is slot_a  # same backend: same gate, throttled or not
     new_b, new_c = table.get("b"), table.get("c")
-    assert new_b is not None and new_b.limiter is not slot_b.limiter
+    assert new_b is not None and new_b.gate is not slot_b.gate
     assert new_c is not None and new_c.origin is added
     await asyncio.wait_for(rebuilt.closed.wait(), 1.0)  # nothing used it: closed at once
     assert not kept.closed.is_set() and not rebuilt_again.closed.is_set()
@@ -45,7 +45,7 @@ async def test_a_replaced_origin_closes_when_its_last_user_ends() -> None:
     assert slot is not None
     with slot.using():
         table.replace({"a": new})
-        assert table.slot_of(old) is slot  # a fill that outlives the reload keeps its limiter
+        assert table.slot_of(old) is slot  # a fill that outlives the reload keeps its gate
         await asyncio.sleep(0)
         assert not old.closed.is_set()  # a fill still reads through it
     await asyncio.wait_for(old.closed.wait(), 1.0)
@@ -85,11 +85,11 @@ async def test_what_is_shown_of_the_origins_is_the_tables_whole_after_a_reload()
     assert not table.has_upstreams("unknown")
     assert table.lone_homes() == {"b": "https://cdn/y"}
     assert table.specs == {"a": tiered, "b": lone}
-    limiter = table.get("b").limiter  # type: ignore[union-attr]
+    gate = table.get("b").gate  # type: ignore[union-attr]
     moved = OriginSpec("b", "https://cdn/z")
     table.replace({"b": ConfiguredOrigin(b, moved, "https://cdn/z", "https://cdn/z")})
     assert table.shown_urls() == {"b": "https://cdn/z"} and len(table) == 1
     assert table.lone_homes() == {"b": "https://cdn/z"} and table.specs == {"b": moved}
-    assert table.get("b").limiter is limiter  # type: ignore[union-attr]  # same backend
+    assert table.get("b").gate is gate  # type: ignore[union-attr]  # same backend
     await asyncio.wait_for(a.closed.wait(), 1.0)  # dropped from the table: closed
     await table.aclose()

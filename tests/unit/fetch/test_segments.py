@@ -1,24 +1,23 @@
 """How objects are cut into segments (pure), and what each request of a fill's retry loop
-(`OriginRequests`) carries down, in its arguments: the throttling met so far to the limiter,
-whether it continues an answer to the caps. In memory, no sockets."""
+(`OriginRequests`) carries down, in its arguments: the throttling met so far and whether it
+continues an answer, to the origin's gate. In memory, no sockets."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 from collections.abc import Awaitable
-from contextlib import AbstractAsyncContextManager
 
 import pytest
 
-from shardcache.errors import OriginBusy, OriginThrottled
-from shardcache.fetch.capped import CappedOrigin
-from shardcache.fetch.limiter import RequestLimiter
+from shardcache.errors import OriginShed, OriginThrottled
+from shardcache.fetch.gate import GateCaps, OriginGate
 from shardcache.fetch.segments import OriginRequests, Segment, plan
 from shardcache.observer import NullObserver
 from shardcache.origins.base import CONTINUED_REQUEST, NEW_REQUEST, OriginStream
-from tests.unit.fakes import FakeOrigin
+from tests.unit.fakes import FakeOrigin, Pace
 from tests.unit.policies import make_policy
+from tests.unit.waiting import until
 
 MiB = 1 << 20
 POLICY = make_policy(connections=8, segment_bytes=16 * MiB, first_segment_bytes=2 * MiB)
@@ -52,7 +51,7 @@ def test_large_objects_use_full_segments_and_cover_every_byte_once() -> None:
 
 
 class Slept:
-    """`asyncio.sleep` for these tests (the back-off's and the caps'): records the seconds
+    """`asyncio.sleep` for these tests (the back-off's): records the seconds
     asked and waits none; a yield (`sleep(0)`, a fake body's) still yields."""
 
     def __init__(self) -> None:
@@ -72,26 +71,16 @@ def slept(monkeypatch: pytest.MonkeyPatch) -> Slept:
     return sleep
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class AskedLimiter(RequestLimiter):
-    """The origin's limiter, remembering what each request asked of it."""
+class AskedGate(OriginGate):
+    """The origin's gate, remembering what each request asked of it."""
 
     def __init__(self) -> None:
         super().__init__("fake")
-        self.asked: list[tuple[float, bool]] = []  # (max_wait_s, is_urgent) per permit
+        self.asked: list[tuple[float, bool]] = []  # (max_wait_s, is_urgent) per turn
 
-    def permit(
-        self, max_wait_s: float = math.inf, is_urgent: bool = False
-    ) -> AbstractAsyncContextManager[float]:
+    async def turn(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> float:
         self.asked.append((max_wait_s, is_urgent))
-        return super().permit(max_wait_s, is_urgent)
+        return await super().turn(max_wait_s, is_urgent)
 
 
 class Counted(NullObserver):
@@ -126,19 +115,19 @@ async def read(opened: Awaitable[OriginStream]) -> None:
     await stream.aclose()
 
 
-async def test_the_throttling_a_retry_waited_out_shortens_its_next_wait_at_the_limiter(
+async def test_the_throttling_a_retry_waited_out_shortens_its_next_wait_at_the_gate(
     origin: FakeOrigin, slept: Slept
 ) -> None:
     refuse_first(origin, "a.tar", retry_after_s=2.0)
-    limiter, observer = AskedLimiter(), Counted()
+    gate, observer = AskedGate(), Counted()
     policy = make_policy(retries=2, read_timeout_s=10.0)
-    requests = OriginRequests(origin, "a.tar", policy, observer, limiter)
+    requests = OriginRequests(origin, "a.tar", policy, observer, gate)
     await read(requests.open(0, None, None))
     assert slept.seconds == [2.0]  # the Retry-After, waited out: 2 of the 10 s it may wait
-    (first_wait_s, _), (second_wait_s, _) = limiter.asked
+    (first_wait_s, _), (second_wait_s, _) = gate.asked
     assert first_wait_s == 10.0
     assert 7.0 < second_wait_s <= 8.0  # what is left of the read timeout after the 2 s
-    assert observer.throttled == 1 and limiter.throttled_answers == 1
+    assert observer.throttled == 1 and gate.throttling.throttled_answers == 1
     assert origin.contexts == [NEW_REQUEST, NEW_REQUEST]  # nothing of the answer under way
 
 
@@ -148,15 +137,15 @@ async def test_a_new_readers_first_get_passes_throttling_on_a_continuing_one_wai
     """Both while a client reads the object: only a request continuing its answer waits out
     a Retry-After longer than the read timeout; a new reader gets it as its 503."""
     policy = make_policy(retries=2, read_timeout_s=10.0)
-    limiter = AskedLimiter()
+    gate = AskedGate()
     requests = OriginRequests(
-        origin, "a.tar", policy, NullObserver(), limiter, client_reading=lambda: True
+        origin, "a.tar", policy, NullObserver(), gate, client_reading=lambda: True
     )
     refuse_first(origin, "a.tar", retry_after_s=60.0)
     with pytest.raises(OriginThrottled):
         await requests.open(0, None, None, for_new_reader=True)
     assert slept.seconds == [] and origin.contexts == [NEW_REQUEST]
-    assert limiter.asked == [(10.0, False)]  # sheddable, in line behind the others
+    assert gate.asked == [(10.0, False)]  # sheddable, in line behind the others
 
     origin.on_open.clear()
     origin.opens.clear()
@@ -164,27 +153,70 @@ async def test_a_new_readers_first_get_passes_throttling_on_a_continuing_one_wai
     await read(requests.open(5_000, None, None))
     assert slept.seconds == [30.0]  # the hint, at most RETRY_AFTER_CAP_S
     assert origin.contexts[1:] == [CONTINUED_REQUEST, CONTINUED_REQUEST]
-    assert [is_urgent for _, is_urgent in limiter.asked[1:]] == [True, True]
+    assert [is_urgent for _, is_urgent in gate.asked[1:]] == [True, True]
 
 
 async def test_a_request_continuing_an_answer_is_never_shed_by_the_caps_a_new_one_is(
-    origin: FakeOrigin, slept: Slept
+    origin: FakeOrigin,
 ) -> None:
-    clock = Clock()
-    capped = CappedOrigin(origin, max_requests_per_second=1, max_wait_s=2.5, clock=clock)
-    policy = make_policy(retries=2)
+    """Under a cap of 4 a second with two requests waiting, the next turn is 0.75 s off, past
+    the 0.6 s read timeout: a fill's first GET and a new reader's are shed; its HEAD for
+    checksums and a later segment, which continue an answer, wait their turns."""
+    gate = OriginGate("fake", GateCaps(max_requests_per_second=4))
+    policy = make_policy(retries=2, read_timeout_s=0.6)
     reading = False
-    requests = OriginRequests(
-        capped, "a.tar", policy, NullObserver(), client_reading=lambda: reading
-    )
-    for _ in range(3):
-        await capped.head("a.tar")  # the next turn is 3 s off, past the 2.5 s bound
-    with pytest.raises(OriginBusy, match="booked 3 s ahead"):
+    requests = OriginRequests(origin, "a.tar", policy, NullObserver(), gate, lambda: reading)
+    await gate.turn()
+    waiting = [asyncio.create_task(gate.turn()) for _ in range(2)]
+    await until("two requests wait", lambda: gate.waiting == 2)
+    with pytest.raises(OriginShed, match="booked 1 s ahead"):
         await requests.open(0, None, None)  # a fill's first GET
     reading = True
-    with pytest.raises(OriginBusy, match="booked 3 s ahead"):
+    with pytest.raises(OriginShed, match="booked 1 s ahead"):
         await requests.open(0, None, None, for_new_reader=True)
     assert await requests.head() == origin._info("a.tar")  # the HEAD for its checksums
     await read(requests.open(5_000, None, None))  # a later segment
-    assert slept.seconds[-2:] == [3.0, 4.0]  # waited their turns, not shed
     assert origin.contexts[-2:] == [CONTINUED_REQUEST, CONTINUED_REQUEST]
+    assert gate.shed_requests == 2
+    await asyncio.gather(*waiting)
+
+
+async def test_a_get_holds_its_place_at_the_gate_until_its_body_ends(origin: FakeOrigin) -> None:
+    """`max_requests = 1`: the second GET waits for the first's body to end, then goes."""
+    gate = OriginGate("fake", GateCaps(max_requests=1))
+    policy = make_policy(read_timeout_s=5.0)
+    requests = OriginRequests(origin, "a.tar", policy, NullObserver(), gate)
+    first = await requests.open(0, None, None)
+    second = asyncio.create_task(requests.open(0, None, None))
+    await asyncio.sleep(0.05)
+    assert not second.done() and len(origin.opens) == 1
+    async for _ in first:
+        pass
+    await read(asyncio.wait_for(second, 1.0))
+    assert len(origin.opens) == 2
+
+
+async def test_the_caps_bound_requests_at_once_and_a_second() -> None:
+    """Twelve fills' GETs through one gate with `max_requests = 3` and 100 a second: never
+    more than three bodies open at once, and the twelve sent 10 ms apart at least."""
+    origin = FakeOrigin("capped")
+    origin.pace = Pace(0.01)
+    data = b"y" * 40_000
+    for i in range(12):
+        origin.put(f"k{i}", data)
+    gate = OriginGate("capped", GateCaps(max_requests=3, max_requests_per_second=100))
+    policy = make_policy(read_timeout_s=30.0)
+
+    async def read_one(key: str) -> bytes:
+        stream = await OriginRequests(origin, key, policy, NullObserver(), gate).open(0, None, None)
+        try:
+            return b"".join([c async for c in stream])
+        finally:
+            await stream.aclose()
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    bodies = await asyncio.gather(*(read_one(f"k{i}") for i in range(12)))
+    assert bodies == [data] * 12
+    assert origin.pace.most_open_streams == 3  # never more at once, and the cap was reached
+    assert loop.time() - started >= 11 / 100 * 0.9  # twelve requests spaced 10 ms apart

@@ -285,7 +285,8 @@ async def test_a_local_wait_too_long_is_local_and_marks_no_upstream_down(
             while local_busy is None and time.monotonic() < deadline:
                 try:
                     await (await failover.open("ok")).aclose()
-                except errors.LocalBusy as exc:
+                except errors.OriginShed as exc:
+                    assert exc.is_local and exc.kind == "busy"
                     local_busy = exc
             assert local_busy is not None, "the home always found a receiving thread"
             health = breaker.health()

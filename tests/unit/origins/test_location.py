@@ -1,5 +1,5 @@
 """A bucket's location (`origins.location`): an origin with a bucket answers its own; any
-other answers us-east-1's empty constraint; wrappers (caps, failover) ask what they wrap."""
+other answers us-east-1's empty constraint; a failover asks its home."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import time
 from shardcache.cluster.breaker import CircuitBreaker
 from shardcache.cluster.tier import Upstream
 from shardcache.cluster.upstreams import FailoverOrigin
-from shardcache.fetch.capped import CappedOrigin
 from shardcache.origins.location import US_EAST_1, Locator, bucket_location
 from tests.unit.fakes import FakeOrigin
 from tests.unit.policies import make_timeouts
@@ -29,12 +28,9 @@ async def test_a_locator_answers_its_own() -> None:
     assert await bucket_location(Located()) == "eu-west-1"
 
 
-async def test_caps_and_failover_ask_the_backend_they_wrap() -> None:
+async def test_a_failover_asks_its_home() -> None:
     home, mirror = Located("home"), FakeOrigin("mirror")
     breakers = [CircuitBreaker(o.name, time.monotonic) for o in (home, mirror)]
     chain = [Upstream(mirror, breakers[1], "mirror"), Upstream(home, breakers[0], "home")]
     failover = FailoverOrigin("o", chain, timeouts=make_timeouts())  # the home is the chain's last
-    capped = CappedOrigin(failover, max_requests_per_second=100, max_wait_s=1)
-    assert await bucket_location(capped) == "eu-west-1"
-    plain = CappedOrigin(FakeOrigin(), max_requests_per_second=100, max_wait_s=1)
-    assert await bucket_location(plain) == US_EAST_1
+    assert await bucket_location(failover) == "eu-west-1"

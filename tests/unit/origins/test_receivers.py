@@ -42,10 +42,11 @@ def test_a_message_carries_its_payload_and_descriptor(tmp_path: Path) -> None:
 
 
 def test_an_error_crosses_as_its_own_class_with_its_attributes() -> None:
-    sent = errors.OriginBusy("web: booked", 2.5)
+    sent = errors.OriginShed("web: booked", 2.5, "throttled", is_local=True)
     rebuilt = error_from(error_message(3, sent))
-    assert type(rebuilt) is errors.OriginBusy
+    assert type(rebuilt) is errors.OriginShed
     assert (str(rebuilt), rebuilt.retry_after_s, rebuilt.status) == ("web: booked", 2.5, 503)
+    assert (rebuilt.kind, rebuilt.is_local) == ("throttled", True)
     other = error_from(error_message(3, ZeroDivisionError("boom")))
     assert type(other) is errors.OriginUnavailable and "ZeroDivisionError: boom" in str(other)
     forged = error_from({"op": "error", "class": "SystemExit", "message": "x"})

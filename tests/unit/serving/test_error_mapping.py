@@ -28,8 +28,8 @@ from shardcache.cache.shard_cache import ShardCache
 from shardcache.cache.store import Store
 from shardcache.errors import (
     ConfigError,
-    OriginBusy,
     OriginError,
+    OriginShed,
     OriginThrottled,
     OriginUnavailable,
     QueueFull,
@@ -181,10 +181,12 @@ async def test_each_error_class_maps_to_its_status_and_a_json_body(
 
 
 async def test_throttling_and_a_busy_origin_pass_on_their_hint(app: web.Application) -> None:
-    for exc in (OriginThrottled("slow down", 7.2), OriginBusy("booked", 61.0)):
+    shed = (OriginShed("booked", 61.0), OriginShed("turn too far off", 9.5, "throttled"))
+    for exc in (OriginThrottled("slow down", 7.2), *shed):
         response = await answer(app, exc)
         assert response.status == 503
         assert response.headers["Retry-After"] == str(math.ceil(exc.retry_after_s or 0))
+        assert response.headers[ERROR_KIND_HEADER] == exc.kind  # a tier reads "throttled"
     no_hint = await answer(app, OriginThrottled("slow down"))
     assert no_hint.status == 503 and "Retry-After" not in no_hint.headers
     endless = await answer(app, OriginThrottled("slow down", 1e9))

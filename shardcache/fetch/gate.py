@@ -1,0 +1,211 @@
+"""`OriginGate`: where every request to one origin waits, kept in its `OriginTable` slot: one FIFO
+queue paced at the lower of the operator's cap and the throttling curve, and an optional cap on
+requests at once, which a GET holds until its body ends. Requests continuing an answer go first,
+never shed; any other whose turn or place is too far off is shed (`OriginShed`, Retry-After).
+One that stops waiting leaves nothing booked. How it behaves: docs/architecture.md."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardcache.errors import OriginShed
+from shardcache.fetch.throttle import ThrottleCurve
+from shardcache.observer import NullObserver, Observer
+from shardcache.origins.base import OriginStream
+from shardcache.origins.streams import StreamWrapper
+
+
+@dataclass(frozen=True, slots=True)
+class GateCaps:
+    """An operator's fixed caps on one origin (`max_requests`, `max_requests_per_second`)."""
+
+    max_requests: int | None = None
+    max_requests_per_second: float | None = None
+
+
+NO_CAPS = GateCaps()
+
+
+class OriginGate:
+    def __init__(
+        self,
+        origin: str,
+        caps: GateCaps = NO_CAPS,
+        observer: Observer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        observer = observer or NullObserver()
+        self.origin = origin
+        self.caps = caps
+        self.throttling = ThrottleCurve(
+            origin, lambda limit: observer.origin_request_limit(origin, limit), clock
+        )
+        self.shed_requests = 0
+        self.abandoned_waits = 0  # requests that stopped waiting here: never sent
+        self._observer = observer
+        self._clock = clock
+        self._last_went = -math.inf  # when the last paced request went
+        self._queue: collections.deque[asyncio.Event] = collections.deque()
+        self._urgent = 0  # the urgent ones, all at the front of the queue
+        self._places = asyncio.Semaphore(caps.max_requests) if caps.max_requests else None
+
+    @property
+    def rate(self) -> float | None:
+        """Requests a second allowed now (the lower of the cap and the throttling curve);
+        None while unlimited."""
+        rates = [r for r in (self.caps.max_requests_per_second, self.throttling.rate) if r]
+        return min(rates) if rates else None
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for their turn."""
+        return len(self._queue)
+
+    async def turn(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> float:
+        """Wait for the request's turn (at once while unlimited and nobody waits); return the
+        time it was sent, for `throttled()`.
+
+        Raises OriginShed when the turn is more than `max_wait_s` away: at once when the
+        queue says so at the current rate, else when `max_wait_s` has passed. An urgent
+        request waits ahead of the others, in order among the urgent ones, and is never shed.
+        """
+        if self.rate is not None or self._queue:
+            await self._wait_turn(math.inf if is_urgent else max_wait_s, is_urgent)
+        sent_at = self._clock()
+        self.throttling.sent(sent_at)
+        return sent_at
+
+    async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
+        """Take one of the requests at once a GET holds until its body ends (`holding`);
+        return whether one was taken (False: no such cap). Raises OriginShed when none came
+        free within `max_wait_s`; an urgent request waits for one unshed."""
+        if self._places is None:
+            return False
+        try:
+            if is_urgent or math.isinf(max_wait_s):
+                await self._places.acquire()  # never shed: the client's answer is under way
+            else:
+                async with asyncio.timeout(max_wait_s):
+                    await self._places.acquire()
+        except TimeoutError:
+            self._shed(
+                f"origin {self.origin}: its {self.caps.max_requests} requests at once stayed "
+                f"busy for {max_wait_s:g} s",
+                max_wait_s,
+                "busy",
+            )
+        except asyncio.CancelledError:
+            self._abandoned()
+            raise
+        return True
+
+    def give_place_back(self) -> None:
+        assert self._places is not None
+        self._places.release()
+
+    def holding(self, stream: OriginStream) -> OriginStream:
+        """`stream`, which gives its place back once, when its body was read to its end,
+        landed, failed or closed (the place `take_place` took for it)."""
+        return _PlacedStream(stream, self)
+
+    def throttled(self, sent_at: float) -> None:
+        """The origin refused a request sent at `sent_at` as one too many."""
+        was_throttled = self.throttling.is_throttled
+        if self.throttling.throttled(sent_at):
+            if not was_throttled:
+                self._went(self._clock())  # paced from the first refusal on
+            self._wake()
+
+    def answered(self) -> None:
+        """The origin answered a request without refusing it."""
+        if self.throttling.answered():
+            self._wake()
+
+    async def _wait_turn(self, max_wait_s: float, is_urgent: bool) -> None:
+        began = self._clock()
+        rate = self.rate
+        ahead = self._urgent if is_urgent else len(self._queue)
+        if rate is not None:
+            expected_s = max(0.0, self._next_at(rate) - began) + ahead / rate
+            if expected_s > max_wait_s:
+                self._shed_turn(expected_s)
+        me = asyncio.Event()
+        self._queue.insert(ahead, me)
+        self._urgent += is_urgent
+        try:
+            while True:
+                now = self._clock()
+                rate = self.rate
+                if self._queue[0] is me and (rate is None or now >= self._next_at(rate)):
+                    break
+                left_s = began + max_wait_s - now
+                if left_s <= 0:
+                    self._shed_turn(len(self._queue) / rate if rate else 1.0)
+                # The first in the queue paces; the others wait to become first.
+                wait_s = self._next_at(rate) - now if self._queue[0] is me and rate else left_s
+                timeout_s = min(wait_s, left_s)
+                me.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(me.wait(), None if math.isinf(timeout_s) else timeout_s)
+        except asyncio.CancelledError:
+            self._abandoned()
+            raise
+        finally:
+            self._queue.remove(me)
+            self._urgent -= is_urgent
+            if self._queue:
+                self._queue[0].set()  # the next one paces now
+        self._went(self._clock())
+        self.throttling.report()
+
+    def _next_at(self, rate: float) -> float:
+        return self._last_went + 1 / rate
+
+    def _went(self, at: float) -> None:
+        self._last_went = max(self._last_went, at)
+
+    def _wake(self) -> None:
+        """The rate changed: the first waiting request recomputes its turn."""
+        if self._queue:
+            self._queue[0].set()
+
+    def _shed_turn(self, wait_s: float) -> None:
+        rate, cap = self.rate, self.caps.max_requests_per_second
+        if self.throttling.is_throttled and (cap is None or (rate is not None and rate < cap)):
+            message = f"origin {self.origin} is throttling us: the next turn is"
+            kind = "throttled"  # passed on as such: a daemon reading through this one slows
+        else:
+            message = f"origin {self.origin}: its cap of {cap:g} requests a second is booked"
+            kind = "busy"
+        self._shed(f"{message} {wait_s:.0f} s ahead ({len(self._queue)} waiting)", wait_s, kind)
+
+    def _shed(self, message: str, wait_s: float, kind: str) -> None:
+        self.shed_requests += 1
+        raise OriginShed(message, max(1.0, wait_s), kind)
+
+    def _abandoned(self) -> None:
+        self.abandoned_waits += 1
+        self._observer.origin_wait_abandoned(self.origin)
+
+
+class _PlacedStream(StreamWrapper):
+    """A stream that gives its request's place back once: when its body was read to its end,
+    landed, failed or closed, whichever comes first (`ended`)."""
+
+    def __init__(self, inner: OriginStream, gate: OriginGate | None) -> None:
+        super().__init__(inner)
+        self._gate = gate
+
+    def ended(self) -> None:
+        if self._gate is not None:  # the next request may go
+            self._gate.give_place_back()
+            self._gate = None
+
+
+__all__ = ["NO_CAPS", "GateCaps", "OriginGate"]

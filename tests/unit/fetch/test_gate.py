@@ -1,0 +1,322 @@
+"""The per-origin gate (`fetch.gate`): its throttling curve (issue 14), an operator's caps, and
+the one queue both pace, with a fake clock where time is only read: no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from shardcache.errors import OriginShed, OriginThrottled
+from shardcache.fetch.gate import GateCaps, OriginGate
+from shardcache.fetch.throttle import BETA, CALM_S, CUBIC_C
+from shardcache.observer import NullObserver
+from shardcache.origins.http import retry_after_s
+from tests.unit.fakes import FakeOrigin
+from tests.unit.waiting import until
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Limits(NullObserver):
+    """What the gate reports: each new whole rate, each request that stopped waiting."""
+
+    def __init__(self) -> None:
+        self.limits: list[int] = []
+        self.abandoned = 0
+
+    def origin_request_limit(self, origin: str, limit: int) -> None:
+        self.limits.append(limit)
+
+    def origin_wait_abandoned(self, origin: str) -> None:
+        self.abandoned += 1
+
+
+def uncapped_gate(
+    origin: str, limits: list[int] | None = None, clock: Clock | None = None
+) -> OriginGate:
+    """A gate with no caps: paced by the origin's throttling alone."""
+    observer = Limits()
+    if limits is not None:
+        observer.limits = limits
+    return OriginGate(origin, observer=observer, **({"clock": clock} if clock else {}))
+
+
+async def _send(gate: OriginGate, count: int) -> list[float]:
+    return [await gate.turn() for _ in range(count)]
+
+
+async def test_unlimited_until_throttled_then_beta_of_the_last_seconds_rate() -> None:
+    clock, limits = Clock(), []
+    gate = uncapped_gate("o", limits, clock)
+    burst = await _send(gate, 200)  # 200 requests in the same second, none paced
+    assert not gate.throttling.is_throttled
+    for at in burst[-20:]:  # twenty refusals of requests sent together: one cut
+        gate.throttled(at)
+    assert gate.rate == pytest.approx(BETA * 200) and limits == [140]
+    assert gate.throttling.throttled_answers == 20
+    clock.now += 0.5
+    grown = gate.rate
+    assert grown is not None and grown > BETA * 200  # growing back meanwhile
+    gate.throttled(clock.now)  # sent after the cut, refused too: cut again
+    assert gate.rate == pytest.approx(BETA * grown)
+
+
+async def test_requests_are_spaced_at_the_rate() -> None:
+    gate = uncapped_gate("o")
+    sent = await _send(gate, 40)
+    for at in sent[-4:]:  # a tenth refused: the rate becomes BETA of 40 a second
+        gate.throttled(at)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await _send(gate, 6)
+    assert loop.time() - began >= 5 / (BETA * 40) * 0.9
+
+
+async def test_grows_back_along_the_cubic_and_lifts_when_calm() -> None:
+    clock, limits = Clock(), []
+    gate = uncapped_gate("o", limits, clock)
+    sent = await _send(gate, 40)
+    for at in sent[-4:]:  # a tenth of them refused
+        gate.throttled(at)
+    assert gate.rate == pytest.approx(28)
+    k = (40 * (1 - BETA) / CUBIC_C) ** (1 / 3)
+    clock.now += k / 2  # fast at first…
+    assert gate.rate is not None and 38 < gate.rate < 40
+    clock.now += k / 2  # …flat near the rate the origin refused…
+    assert gate.rate == pytest.approx(40)
+    clock.now += 2  # …and faster again past it
+    assert gate.rate is not None and gate.rate > 40
+    clock.now += CALM_S  # nothing sent in the last second: the rate does not bind
+    gate.answered()
+    assert gate.rate is None and limits[0] == 28 and limits[-1] == 0
+
+
+async def test_waiting_requests_go_as_soon_as_the_limit_lifts() -> None:
+    """Found: requests that booked their turn at 1 a second kept it after the origin
+    recovered (`permit()` slept what it computed when called): answers left at 1 a second
+    for 98 s. Waiting requests re-time when the rate changes."""
+    clock = Clock()
+    gate = uncapped_gate("o", clock=clock)
+    for at in await _send(gate, 2):  # both refused: as slow as it gets
+        gate.throttled(at)
+    assert gate.rate is not None and gate.rate <= 2
+    waiting = [asyncio.create_task(_send(gate, 1)) for _ in range(8)]
+    await until("the 8 requests queue up", lambda: gate.waiting == 8)
+    assert not any(task.done() for task in waiting)
+    clock.now += CALM_S  # calm, and nothing sent in the last second: lifted
+    gate.answered()
+    assert gate.rate is None
+    await asyncio.wait_for(asyncio.gather(*waiting), timeout=1.0)  # not 4-8 s
+
+
+async def test_a_turn_too_far_off_is_shed_with_a_hint() -> None:
+    gate = uncapped_gate("o")
+    for at in await _send(gate, 2):
+        gate.throttled(at)  # about 1.4 a second
+    waiting = [asyncio.create_task(_send_within(gate, 2.0)) for _ in range(10)]
+    results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5.0)
+    shed = [r for r in results if isinstance(r, OriginShed)]
+    assert 5 <= len(shed) <= 8 and gate.shed_requests == len(shed)
+    assert all(exc.retry_after_s is not None and exc.retry_after_s >= 1 for exc in shed)
+    assert shed[0].status == 503 and shed[0].kind == "throttled" and not shed[0].is_retryable
+    assert gate.waiting == 0
+
+
+async def _send_within(gate: OriginGate, max_wait_s: float) -> float:
+    return await gate.turn(max_wait_s)
+
+
+def test_a_log_line_per_change_of_state(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    gate = uncapped_gate("lake", clock=clock)
+    for _ in range(50):
+        clock.now += 1
+        gate.throttled(clock.now)
+        gate.throttled(clock.now)
+    clock.now += CALM_S
+    gate.answered()
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if "lake" in r.getMessage() and r.levelno >= logging.WARNING
+    ]
+    assert len(lines) == 2
+    assert "throttling" in lines[0] and "no longer" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("3", 3.0),
+        (" 120 ", 120.0),
+        (None, None),
+        ("soon", None),
+        ("-1", None),
+        ("9" * 400, None),  # a hostile hint: float() of it is inf
+        ("\u00b2", None),  # a digit to str.isdigit, not to float()
+        ("Mon, 99 Foo 99999 99:99:99 GMT", None),
+    ],
+)
+def test_retry_after(header: str | None, expected: float | None) -> None:
+    assert retry_after_s(header) == expected
+
+
+def test_retry_after_as_a_date_in_the_past_is_now() -> None:
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+async def test_a_stray_refusal_is_not_a_limit() -> None:
+    """Found by the fault soak: 3% of answers were random 503s, each cut the rate, and the
+    soak's two minutes took nine; random refusals do not go away by slowing down."""
+    clock = Clock()
+    gate = uncapped_gate("o", clock=clock)
+    for _ in range(30):
+        sent = await _send(gate, 100)  # 100 a second…
+        for at in sent[:3]:  # …of which 3 refused
+            gate.throttled(at)
+        clock.now += 1.1
+    assert not gate.throttling.is_throttled and gate.throttling.throttled_answers == 90
+
+
+@pytest.mark.parametrize(("hint", "waited_s"), [(3600.0, None), (31.0, None), (2.0, 2.0)])
+def test_a_retry_waits_for_a_hint_shorter_than_the_read_timeout(
+    hint: float, waited_s: float | None
+) -> None:
+    """A hostile or confused origin's `Retry-After: 3600` must not park a fill for an hour;
+    found: `Retry-After: 30` or more held a client 4 × 30 s before its 503. A hint longer
+    than the read timeout is passed on to the client at once."""
+    from tests.unit.policies import make_policy
+
+    policy = make_policy(base_s=0.25, read_timeout_s=30.0)
+    refusal = OriginThrottled("503 SlowDown", hint)
+    if waited_s is None:
+        with pytest.raises(OriginThrottled):
+            policy.wait_before_retry(1, refusal, 0)
+        # A fill a client already reads from waits the hint out (30 s a retry at most).
+        assert policy.wait_before_retry(1, refusal, 0, may_shed=False) == min(hint, 30.0)
+    else:
+        assert policy.wait_before_retry(1, refusal, 0) == waited_s
+        with pytest.raises(OriginThrottled):  # 30 s of the origin's hints in all, at most
+            policy.wait_before_retry(2, refusal, throttled_s=29.0)
+
+
+def test_a_retry_after_other_failures_backs_off_exponentially_with_jitter() -> None:
+    from shardcache.errors import OriginUnavailable
+    from tests.unit.policies import make_policy
+
+    policy = make_policy(base_s=0.25, cap_s=1.0)
+    dropped = OriginUnavailable("connection reset")
+    waits = [policy.wait_before_retry(n, dropped, jitter=0.5) for n in (1, 2, 3, 4)]
+    assert waits == [0.125, 0.25, 0.5, 0.5]  # doubling, capped, then the jitter
+    assert policy.wait_before_retry(1, dropped, throttled_s=1e9) == 0.25  # not throttling
+
+
+# An operator's caps (`max_requests`, `max_requests_per_second`), paced by the same queue.
+
+
+async def test_a_rate_cap_spaces_requests_evenly() -> None:
+    gate = OriginGate("o", GateCaps(max_requests_per_second=20))
+    sent = await _send(gate, 5)
+    gaps = [b - a for a, b in zip(sent, sent[1:], strict=False)]
+    assert min(gaps) >= 0.05 * 0.9, gaps  # 1/20 s apart, the first at once
+    assert gate.rate == 20
+
+
+async def test_a_turn_past_the_wait_bound_is_shed_at_once_with_its_distance() -> None:
+    """All at the same instant under a cap of 1 a second and a 2.5 s bound: turns at 0, 1
+    and 2 s; the fourth would wait 3 s, and is told so at once (it is not queued)."""
+    clock, observer = Clock(), Limits()
+    gate = OriginGate("o", GateCaps(max_requests_per_second=1), observer, clock)
+    await gate.turn(2.5)  # goes at once
+    waiting = [asyncio.create_task(gate.turn(2.5)) for _ in range(2)]
+    await until("both queue up", lambda: gate.waiting == 2)
+    with pytest.raises(OriginShed, match="cap of 1 requests a second is booked 3 s ahead") as shed:
+        await gate.turn(2.5)
+    assert (shed.value.retry_after_s, shed.value.kind, shed.value.status) == (3.0, "busy", 503)
+    assert gate.shed_requests == 1 and gate.waiting == 2  # the shed one took no turn
+    for task in waiting:  # their fills were stopped: they give their turns back
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert gate.waiting == 0 and gate.abandoned_waits == observer.abandoned == 2
+
+
+async def test_a_request_continuing_an_answer_waits_its_turn_unshed_ahead_of_new_ones() -> None:
+    """Shedding it would cut off a 200 a client is reading (found: curl exit 18)."""
+    gate = OriginGate("o", GateCaps(max_requests_per_second=2))
+    await gate.turn(2.5)
+    new = [asyncio.create_task(gate.turn(2.5)) for _ in range(2)]
+    await until("the new ones queue up", lambda: gate.waiting == 2)
+    urgent = asyncio.create_task(gate.turn(0.0, is_urgent=True))  # bound 0: still waits
+    await asyncio.wait_for(urgent, 2.0)  # the next turn, 0.5 s on, is the continuing one's
+    assert not any(task.done() for task in new)
+    for task in new:
+        task.cancel()
+    await asyncio.gather(*new, return_exceptions=True)
+
+
+async def test_a_get_holds_its_place_until_its_body_ends() -> None:
+    origin = FakeOrigin()
+    origin.put("a.tar", b"x" * 10_000)
+    gate = OriginGate("o", GateCaps(max_requests=1))
+    assert await gate.take_place(0.2)
+    first = gate.holding(await origin.open("a.tar"))
+    with pytest.raises(OriginShed, match="1 requests at once stayed busy for 0.2 s") as shed:
+        await gate.take_place(0.2)
+    assert shed.value.kind == "busy" and shed.value.retry_after_s == 1.0
+    assert b"".join([chunk async for chunk in first]) == b"x" * 10_000  # read to its end
+    assert await asyncio.wait_for(gate.take_place(5), 1)  # the place came back
+    second = gate.holding(await origin.open("a.tar"))
+    await second.aclose()
+    await second.aclose()  # closed twice: given back once
+    assert await asyncio.wait_for(gate.take_place(5), 1)
+    urgent = asyncio.create_task(gate.take_place(0.0, is_urgent=True))  # never shed
+    await asyncio.sleep(0.05)
+    assert not urgent.done()
+    gate.give_place_back()
+    assert await asyncio.wait_for(urgent, 1)
+    assert not await OriginGate("o").take_place(0.0)  # no such cap: no place to take
+
+
+async def test_a_request_that_stops_waiting_for_a_place_is_counted_and_takes_none() -> None:
+    observer = Limits()
+    gate = OriginGate("o", GateCaps(max_requests=1), observer)
+    assert await gate.take_place(5)
+    leaver = asyncio.create_task(gate.take_place(5))
+    await asyncio.sleep(0.05)
+    leaver.cancel()
+    await asyncio.gather(leaver, return_exceptions=True)
+    assert gate.abandoned_waits == observer.abandoned == 1
+    gate.give_place_back()
+    assert await asyncio.wait_for(gate.take_place(5), 1)  # the leaver holds nothing
+
+
+async def test_the_lower_of_the_cap_and_the_throttling_paces_and_names_the_shed() -> None:
+    clock = Clock()
+    gate = OriginGate("lake", GateCaps(max_requests_per_second=100), clock=clock)
+    sent = []
+    for _ in range(2):
+        sent.append(await gate.turn())
+        clock.now += 0.01  # at the cap's pace
+    for at in sent:
+        gate.throttled(at)  # both refused: throttled to a rate or two a second
+    rate = gate.rate
+    assert rate is not None and rate < 2 and gate.throttling.is_throttled
+    waiting = [asyncio.create_task(gate.turn(3.0)) for _ in range(2)]
+    await until("two queue up", lambda: gate.waiting == 2)
+    with pytest.raises(OriginShed, match="lake is throttling us") as shed:
+        await gate.turn(1.0)
+    assert shed.value.kind == "throttled"  # passed on as such: a tier below slows down too
+    for task in waiting:
+        task.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    clock.now += CALM_S
+    gate.answered()  # calm: the throttling lifts, the cap stays
+    assert gate.rate == 100
