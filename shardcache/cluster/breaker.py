@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shardcache.backoff import doubling_s
+
 BASE_S = 1.0
 CAP_S = 30.0
 PROBE_S = 60.0  # a probe that never reports back (its request was cancelled) is given up
@@ -116,7 +118,7 @@ class CircuitBreaker:
         self._failures_in_a_row += 1
         self._opened_at = now
         self._probe_sent_at = None
-        backoff = min(self._cap_s, self._base_s * 2 ** (self._failures_in_a_row - 1))
+        backoff = doubling_s(self._failures_in_a_row, self._base_s, self._cap_s)
         self._open_until = max(self._open_until, now + backoff)
         return before if before is not BreakerState.OPEN else None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shardcache.backoff import doubling_s
 from shardcache.errors import OriginError, OriginThrottled
 from shardcache.origins.base import Timeouts
 
@@ -43,7 +44,7 @@ class FetchPolicy:
         return self.timeouts.min_bytes_per_s
 
     def delay_s(self, attempt: int) -> float:
-        return float(min(self.cap_s, self.base_s * 2 ** (attempt - 1)))
+        return doubling_s(attempt, self.base_s, self.cap_s)
 
     def wait_before_retry(
         self,

@@ -198,6 +198,7 @@ ORDER: dict[str, list[str]] = {
         "printable",
         "units",
         "log_limit",
+        "backoff",
         "__init__",
     ],
 }

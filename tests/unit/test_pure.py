@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 
+from shardcache.backoff import doubling_s
 from shardcache.checksums import (
     Checksum,
     Verifier,
@@ -236,3 +237,19 @@ def test_count_refuses_what_it_cannot_size_cheaply() -> None:
         count("{" * 20 + "a" + "}" * 20)
     with pytest.raises(InvalidKey):
         count("{a,b")
+
+
+def test_the_one_back_off_schedule_doubles_from_its_base_up_to_its_cap() -> None:
+    """A fill's retries and a failing upstream's breaker wait by the same schedule."""
+    from shardcache.cluster.breaker import CircuitBreaker
+
+    assert [doubling_s(n, 0.25, 5.0) for n in range(1, 8)] == [0.25, 0.5, 1, 2, 4, 5, 5]
+    assert doubling_s(0, 1.0, 30.0) == 1.0  # no try before the first: the base
+    now = [0.0]
+    breaker = CircuitBreaker("u", lambda: now[0], base_s=1.0, cap_s=30.0)
+    waits = []
+    for _ in range(7):
+        breaker.failed("reset")
+        waits.append(breaker.backoff_s)
+        now[0] += breaker.backoff_s
+    assert waits == [doubling_s(n, 1.0, 30.0) for n in range(1, 8)]
