@@ -3,7 +3,9 @@
 Parts, top down (each imports only those below it; `tests/unit/test_layering.py` checks):
 
 - `shard_cache`: `ShardCache`, the facade: hit, join a fill in flight, or start one; prefetch
-  fills and what they leave unread. `lease`: `Lease`, the answer to a read (an entry, a fill to
+  fills and what they leave unread. `fill_runner`: `FillRunner`, the tasks fills run as, which
+  no client owns; a fill nobody wants stopped, one with bad bytes from an upstream fetched
+  again. `lease`: `Lease`, the answer to a read (an entry, a fill to
   tail, or a stream through) its reader holds until it closes it.
   `purge`: deleting entries and keeping none of their fills in flight (the race with commit).
 - `flights`: single flight, at most one `Fill` per key. `fill`: one download into a partial

@@ -1,9 +1,6 @@
-"""`ShardCache`: lookup → hit, join a fill in flight, or start one. Composes store, flights,
-origins and an observer; knows nothing of HTTP. Every fill runs as a task this object owns, so a
-client that disconnects never cancels a download other clients (or the cache) still want; one
-that nobody wants any more (every reader left, no prefetch asked for it) is stopped
-(`fill` explains the rule, `_drop_unwanted` the race with a reader joining).
-"""
+"""`ShardCache`: lookup → hit, join a fill in flight, or start one; size, start and finish a
+prefetch. Composes store, flights, origins and an observer; knows nothing of HTTP. Its fills
+run as tasks its `FillRunner` owns, never a client's."""
 
 from __future__ import annotations
 
@@ -17,12 +14,13 @@ from collections.abc import Callable, Mapping
 
 from shardcache.cache.entry import Entry, EntryMeta
 from shardcache.cache.fill import Fill, FillFactory, FillState
+from shardcache.cache.fill_runner import FillRunner
 from shardcache.cache.flights import Flights
 from shardcache.cache.lease import Lease, Result, info_of
 from shardcache.cache.purge import Purged, drop_damaged, purge_entries
 from shardcache.cache.store import Store
 from shardcache.cache.unread import Hold, UnreadLedger
-from shardcache.errors import CacheError, FillAbandoned, NotCached, UnknownOrigin
+from shardcache.errors import CacheError, NotCached, UnknownOrigin
 from shardcache.fetch.origin_table import OriginTable
 from shardcache.fetch.policy import FetchPolicy
 from shardcache.fetch.segments import OriginRequests
@@ -54,16 +52,6 @@ class Sized:
     mark: int  # `Flights.mark` before the HEAD: a fill that ended since may have brought it
 
 
-# A fill whose last reader leaves with at most this much still to come from the origin (and
-# at most 1/8 of the object), its checksums already learned (no HEAD to ask under a cap),
-# finishes and is cached anyway. A tar reader (WebDataset) stops at the end-of-archive
-# blocks, before the record padding after them (up to 10 KiB): its `curl`, writing the
-# padding into the closed pipe, exits a few KiB from the end, and stopping the fill there
-# saved nothing but made the shard a miss again next epoch. A reader that leaves early
-# (`| head`, a timeout) still stops it.
-FINISH_LEFT_BYTES = 1 << 20
-
-
 class ShardCache:
     def __init__(
         self,
@@ -87,13 +75,12 @@ class ShardCache:
             origins if isinstance(origins, OriginTable) else OriginTable(origins, observer)
         )
         self.flights = Flights()
+        self._runner = FillRunner(self.flights, self._fills, self._origins, self.cache_key)
         self._policy = policy
         self._observer = observer
         self._clock = clock
         # The kinds of checksum each origin publishes but cannot get right (fills report).
         self.checksum_trust = self._fills.trust
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._is_closing = False  # `aclose` began: no fill is started again
         # The one owner of look-ahead bytes: held for prefetches about to start, and pinned
         # in the store (not evictable) until a client reads them; the queue's budget counts them.
         self.unread = UnreadLedger(store)
@@ -110,8 +97,6 @@ class ShardCache:
         return slot.origin
 
     def _using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
-        """Hold `origin` open while a fill or request uses it (`OriginTable.replace` closes a
-        replaced one only after)."""
         return self._origins.using(origin)
 
     def cache_key(self, origin_name: str, key: str) -> tuple[Origin, str]:
@@ -135,10 +120,12 @@ class ShardCache:
         if isinstance(entry, Entry):
             return self._hit_lease(origin, url, entry)
         self.store.note_request(url, found=False)
-        fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
-        fill.hold()  # in the same step as joining: see `_drop_unwanted`
+        fill, joined = self.flights.join_or_start(
+            url, lambda: self._runner.new_fill(origin, key, url)
+        )
+        fill.hold()  # in the same step as joining: see `FillRunner._drop_unwanted`
         if not joined:
-            self._spawn(fill)
+            self._runner.spawn(fill)
         try:
             return await self._lease_of(origin, url, fill, joined, reader_left)
         except BaseException:
@@ -365,7 +352,9 @@ class ShardCache:
         if self.flights.get(url) is None and not await self._would_admit(url, info, pin):
             log.debug("not prefetching %s: the eviction policy would not cache it now", url)
             return PrefetchOutcome.NOT_ADMITTED, None
-        fill, joined = self.flights.join_or_start(url, lambda: self._new_fill(origin, key, url))
+        fill, joined = self.flights.join_or_start(
+            url, lambda: self._runner.new_fill(origin, key, url)
+        )
         fill.readers.keep_unread()
         if joined:
             return PrefetchOutcome.JOINED, fill
@@ -375,7 +364,7 @@ class ShardCache:
             self.unread.pin(url, info.size_bytes, hold)
         else:  # warming stands for the reads to come: admission protects it like one
             self.store.note_warm(url)
-        self._spawn(fill)
+        self._runner.spawn(fill)
         return PrefetchOutcome.FETCHED, fill
 
     async def _would_admit(self, url: str, info: ObjectInfo, look_ahead: bool) -> bool:
@@ -399,84 +388,6 @@ class ShardCache:
             raise fill.error
         return PrefetchOutcome.TOO_LARGE if state is FillState.PASSTHROUGH else outcome
 
-    def _new_fill(self, origin: Origin, key: str, url: str) -> Fill:
-        gate = self._origins.gate_of(origin)  # this backend's, also mid-reload
-        return self._fills.new(url, origin, key, gate, self._drop_unwanted)
-
-    def _drop_unwanted(self, fill: Fill) -> None:
-        """Stop a fill whose last reader let go and that nothing wants cached (`fill`'s
-        rule), or close the stream of an object streamed through that nobody took.
-
-        No reader is stranded on a stopped fill. The race, in steps on the event loop:
-        (1) reader A starts the fill and holds it (`open`: join and `hold` in one step);
-        (2) reader B joins it and holds it, in one step too; (3) A lets go: B holds it, it
-        goes on; (4) B lets go: nothing holds it, and this runs in that same step, taking it
-        out of the flights before it is cancelled; (5) reader C comes: it finds no fill in
-        flight and starts its own. A joiner is either counted before (4), and the fill goes
-        on, or comes after (4), and cannot find it."""
-        if fill.state.is_fetching:
-            size = 0 if fill.info is None else fill.info.size_bytes
-            if size and fill.has_checksums and fill.is_kept:
-                if size - fill.received_bytes <= min(FINISH_LEFT_BYTES, size // 8):
-                    return  # nearly all here, no HEAD to ask: it finishes and is cached
-            self.flights.finish(fill)
-            fill.stop(FillAbandoned(f"{fill.cache_key}: every reader left"))
-            return
-        task = asyncio.create_task(fill.discard_passthrough(), name=f"drop {fill.cache_key}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _spawn(self, fill: Fill) -> None:
-        task = asyncio.create_task(self._run(fill), name=f"fill {fill.cache_key}")
-        fill.task = task
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, fill: Fill) -> None:
-        try:
-            with self._using(fill.origin):
-                await fill.run()
-        finally:
-            self.flights.ended(fill)  # counted for the re-check (`Flights.look`)
-            # A purged fill (`do_not_keep`) is not fetched again: the purge said it is not kept.
-            if (
-                fill.check.blamed
-                and fill.is_kept
-                and not fill.is_second_fetch
-                and not self._is_closing
-            ):
-                self._fetch_again(fill)  # in the same step: no reader starts a fill between
-        if fill.is_second_fetch and fill.state is FillState.PASSTHROUGH:
-            await fill.discard_passthrough()  # no starter to take its stream
-
-    def _fetch_again(self, failed: Fill) -> None:
-        """Fetch again, from byte 0 and as a new fill, an object whose body failed
-        verification with bytes from a tier member or mirror (`BodyCheck.blamed`). Those upstreams
-        are marked down by now, so its first GET goes to the next one; nothing of the failed
-        body is kept (a resume there would splice two upstreams' bytes). The failed fill's
-        readers had its bytes and got a visible failure; this one is kept for the cache even
-        with no reader (`keep_unread`, unpinned), so the next read is a hit, and readers that
-        come meanwhile join it. Once: a second fetch that fails too starts no third."""
-        log.info(  # the breaker logged the upstream going down, once
-            "%s failed verification with bytes from %s; fetching it again from the next upstream",
-            failed.cache_key,
-            ", ".join(failed.check.blamed),
-        )
-        try:  # the origin as configured now: a reload may have replaced the failed fill's
-            origin, url = self.cache_key(failed.origin.name, failed.origin_key)
-        except UnknownOrigin:
-            return
-        if url != failed.cache_key:  # its home changed: another object for the cache
-            return
-        fill, joined = self.flights.join_or_start(
-            url, lambda: self._new_fill(origin, failed.origin_key, url)
-        )
-        if joined:  # a reader started one already: it asks the same upstreams
-            return
-        fill.is_second_fetch = True
-        fill.readers.keep_unread()
-        self._spawn(fill)
-
     def stop_unread_fills(self) -> None:
         """Stop the fills only the prefetch queue wanted (no reader holds them): the daemon is
         stopping, and they would be discarded unfinished at its end. Fills a reader holds go
@@ -487,9 +398,5 @@ class ShardCache:
     async def aclose(self) -> None:
         """Cancel every fill still downloading (its partial file is removed), let verified
         ones finish committing, wait for all of them, then close the origins."""
-        self._is_closing = True
-        for fill in self.flights:
-            if not fill.state.is_body_complete:
-                fill.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._runner.aclose()
         await self._origins.aclose()

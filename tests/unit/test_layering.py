@@ -107,6 +107,7 @@ ORDER: dict[str, list[str]] = {
     # fill, the store over the evictor over the policies, the diskcache adapter at the bottom.
     "cache": [
         "cache.shard_cache",
+        "cache.fill_runner",
         "cache.lease",
         "cache.purge",
         "cache.flights",
