@@ -180,8 +180,11 @@ class OriginGate:
         if self.throttling.is_throttled and (cap is None or (rate is not None and rate < cap)):
             message = f"origin {self.origin} is throttling us: the next turn is"
             kind = "throttled"  # passed on as such: a daemon reading through this one slows
-        else:
+        elif cap is not None:
             message = f"origin {self.origin}: its cap of {cap:g} requests a second is booked"
+            kind = "busy"
+        else:  # unlimited again, and the requests ahead did not go within its wait
+            message = f"origin {self.origin}: the requests ahead did not go; the next turn is"
             kind = "busy"
         self._shed(f"{message} {wait_s:.0f} s ahead ({len(self._queue)} waiting)", wait_s, kind)
 

@@ -320,3 +320,21 @@ async def test_the_lower_of_the_cap_and_the_throttling_paces_and_names_the_shed(
     clock.now += CALM_S
     gate.answered()  # calm: the throttling lifts, the cap stays
     assert gate.rate == 100
+
+
+async def test_a_request_with_no_wait_left_behind_others_is_shed_even_when_unlimited() -> None:
+    """Its retry loop spent the whole read timeout on throttling (`max_wait_s` 0), the limit
+    has lifted, and others are still ahead of it: it is shed with a 503, never a 500."""
+    clock = Clock()
+    gate = OriginGate("o", clock=clock)
+    for at in await _send(gate, 2):
+        gate.throttled(at)
+    ahead = asyncio.create_task(gate.turn(30.0))
+    await until("one waits", lambda: gate.waiting == 1)
+    clock.now += CALM_S
+    gate.answered()  # lifted: the one ahead goes on its next step
+    assert gate.rate is None
+    with pytest.raises(OriginShed, match="the requests ahead did not go") as shed:
+        await gate.turn(0.0)
+    assert shed.value.kind == "busy" and shed.value.status == 503
+    await asyncio.wait_for(ahead, 1.0)
