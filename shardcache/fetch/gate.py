@@ -54,6 +54,7 @@ class OriginGate:
         self._queue: collections.deque[asyncio.Event] = collections.deque()
         self._urgent = 0  # the urgent ones, all at the front of the queue
         self._places = asyncio.Semaphore(caps.max_requests) if caps.max_requests else None
+        self._place_waiters = 0
 
     @property
     def rate(self) -> float | None:
@@ -66,6 +67,11 @@ class OriginGate:
     def waiting(self) -> int:
         """Requests waiting for their turn."""
         return len(self._queue)
+
+    @property
+    def waiting_for_place(self) -> int:
+        """GETs waiting for one of the `max_requests` places."""
+        return self._place_waiters
 
     async def turn(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> float:
         """Wait for the request's turn (at once while unlimited and nobody waits); return the
@@ -87,6 +93,7 @@ class OriginGate:
         free within `max_wait_s`; an urgent request waits for one unshed."""
         if self._places is None:
             return False
+        self._place_waiters += 1
         try:
             if is_urgent or math.isinf(max_wait_s):
                 await self._places.acquire()  # never shed: the client's answer is under way
@@ -103,6 +110,8 @@ class OriginGate:
         except asyncio.CancelledError:
             self._abandoned()
             raise
+        finally:
+            self._place_waiters -= 1
         return True
 
     def give_place_back(self) -> None:

@@ -278,7 +278,7 @@ async def test_a_get_holds_its_place_until_its_body_ends() -> None:
     await second.aclose()  # closed twice: given back once
     assert await asyncio.wait_for(gate.take_place(5), 1)
     urgent = asyncio.create_task(gate.take_place(0.0, is_urgent=True))  # never shed
-    await asyncio.sleep(0.05)
+    await until("it waits for a place", lambda: gate.waiting_for_place == 1)
     assert not urgent.done()
     gate.give_place_back()
     assert await asyncio.wait_for(urgent, 1)
@@ -290,10 +290,10 @@ async def test_a_request_that_stops_waiting_for_a_place_is_counted_and_takes_non
     gate = OriginGate("o", GateCaps(max_requests=1), observer)
     assert await gate.take_place(5)
     leaver = asyncio.create_task(gate.take_place(5))
-    await asyncio.sleep(0.05)
+    await until("it waits for a place", lambda: gate.waiting_for_place == 1)
     leaver.cancel()
     await asyncio.gather(leaver, return_exceptions=True)
-    assert gate.abandoned_waits == observer.abandoned == 1
+    assert gate.abandoned_waits == observer.abandoned == 1 and gate.waiting_for_place == 0
     gate.give_place_back()
     assert await asyncio.wait_for(gate.take_place(5), 1)  # the leaver holds nothing
 

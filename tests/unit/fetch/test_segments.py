@@ -188,7 +188,7 @@ async def test_a_get_holds_its_place_at_the_gate_until_its_body_ends(origin: Fak
     requests = OriginRequests(origin, "a.tar", policy, NullObserver(), gate)
     first = await requests.open(0, None, None)
     second = asyncio.create_task(requests.open(0, None, None))
-    await asyncio.sleep(0.05)
+    await until("the second GET waits for a place", lambda: gate.waiting_for_place == 1)
     assert not second.done() and len(origin.opens) == 1
     async for _ in first:
         pass
