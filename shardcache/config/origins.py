@@ -127,7 +127,7 @@ ORIGIN_OPTIONS: tuple[OriginOption, ...] = (
     OriginOption(
         "max_requests",
         None,
-        "requests in flight to the origin at most (1 to 100000)",
+        "GETs open at the origin at once, each until its body ends; HEADs take none (1 to 100000)",
         _parse_max_requests,
     ),
     OriginOption(

@@ -69,6 +69,7 @@ class Readouts:
             scrub=self.scrub.status(),
             receivers=self.receivers.status(),
             unusable_checksums=self.cache.checksum_trust.status(),
+            gates=self.origins.gate_status(),
         )
 
     def cache_gauges(self) -> CacheGauges:

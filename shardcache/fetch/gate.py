@@ -73,6 +73,17 @@ class OriginGate:
         """GETs waiting for one of the `max_requests` places."""
         return self._place_waiters
 
+    def status(self) -> dict[str, object]:
+        """The caps, and what waits here now or was sent away, for `/_/status`."""
+        return {
+            "max_requests": self.caps.max_requests,
+            "max_requests_per_second": self.caps.max_requests_per_second,
+            "waiting": self.waiting,
+            "waiting_for_place": self.waiting_for_place,
+            "shed": self.shed_requests,
+            "abandoned": self.abandoned_waits,
+        }
+
     async def turn(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> float:
         """Wait for the request's turn (at once while unlimited and nobody waits); return the
         time it was sent, for `throttled()`.
@@ -101,12 +112,7 @@ class OriginGate:
                 async with asyncio.timeout(max_wait_s):
                     await self._places.acquire()
         except TimeoutError:
-            self._shed(
-                f"origin {self.origin}: its {self.caps.max_requests} requests at once stayed "
-                f"busy for {max_wait_s:g} s",
-                max_wait_s,
-                "busy",
-            )
+            self._shed(self._places_message(max_wait_s), max_wait_s, "busy")
         except asyncio.CancelledError:
             self._abandoned()
             raise
@@ -184,18 +190,35 @@ class OriginGate:
         if self._queue:
             self._queue[0].set()
 
+    def _places_message(self, waited_s: float) -> str:
+        """Why no place came: all were in use, and whether GETs holding them still wait for
+        their turn under the rate cap (then that cap binds, not `max_requests`)."""
+        message = (
+            f"origin {self.origin}: all {self.caps.max_requests} of its max_requests stayed in "
+            f"use for {waited_s:g} s"
+        )
+        if self.waiting and self.caps.max_requests_per_second:
+            message += (
+                f"; {self.waiting} requests wait for their turn under its "
+                f"max_requests_per_second = {self.caps.max_requests_per_second:g}, which binds"
+            )
+        return message
+
     def _shed_turn(self, wait_s: float) -> None:
         rate, cap = self.rate, self.caps.max_requests_per_second
         if self.throttling.is_throttled and (cap is None or (rate is not None and rate < cap)):
             message = f"origin {self.origin} is throttling us: the next turn is"
             kind = "throttled"  # passed on as such: a daemon reading through this one slows
         elif cap is not None:
-            message = f"origin {self.origin}: its cap of {cap:g} requests a second is booked"
+            message = (
+                f"origin {self.origin}: under its max_requests_per_second = {cap:g}, the "
+                "next turn is"
+            )
             kind = "busy"
         else:  # unlimited again, and the requests ahead did not go within its wait
             message = f"origin {self.origin}: the requests ahead did not go; the next turn is"
             kind = "busy"
-        self._shed(f"{message} {wait_s:.0f} s ahead ({len(self._queue)} waiting)", wait_s, kind)
+        self._shed(f"{message} {wait_s:.0f} s off ({len(self._queue)} waiting)", wait_s, kind)
 
     def _shed(self, message: str, wait_s: float, kind: str) -> None:
         self.shed_requests += 1

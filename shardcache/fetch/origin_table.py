@@ -110,6 +110,10 @@ class OriginTable:
             if slot.configured.spec is not None
         }
 
+    def gate_status(self) -> dict[str, dict[str, object]]:
+        """Each current origin's gate as `/_/status` shows it (`OriginGate.status`)."""
+        return {name: slot.gate.status() for name, slot in self._slots.items()}
+
     def shown_urls(self) -> dict[str, str]:
         """Name -> URL as `/_/status` and `/_/origins` show it (credentials masked)."""
         return {name: slot.configured.shown_url for name, slot in self._slots.items()}

@@ -44,6 +44,7 @@ def build_status(
     origins: dict[str, str],
     upstreams: dict[str, list[dict[str, object]]] | None = None,
     unusable_checksums: dict[str, list[dict[str, str]]] | None = None,
+    gates: dict[str, dict[str, object]] | None = None,
     scrub: dict[str, Any] | None = None,
     receivers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -74,6 +75,8 @@ def build_status(
             per_origin[name]["upstreams"] = upstreams[name]
         if unusable_checksums and unusable_checksums.get(name):
             per_origin[name]["unusable_checksums"] = unusable_checksums[name]
+        if gates and name in gates:  # its caps, and what waits at its gate
+            per_origin[name]["gate"] = gates[name]
     total_requests = {
         r: sum(o["requests"][r] for o in per_origin.values())
         for r in ("hit", "miss", "coalesced", "error")

@@ -149,6 +149,11 @@ def _origin_row(name: str, origin: dict[str, Any]) -> str:
     throttled = str(origin.get("throttled") or 0)
     if origin.get("request_limit"):
         throttled += f", limit {origin['request_limit']}"
+    gate = origin.get("gate") or {}
+    if gate.get("max_requests_per_second"):
+        throttled += f", cap {gate['max_requests_per_second']:g}/s"
+    if gate.get("max_requests"):
+        throttled += f", {gate['max_requests']} at once"
     cells = [
         (f"{q['hit']} / {q['miss']} / {q['coalesced']} / {q['error']}", "num"),
         (_pct(q["hit"] / count) if count else "–", "num"),

@@ -269,8 +269,10 @@ SCRIPT = r"""
       cell(row, Object.entries(o.origin_errors).map(([k, v]) => k + " " + v).join(", ") ||
         "none");
       cell(row, o.origin_retries, "num");
-      cell(row, (o.throttled || 0) + (o.request_limit ? ", limit " + o.request_limit : ""),
-        "num");
+      const gate = o.gate || {};
+      cell(row, (o.throttled || 0) + (o.request_limit ? ", limit " + o.request_limit : "") +
+        (gate.max_requests_per_second ? ", cap " + gate.max_requests_per_second + "/s" : "") +
+        (gate.max_requests ? ", " + gate.max_requests + " at once" : ""), "num");
       body.append(row);
       for (const u of o.upstreams || []) {
         const sub = document.createElement("tr");

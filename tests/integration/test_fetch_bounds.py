@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -213,11 +214,10 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
         thread.start()
     for thread in leavers:
         thread.join(10)
-    wait_for(
-        "the five waiting requests to leave the gate",
-        lambda: daemon.metric("shardcache_origin_waits_abandoned_total", origin="a") >= 5,
-        15,
+    wait_for(  # each leaver's request left the gate's queue, or never reached it
+        "no request waiting at the gate", lambda: _gate(daemon)["waiting"] == 0, 15
     )
+    abandoned = daemon.metric("shardcache_origin_waits_abandoned_total", origin="a")
     began = time.monotonic()
     late = curl(f"{daemon.url}/a/k6.tar", "--max-time", "20")
     took_s = time.monotonic() - began
@@ -229,3 +229,13 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
     time.sleep(2.5)  # a turn booked for a reader that left would be taken by now
     sent_for_leavers = sorted(k for k in origin.gets if k != "k6.tar")
     assert len(sent_for_leavers) <= 1, f"GETs sent for readers that had left: {sent_for_leavers}"
+    gate = _gate(daemon)  # what an operator sees of it: the cap, and the requests that left
+    assert (gate["max_requests_per_second"], gate["max_requests"]) == (0.5, None), gate
+    assert gate["abandoned"] == abandoned >= 1 and gate["waiting"] == 0, gate
+
+
+def _gate(daemon: Daemon) -> dict[str, Any]:
+    """Origin `a`'s gate in `/_/status`."""
+    status, document = daemon.get_json("/_/status")
+    assert status == 200, document
+    return document["origins"]["a"]["gate"]  # type: ignore[index,no-any-return]

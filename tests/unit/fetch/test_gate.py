@@ -238,7 +238,9 @@ async def test_a_turn_past_the_wait_bound_is_shed_at_once_with_its_distance() ->
     await gate.turn(2.5)  # goes at once
     waiting = [asyncio.create_task(gate.turn(2.5)) for _ in range(2)]
     await until("both queue up", lambda: gate.waiting == 2)
-    with pytest.raises(OriginShed, match="cap of 1 requests a second is booked 3 s ahead") as shed:
+    with pytest.raises(
+        OriginShed, match="max_requests_per_second = 1, the next turn is 3 s off"
+    ) as shed:
         await gate.turn(2.5)
     assert (shed.value.retry_after_s, shed.value.kind, shed.value.status) == (3.0, "busy", 503)
     assert gate.shed_requests == 1 and gate.waiting == 2  # the shed one took no turn
@@ -268,7 +270,9 @@ async def test_a_get_holds_its_place_until_its_body_ends() -> None:
     gate = OriginGate("o", GateCaps(max_requests=1))
     assert await gate.take_place(0.2)
     first = gate.holding(await origin.open("a.tar"))
-    with pytest.raises(OriginShed, match="1 requests at once stayed busy for 0.2 s") as shed:
+    with pytest.raises(
+        OriginShed, match="all 1 of its max_requests stayed in use for 0.2 s"
+    ) as shed:
         await gate.take_place(0.2)
     assert shed.value.kind == "busy" and shed.value.retry_after_s == 1.0
     assert b"".join([chunk async for chunk in first]) == b"x" * 10_000  # read to its end
@@ -283,6 +287,33 @@ async def test_a_get_holds_its_place_until_its_body_ends() -> None:
     gate.give_place_back()
     assert await asyncio.wait_for(urgent, 1)
     assert not await OriginGate("o").take_place(0.0)  # no such cap: no place to take
+    assert gate.status() == {
+        "max_requests": 1,
+        "max_requests_per_second": None,
+        "waiting": 0,
+        "waiting_for_place": 0,
+        "shed": 1,
+        "abandoned": 0,
+    }
+
+
+async def test_a_place_shed_while_the_rate_cap_binds_says_so() -> None:
+    """Both caps: GETs hold their places while they wait for their turns, so when no place
+    comes it is the rate cap that binds; the message must not send the operator to raise
+    `max_requests` (found by the new-user pass)."""
+    clock = Clock()
+    gate = OriginGate("o", GateCaps(max_requests=1, max_requests_per_second=1), clock=clock)
+    await gate.turn()
+    assert await gate.take_place(5)
+    held = asyncio.create_task(gate.turn(30.0))  # the place's holder, waiting for its turn
+    await until("it waits for its turn", lambda: gate.waiting == 1)
+    with pytest.raises(
+        OriginShed,
+        match="1 requests wait for their turn under its max_requests_per_second = 1, which binds",
+    ):
+        await gate.take_place(0.05)
+    held.cancel()
+    await asyncio.gather(held, return_exceptions=True)
 
 
 async def test_a_request_that_stops_waiting_for_a_place_is_counted_and_takes_none() -> None:

@@ -169,10 +169,10 @@ async def test_a_request_continuing_an_answer_is_never_shed_by_the_caps_a_new_on
     await gate.turn()
     waiting = [asyncio.create_task(gate.turn()) for _ in range(2)]
     await until("two requests wait", lambda: gate.waiting == 2)
-    with pytest.raises(OriginShed, match="booked 1 s ahead"):
+    with pytest.raises(OriginShed, match="the next turn is 1 s off"):
         await requests.open(0, None, None)  # a fill's first GET
     reading = True
-    with pytest.raises(OriginShed, match="booked 1 s ahead"):
+    with pytest.raises(OriginShed, match="the next turn is 1 s off"):
         await requests.open(0, None, None, for_new_reader=True)
     assert await requests.head() == origin._info("a.tar")  # the HEAD for its checksums
     await read(requests.open(5_000, None, None))  # a later segment
