@@ -170,8 +170,8 @@ class FailoverOrigin:
                     # its checksum on GET: read a GET's headers only, then close it.
                     other = await self._headers_of_get(upstream.origin, key, context)
             except OriginError as exc:
-                if isinstance(exc, OriginShed) and exc.is_local:
-                    pass  # our own threads were busy: nothing said about this upstream
+                if isinstance(exc, OriginShed):
+                    pass  # our threads, or its gate, were busy: nothing said of its health
                 elif _is_upstream_failure(exc):
                     self.note_failure(upstream, exc, sent_at)
                 else:
@@ -278,8 +278,10 @@ class FailoverOrigin:
             try:
                 answer = await ask(upstream.origin)
             except OriginError as exc:
-                if isinstance(exc, OriginShed) and exc.is_local:
-                    last = exc  # our own threads were busy: nothing said about this upstream
+                if isinstance(exc, OriginShed) and not exc.is_local and upstream.role == "tier":
+                    raise  # a member's cap guards the store all members share: not gone around
+                if isinstance(exc, OriginShed):
+                    last = exc  # our threads, or its gate, were busy: nothing said of its health
                     continue
                 if isinstance(exc, OriginThrottled) and upstream.role == "tier":
                     raise  # members share one store: see the module docstring

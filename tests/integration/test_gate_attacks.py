@@ -9,17 +9,20 @@ import asyncio
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import botocore.exceptions
 from aiohttp import web
 
 from tests.daemon_process import Daemon
 from tests.integration.helpers import CurlResult, curl, wait_for
 from tests.origin_server import Behaviour, OriginServer
+from tests.s3_stores import client_for
 
 KiB = 1 << 10
 
@@ -44,10 +47,8 @@ class PeakOrigin(OriginServer):
     ) -> web.StreamResponse:
         sending: dict[int, web.Request] = self.__dict__.setdefault("_sending", {})
         sending[id(request)] = request
-        self.peak_sending = max(
-            self.peak_sending,
-            sum(1 for r in sending.values() if r.transport is not None and not r.transport.is_closing()),
-        )
+        open_now = [r for r in sending.values() if r.transport and not r.transport.is_closing()]
+        self.peak_sending = max(self.peak_sending, len(open_now))
         try:
             for position in range(start, stop, 32 * KiB):
                 await asyncio.sleep(self.PACE_S)
@@ -109,7 +110,6 @@ def test_a_cap_on_requests_at_once_holds_against_clients_that_leave_or_die(
                 assert answer.headers.get("retry-after"), (key, answer.headers)
                 assert answer.headers.get("content-type", "").startswith("application/json")
                 continue
-            Path("/tmp/gate_log.txt").write_text(daemon.log())
             assert (answer.exit_code, answer.status) == (0, 200), (key, answer, daemon.log())
             assert hashlib.sha256(answer.body).digest() == hashlib.sha256(objects[key]).digest()
         wait_for("the origin to end its bodies", lambda: origin.sending == 0, 60)
@@ -118,5 +118,145 @@ def test_a_cap_on_requests_at_once_holds_against_clients_that_leave_or_die(
             assert (late.exit_code, late.status) == (0, 200), (key, late.headers, daemon.log())
             assert late.body == objects[key]
         assert origin.peak_sending <= 2, f"the origin sent {origin.peak_sending} bodies at once"
+    finally:
+        origin.stop()
+
+
+def test_a_client_that_stops_reading_holds_its_place_no_longer_than_the_send_timeout(
+    origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests = 1`, a 1 MiB cache: a 32 MiB object is streamed through, its GET's place
+    held while a raw-socket client asks for it and then reads nothing (the GET of its rest,
+    after the first segment's). Once the client has
+    read nothing for the send timeout (2 s) it is cut off, its fill stopped and the place given
+    back: a reader of another object, waiting at the gate meanwhile (read timeout 15 s), is
+    served."""
+    origin.put("big.tar", os.urandom(32 << 20))
+    origin.put("small.tar", small := os.urandom(4 * KiB))
+    config = tmp_path / "shardcache.toml"
+    config.write_text(f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 1\n')
+    daemon = start_daemon(
+        {},
+        "--config",
+        str(config),
+        "--origin-read-timeout",
+        "15",
+        "--client-send-timeout",
+        "2",
+        "--readahead",
+        "0",
+        "--shutdown-grace",
+        "1",
+        cache_size="1MiB",
+    )
+    host, port = daemon.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(f"GET /a/big.tar HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        # The first GET (the first segment) ends; the second, of the rest, holds the place.
+        wait_for("the rest of the big object asked", lambda: origin.gets["big.tar"] >= 2, 15)
+        began = time.monotonic()
+        answer = curl(f"{daemon.url}/a/small.tar", "--max-time", "30")
+        took_s = time.monotonic() - began
+    assert (answer.exit_code, answer.status) == (0, 200), (answer, took_s, daemon.log()[-3000:])
+    assert answer.body == small
+
+
+def test_listings_and_heads_flooding_a_rate_cap_are_shed_as_slow_down_never_a_500(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests_per_second = 0.5`, read timeout 2 s, a file origin: eight boto3 listings
+    and eight HEADs of misses at once. At most a couple fit in the wait; every other one is
+    shed before it is sent: S3's 503 SlowDown with Retry-After for the SDK, 503 with
+    Retry-After for curl; never a 500."""
+    root = tmp_path / "bkt"
+    root.mkdir()
+    for n in range(8):
+        (root / f"k{n}.tar").write_bytes(os.urandom(1024))
+    config = tmp_path / "shardcache.toml"
+    config.write_text(f'[origins.bkt]\nurl = "file://{root}"\nmax_requests_per_second = 0.5\n')
+    daemon = start_daemon(
+        {}, "--config", str(config), "--origin-read-timeout", "2", "--readahead", "0"
+    )
+    client = client_for(daemon.url, retries={"max_attempts": 1})
+    outcomes: list[tuple[str, int, str | None]] = []
+
+    def list_once() -> None:
+        try:
+            client.list_objects_v2(Bucket="bkt")
+            outcomes.append(("list", 200, None))
+        except botocore.exceptions.ClientError as exc:
+            meta = exc.response["ResponseMetadata"]
+            code = exc.response["Error"]["Code"]
+            hint = meta["HTTPHeaders"].get("retry-after")
+            outcomes.append((f"list {code}", meta["HTTPStatusCode"], hint))
+
+    def head_once(n: int) -> None:
+        answer = curl(f"{daemon.url}/bkt/k{n}.tar", "-I", "--max-time", "20")
+        outcomes.append(("head", answer.status, answer.headers.get("retry-after")))
+
+    threads = [threading.Thread(target=list_once) for _ in range(8)]
+    threads += [threading.Thread(target=head_once, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(outcomes) == 16, outcomes
+    for what, status, retry_after in outcomes:
+        assert status in (200, 503), (what, status, daemon.log()[-3000:])
+        if status == 503:
+            assert retry_after, (what, outcomes)
+            assert what in ("head", "list SlowDown"), outcomes
+    assert any(status == 503 for _, status, _ in outcomes), outcomes
+
+
+def test_a_tier_member_that_sheds_as_busy_is_not_marked_down_nor_gone_around(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """A tier member caps the store at `max_requests = 1` (read timeout 1 s); a node reads
+    through it. Three clients ask the node for three slow objects at once: the member sends
+    one GET and sheds the others (503, kind "busy", Retry-After). The node passes the shed
+    on: it neither marks the member down (it answered, at once, as configured) nor asks the
+    store itself around the member's cap; the store never sends two bodies at once."""
+    origin = PeakOrigin()
+    origin.PACE_S = 0.25  # 8 pieces: 2 s a body
+    origin.start()
+    try:
+        for n in range(3):
+            origin.put(f"k{n}.tar", os.urandom(256 * KiB))
+        member_config = tmp_path / "member.toml"
+        member_config.write_text(f'[origins.d]\nurl = "{origin.url}"\nmax_requests = 1\n')
+        member = start_daemon(
+            {},
+            "--config",
+            str(member_config),
+            "--origin-read-timeout",
+            "1",
+            "--readahead",
+            "0",
+            cache_dir=tmp_path / "member",
+        )
+        node_config = tmp_path / "node.toml"
+        node_config.write_text(f'[origins.d]\nurl = "{origin.url}"\ntier = ["{member.url}"]\n')
+        node = start_daemon(
+            {}, "--config", str(node_config), "--readahead", "0", cache_dir=tmp_path / "node"
+        )
+        answers: dict[int, CurlResult] = {}
+
+        def ask(n: int) -> None:
+            answers[n] = curl(f"{node.url}/d/k{n}.tar", "--max-time", "30")
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        statuses = sorted(a.status for a in answers.values())
+        assert statuses[0] == 200, (statuses, node.log()[-3000:])
+        for answer in answers.values():
+            if answer.status == 503:
+                assert answer.headers.get("retry-after"), answer.headers
+        assert "is down" not in node.log(), node.log()[-3000:]
+        assert origin.peak_sending <= 1, f"the store sent {origin.peak_sending} bodies at once"
     finally:
         origin.stop()
