@@ -152,22 +152,31 @@ class OriginTable:
         return contextlib.nullcontext() if slot is None else slot.using()
 
     @contextlib.asynccontextmanager
-    async def one_request(self, origin: Origin, max_wait_s: float) -> AsyncIterator[None]:
+    async def one_request(
+        self, origin: Origin, max_wait_s: float, is_get: bool = False
+    ) -> AsyncIterator[None]:
         """Hold `origin` open for one request that is no fill's (a client's HEAD of a miss, a
         listing), sent in its turn at the origin's gate, which hears whether the origin
-        refused it as one too many. Raises OriginShed when the turn is too far off."""
+        refused it as one too many. `is_get`: a GET with a body (a listing, a bucket's
+        location), which holds one of the origin's requests at once (`max_requests`) until it
+        ends. Raises OriginShed when the turn or the place is too far off."""
         slot = self.slot_of(origin)
         if slot is None:
             yield
             return
         with slot.using():
-            sent_at = await slot.gate.turn(max_wait_s)
+            has_place = is_get and await slot.gate.take_place(max_wait_s)
             try:
-                yield
-            except OriginThrottled:
-                slot.gate.throttled(sent_at)
-                raise
-            slot.gate.answered()
+                sent_at = await slot.gate.turn(max_wait_s)
+                try:
+                    yield
+                except OriginThrottled:
+                    slot.gate.throttled(sent_at)
+                    raise
+                slot.gate.answered()
+            finally:
+                if has_place:
+                    slot.gate.give_place_back()
 
     def replace(self, origins: Mapping[str, Origin | ConfiguredOrigin]) -> None:
         """Make `origins` the whole table; retire (then close) the slots of those replaced.

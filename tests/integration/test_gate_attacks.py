@@ -19,10 +19,11 @@ from pathlib import Path
 import botocore.exceptions
 from aiohttp import web
 
+from tests.app_thread import AppThread
 from tests.daemon_process import Daemon
 from tests.integration.helpers import CurlResult, curl, wait_for
 from tests.origin_server import Behaviour, OriginServer
-from tests.s3_stores import client_for
+from tests.s3_stores import client_for, env_for
 
 KiB = 1 << 10
 
@@ -260,3 +261,66 @@ def test_a_tier_member_that_sheds_as_busy_is_not_marked_down_nor_gone_around(
         assert origin.peak_sending <= 1, f"the store sent {origin.peak_sending} bodies at once"
     finally:
         origin.stop()
+
+
+def test_listings_hold_a_place_under_a_cap_on_requests_at_once(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests = 1` on an S3 origin whose ListObjectsV2 takes 0.5 s to answer: four
+    boto3 listings at once. A listing is a GET with a body, and the store must not be sent two
+    at once; each listing is answered, or shed with SlowDown."""
+    at_once = {"now": 0, "peak": 0}
+
+    async def handle(request: web.Request) -> web.Response:
+        at_once["now"] += 1
+        at_once["peak"] = max(at_once["peak"], at_once["now"])
+        try:
+            await asyncio.sleep(0.5)
+        finally:
+            at_once["now"] -= 1
+        listing = (
+            b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult '
+            b'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>slow</Name>'
+            b"<IsTruncated>false</IsTruncated></ListBucketResult>"
+        )
+        return web.Response(body=listing, content_type="application/xml")
+
+    def make_app() -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        return app
+
+    store = AppThread(make_app, "slow-listing-s3")
+    store.start()
+    try:
+        config = tmp_path / "shardcache.toml"
+        config.write_text('[origins.slow]\nurl = "s3://slow"\nmax_requests = 1\n')
+        daemon = start_daemon(
+            {},
+            "--config",
+            str(config),
+            "--origin-read-timeout",
+            "10",
+            "--readahead",
+            "0",
+            env=env_for(store.url),
+        )
+        client = client_for(daemon.url, retries={"max_attempts": 1})
+        codes: list[str] = []
+
+        def list_once() -> None:
+            try:
+                client.list_objects_v2(Bucket="slow")
+                codes.append("ok")
+            except botocore.exceptions.ClientError as exc:
+                codes.append(exc.response["Error"]["Code"])
+
+        threads = [threading.Thread(target=list_once) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(codes) == ["ok"] * 4, (codes, daemon.log()[-3000:])
+        assert at_once["peak"] <= 1, f"the store was sent {at_once['peak']} listings at once"
+    finally:
+        store.stop()
