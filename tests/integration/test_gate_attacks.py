@@ -324,3 +324,44 @@ def test_listings_hold_a_place_under_a_cap_on_requests_at_once(
         assert at_once["peak"] <= 1, f"the store was sent {at_once['peak']} listings at once"
     finally:
         store.stop()
+
+
+def test_hostile_retry_after_values_under_a_rate_cap_give_a_prompt_bounded_503(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """An origin that refuses every GET with 429 or 503 and a hostile Retry-After (huge, a
+    date far ahead, negative, garbage), under `max_requests_per_second = 5` and a 2 s read
+    timeout: each client gets a 503 within a few seconds, its Retry-After a whole number of
+    at most an hour (or none); never a 500 or a hang."""
+    hints = ["999999999", "Wed, 21 Oct 2099 07:28:00 GMT", "-5", "nan", "1e9", "0"]
+
+    async def refuse(request: web.Request) -> web.Response:
+        n = int(request.match_info["key"].removeprefix("k").removesuffix(".tar"))
+        status = 429 if n % 2 else 503
+        return web.Response(status=status, text="slow down", headers={"Retry-After": hints[n]})
+
+    def make_app() -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{key}", refuse)
+        return app
+
+    hostile = AppThread(make_app, "hostile-retry-after")
+    hostile.start()
+    try:
+        config = tmp_path / "shardcache.toml"
+        config.write_text(f'[origins.a]\nurl = "{hostile.url}"\nmax_requests_per_second = 5\n')
+        daemon = start_daemon(
+            {}, "--config", str(config), "--origin-read-timeout", "2", "--readahead", "0"
+        )
+        for n, hint in enumerate(hints):
+            began = time.monotonic()
+            answer = curl(f"{daemon.url}/a/k{n}.tar", "--max-time", "30")
+            took_s = time.monotonic() - began
+            assert answer.status == 503, (hint, answer, daemon.log()[-2000:])
+            assert took_s < 8, (hint, took_s)
+            retry_after = answer.headers.get("retry-after")
+            if retry_after is not None:
+                assert retry_after.isdigit() and int(retry_after) <= 3600, (hint, retry_after)
+        assert "Traceback" not in daemon.log()
+    finally:
+        hostile.stop()
