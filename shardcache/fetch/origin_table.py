@@ -91,9 +91,9 @@ class OriginTable:
         }
         self._retiring: dict[OriginSlot, asyncio.Task[None]] = {}
 
-    def _new_slot(self, configured: ConfiguredOrigin) -> OriginSlot:
+    def _new_slot(self, configured: ConfiguredOrigin, gate: OriginGate | None = None) -> OriginSlot:
         name = configured.origin.name
-        return OriginSlot(configured, OriginGate(name, configured.caps, self._observer))
+        return OriginSlot(configured, gate or OriginGate(name, configured.caps, self._observer))
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -186,8 +186,12 @@ class OriginTable:
             configured = _configured(given)
             slot = self._slots.get(name)
             if slot is None or slot.origin is not configured.origin:
-                slot = self._new_slot(configured)
-                self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
+                # The same store under the same caps keeps its gate: the requests the replaced
+                # backend still has open hold their places in it, and its pace goes on.
+                kept = slot.gate if slot is not None and _same_gate(slot, configured) else None
+                slot = self._new_slot(configured, kept)
+                if kept is None:
+                    self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
             else:
                 slot.configured = configured  # the same backend; how it is shown may change
             slots[name] = slot
@@ -220,6 +224,13 @@ class OriginTable:
         for slot in [*self._slots.values(), *self._retiring]:
             await _close(slot.origin)
         self._retiring.clear()
+
+
+def _same_gate(slot: OriginSlot, configured: ConfiguredOrigin) -> bool:
+    """Whether `configured` asks the store `slot` asked, under the same caps."""
+    old, new = slot.configured.spec, configured.spec
+    is_same_store = old is not None and new is not None and old.url == new.url
+    return is_same_store and slot.configured.caps == configured.caps
 
 
 def _configured(origin: Origin | ConfiguredOrigin) -> ConfiguredOrigin:

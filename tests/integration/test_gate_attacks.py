@@ -365,3 +365,45 @@ def test_hostile_retry_after_values_under_a_rate_cap_give_a_prompt_bounded_503(
         assert "Traceback" not in daemon.log()
     finally:
         hostile.stop()
+
+
+def test_a_reload_that_keeps_the_cap_does_not_double_it_while_bodies_stream(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests = 2`, two slow bodies streaming; a reload changes the origin's headers
+    (a new backend) and keeps the cap. Two more readers come: the store must still never
+    send more than two bodies at once (the old bodies hold their places past the reload)."""
+    origin = PeakOrigin()
+    origin.PACE_S = 0.25  # 8 pieces: 2 s a body
+    origin.start()
+    try:
+        for n in range(4):
+            origin.put(f"k{n}.tar", os.urandom(256 * KiB))
+        config = tmp_path / "shardcache.toml"
+        config.write_text(f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 2\n')
+        daemon = start_daemon(
+            {}, "--config", str(config), "--origin-read-timeout", "10", "--readahead", "0"
+        )
+        answers: dict[int, CurlResult] = {}
+
+        def ask(n: int) -> None:
+            answers[n] = curl(f"{daemon.url}/a/k{n}.tar", "--max-time", "30")
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+        for thread in threads[:2]:
+            thread.start()
+        wait_for("two bodies streaming", lambda: sum(origin.gets.values()) >= 2, 15)
+        before = daemon.log().count("reloaded: origins")
+        config.write_text(
+            f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 2\nheaders = {{ X-Job = "2" }}\n'
+        )
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        wait_for("the reload", lambda: daemon.log().count("reloaded: origins") > before, 10)
+        for thread in threads[2:]:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(a.status for a in answers.values()) == [200] * 4, answers
+        assert origin.peak_sending <= 2, f"the origin sent {origin.peak_sending} bodies at once"
+    finally:
+        origin.stop()
