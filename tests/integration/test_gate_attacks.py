@@ -407,3 +407,53 @@ def test_a_reload_that_keeps_the_cap_does_not_double_it_while_bodies_stream(
         assert origin.peak_sending <= 2, f"the origin sent {origin.peak_sending} bodies at once"
     finally:
         origin.stop()
+
+
+def test_the_rest_of_an_answer_under_way_goes_before_new_readers_for_a_place(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests = 1`, 256 KiB segments, two connections a fill (its segments ask one
+    after another): a reader's 1 MiB object is answered from its first
+    segment's GET; four new readers of other objects then wait for the one place. The three
+    GETs that continue the answer under way go first (they are never shed, and a reader holds
+    a 200 that stops until they are sent), then the new readers'."""
+    origin = PeakOrigin()
+    origin.PACE_S = 0.1
+    origin.start()
+    try:
+        origin.put("big.tar", big := os.urandom(1024 * KiB))
+        for n in range(4):
+            origin.put(f"k{n}.tar", os.urandom(256 * KiB))
+        config = tmp_path / "shardcache.toml"
+        config.write_text(f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 1\n')
+        daemon = start_daemon(
+            {},
+            "--config",
+            str(config),
+            "--origin-read-timeout",
+            "30",
+            "--segment-size",
+            "256KiB",
+            "--origin-connections",
+            "2",
+            "--readahead",
+            "0",
+        )
+        answers: dict[str, CurlResult] = {}
+
+        def ask(key: str) -> None:
+            answers[key] = curl(f"{daemon.url}/a/{key}", "--max-time", "60")
+
+        first = threading.Thread(target=ask, args=("big.tar",))
+        first.start()
+        wait_for("the big object's first GET", lambda: origin.gets["big.tar"] >= 1, 15)
+        others = [threading.Thread(target=ask, args=(f"k{n}.tar",)) for n in range(4)]
+        for thread in others:
+            thread.start()
+        for thread in [first, *others]:
+            thread.join(90)
+        assert answers["big.tar"].body == big
+        order = [key for key, _ in origin.ranges]
+        assert order[: order.count("big.tar")] == ["big.tar"] * order.count("big.tar"), order
+    finally:
+        origin.stop()
