@@ -300,6 +300,8 @@ async def test_an_upstream_that_sheds_is_not_marked_down_and_a_member_not_gone_a
     with pytest.raises(OriginShed):
         await failover.head("k")
     assert home.heads["k"] == 0  # the member's cap guards the store the members share
+    continued = await failover.head("k", context=CONTINUED_REQUEST)
+    assert continued.size_bytes == 1  # an answer under way is never shed: the home is asked
     assert all(h.state is BreakerState.CLOSED for _, h in failover.health())
     mirror = upstream(Shedding("mirror"), clock)
     mirrored = FailoverOrigin(
