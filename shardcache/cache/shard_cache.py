@@ -256,14 +256,14 @@ class ShardCache:
         Raises UnknownOrigin, NotSupported (an origin that cannot list), BadRequest (a token
         it did not make) or an OriginError."""
         origin = self.origin(origin_name)
-        async with self._origins.one_request(origin, self._policy.read_timeout_s):
+        async with self._origins.one_request(origin, self._policy.read_timeout_s, is_get=True):
             return await list_objects(origin, query)
 
     async def bucket_location(self, origin_name: str) -> str:
         """Origin `origin_name`'s bucket's region as S3's `LocationConstraint` (`location`);
         raises UnknownOrigin or an OriginError."""
         origin = self.origin(origin_name)
-        async with self._origins.one_request(origin, self._policy.read_timeout_s):
+        async with self._origins.one_request(origin, self._policy.read_timeout_s, is_get=True):
             return await bucket_location(origin)
 
     async def purge(self, origin_name: str, key: str) -> Purged:

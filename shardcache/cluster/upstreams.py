@@ -121,7 +121,10 @@ class FailoverOrigin:
         An answer that says it publishes none (the home answered without one) leaves the
         length, as with a single origin."""
         upstream, info, _ = await self._first_answer(
-            key, lambda origin: origin.head(key, context=context), carries_bytes=False
+            key,
+            lambda origin: origin.head(key, context=context),
+            carries_bytes=False,
+            is_continuing=context.is_continuing,
         )
         if upstream is self._chain[-1]:
             return info
@@ -170,8 +173,8 @@ class FailoverOrigin:
                     # its checksum on GET: read a GET's headers only, then close it.
                     other = await self._headers_of_get(upstream.origin, key, context)
             except OriginError as exc:
-                if isinstance(exc, OriginShed) and exc.is_local:
-                    pass  # our own threads were busy: nothing said about this upstream
+                if isinstance(exc, OriginShed):
+                    pass  # our threads, or its gate, were busy: nothing said of its health
                 elif _is_upstream_failure(exc):
                     self.note_failure(upstream, exc, sent_at)
                 else:
@@ -245,7 +248,9 @@ class FailoverOrigin:
                 return origin.open(key, start, end, home_etag, context=context)
             return origin.open(key, start, end, if_match, context=context)
 
-        upstream, stream, sent_at = await self._first_answer(key, ask)
+        upstream, stream, sent_at = await self._first_answer(
+            key, ask, is_continuing=context.is_continuing
+        )
         watched = WatchedStream(stream, upstream, self, sent_at)
         if upstream is home and home_etag is not None:
             # A resume of a mirror's answer (its ETag its own) from the home, asked If-Match
@@ -257,13 +262,18 @@ class FailoverOrigin:
         return watched
 
     async def _first_answer(
-        self, key: str, ask: Callable[[Origin], Awaitable[T]], carries_bytes: bool = True
+        self,
+        key: str,
+        ask: Callable[[Origin], Awaitable[T]],
+        carries_bytes: bool = True,
+        is_continuing: bool = False,
     ) -> tuple[Upstream, T, float]:
         """Ask each upstream that is not marked down in turn, and the home last whatever its
         state, until one answers. The others are asked for FAILOVER_BUDGET read timeouts at
         most (a request never waits on every hung member in turn), the home always. Raise the
         last failure when none answers, or at once a definite answer (not found, changed) or a
-        tier member's throttling. `carries_bytes`: a GET (a HEAD is no probe of an upstream
+        tier member's throttling or shed (unless `is_continuing`: the request continues an
+        answer under way, never shed). `carries_bytes`: a GET (a HEAD is no probe of an upstream
         marked down for bad bytes: see `breaker`)."""
         order = await self.order(key)
         home = self._chain[-1]
@@ -278,9 +288,11 @@ class FailoverOrigin:
             try:
                 answer = await ask(upstream.origin)
             except OriginError as exc:
-                if isinstance(exc, OriginShed) and exc.is_local:
-                    last = exc  # our own threads were busy: nothing said about this upstream
-                    continue
+                if isinstance(exc, OriginShed):
+                    if upstream.role == "tier" and not exc.is_local and not is_continuing:
+                        raise  # its cap guards the store the members share: not gone around
+                    last = exc  # our threads, or its gate, were busy: nothing said of its health
+                    continue  # (an answer under way is never shed: the next is asked)
                 if isinstance(exc, OriginThrottled) and upstream.role == "tier":
                     raise  # members share one store: see the module docstring
                 if not _is_upstream_failure(exc):

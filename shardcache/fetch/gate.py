@@ -53,8 +53,12 @@ class OriginGate:
         self._last_went = -math.inf  # when the last paced request went
         self._queue: collections.deque[asyncio.Event] = collections.deque()
         self._urgent = 0  # the urgent ones, all at the front of the queue
-        self._places = asyncio.Semaphore(caps.max_requests) if caps.max_requests else None
-        self._place_waiters = 0
+        self._free_places = caps.max_requests or 0
+        # Those waiting for a place, each handed one directly; the urgent ones at the front.
+        self._place_queue: collections.deque[tuple[asyncio.Future[None], bool]] = (
+            collections.deque()
+        )
+        self._urgent_for_places = 0
 
     @property
     def rate(self) -> float | None:
@@ -71,7 +75,7 @@ class OriginGate:
     @property
     def waiting_for_place(self) -> int:
         """GETs waiting for one of the `max_requests` places."""
-        return self._place_waiters
+        return len(self._place_queue)
 
     def status(self) -> dict[str, object]:
         """The caps, and what waits here now or was sent away, for `/_/status`."""
@@ -101,28 +105,51 @@ class OriginGate:
     async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
         """Take one of the requests at once a GET holds until its body ends (`holding`);
         return whether one was taken (False: no such cap). Raises OriginShed when none came
-        free within `max_wait_s`; an urgent request waits for one unshed."""
-        if self._places is None:
+        free within `max_wait_s`; an urgent request waits for one unshed, ahead of the
+        others (in order among the urgent ones)."""
+        if not self.caps.max_requests:
             return False
-        self._place_waiters += 1
+        ahead = self._urgent_for_places if is_urgent else len(self._place_queue)
+        if self._free_places > 0 and ahead == 0:
+            self._free_places -= 1
+            return True
+        handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._place_queue.insert(ahead, (handed, is_urgent))
+        self._urgent_for_places += is_urgent
         try:
             if is_urgent or math.isinf(max_wait_s):
-                await self._places.acquire()  # never shed: the client's answer is under way
+                await handed  # never shed: the client's answer is under way
             else:
                 async with asyncio.timeout(max_wait_s):
-                    await self._places.acquire()
+                    await handed
         except TimeoutError:
+            self._leave_place_queue(handed, is_urgent)
             self._shed(self._places_message(max_wait_s), max_wait_s, "busy")
         except asyncio.CancelledError:
+            self._leave_place_queue(handed, is_urgent)
             self._abandoned()
             raise
-        finally:
-            self._place_waiters -= 1
         return True
 
     def give_place_back(self) -> None:
-        assert self._places is not None
-        self._places.release()
+        """The next waiting for a place is handed this one; with none waiting, it is free."""
+        assert self.caps.max_requests
+        while self._place_queue:
+            handed, was_urgent = self._place_queue.popleft()
+            self._urgent_for_places -= was_urgent
+            if not handed.done():
+                handed.set_result(None)
+                return
+        self._free_places += 1
+
+    def _leave_place_queue(self, handed: asyncio.Future[None], is_urgent: bool) -> None:
+        """A waiter stopped waiting: out of the queue, or, when a place was handed to it as it
+        stopped, the place goes on to the next."""
+        if (handed, is_urgent) in self._place_queue:
+            self._place_queue.remove((handed, is_urgent))
+            self._urgent_for_places -= is_urgent
+        elif handed.done() and not handed.cancelled():
+            self.give_place_back()
 
     def holding(self, stream: OriginStream) -> OriginStream:
         """`stream`, which gives its place back once, when its body was read to its end,

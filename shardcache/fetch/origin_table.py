@@ -91,9 +91,9 @@ class OriginTable:
         }
         self._retiring: dict[OriginSlot, asyncio.Task[None]] = {}
 
-    def _new_slot(self, configured: ConfiguredOrigin) -> OriginSlot:
+    def _new_slot(self, configured: ConfiguredOrigin, gate: OriginGate | None = None) -> OriginSlot:
         name = configured.origin.name
-        return OriginSlot(configured, OriginGate(name, configured.caps, self._observer))
+        return OriginSlot(configured, gate or OriginGate(name, configured.caps, self._observer))
 
     @property
     def origins(self) -> dict[str, Origin]:
@@ -156,22 +156,31 @@ class OriginTable:
         return contextlib.nullcontext() if slot is None else slot.using()
 
     @contextlib.asynccontextmanager
-    async def one_request(self, origin: Origin, max_wait_s: float) -> AsyncIterator[None]:
+    async def one_request(
+        self, origin: Origin, max_wait_s: float, is_get: bool = False
+    ) -> AsyncIterator[None]:
         """Hold `origin` open for one request that is no fill's (a client's HEAD of a miss, a
         listing), sent in its turn at the origin's gate, which hears whether the origin
-        refused it as one too many. Raises OriginShed when the turn is too far off."""
+        refused it as one too many. `is_get`: a GET with a body (a listing, a bucket's
+        location), which holds one of the origin's requests at once (`max_requests`) until it
+        ends. Raises OriginShed when the turn or the place is too far off."""
         slot = self.slot_of(origin)
         if slot is None:
             yield
             return
         with slot.using():
-            sent_at = await slot.gate.turn(max_wait_s)
+            has_place = is_get and await slot.gate.take_place(max_wait_s)
             try:
-                yield
-            except OriginThrottled:
-                slot.gate.throttled(sent_at)
-                raise
-            slot.gate.answered()
+                sent_at = await slot.gate.turn(max_wait_s)
+                try:
+                    yield
+                except OriginThrottled:
+                    slot.gate.throttled(sent_at)
+                    raise
+                slot.gate.answered()
+            finally:
+                if has_place:
+                    slot.gate.give_place_back()
 
     def replace(self, origins: Mapping[str, Origin | ConfiguredOrigin]) -> None:
         """Make `origins` the whole table; retire (then close) the slots of those replaced.
@@ -181,8 +190,12 @@ class OriginTable:
             configured = _configured(given)
             slot = self._slots.get(name)
             if slot is None or slot.origin is not configured.origin:
-                slot = self._new_slot(configured)
-                self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
+                # The same store under the same caps keeps its gate: the requests the replaced
+                # backend still has open hold their places in it, and its pace goes on.
+                kept = slot.gate if slot is not None and _same_gate(slot, configured) else None
+                slot = self._new_slot(configured, kept)
+                if kept is None:
+                    self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
             else:
                 slot.configured = configured  # the same backend; how it is shown may change
             slots[name] = slot
@@ -215,6 +228,13 @@ class OriginTable:
         for slot in [*self._slots.values(), *self._retiring]:
             await _close(slot.origin)
         self._retiring.clear()
+
+
+def _same_gate(slot: OriginSlot, configured: ConfiguredOrigin) -> bool:
+    """Whether `configured` asks the store `slot` asked, under the same caps."""
+    old, new = slot.configured.spec, configured.spec
+    is_same_store = old is not None and new is not None and old.url == new.url
+    return is_same_store and slot.configured.caps == configured.caps
 
 
 def _configured(origin: Origin | ConfiguredOrigin) -> ConfiguredOrigin:

@@ -25,6 +25,7 @@ from shardcache.errors import (
     OriginNotFound,
     OriginRedirected,
     OriginRefused,
+    OriginShed,
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
@@ -107,12 +108,18 @@ def _raise_for_shardcache_error(
 ) -> None:
     """An error from another shardcache daemon (a tier member, a mirror), which names its kind:
     the object store's throttling, a missing or changed object are answers about the object;
+    a shed ("busy": its gate's cap, its own share) is an answer about its load, not its health;
     anything else (shutting down, no such origin, no token, its own origin failing) is that
     daemon's trouble, so the next upstream is asked (`cluster.upstreams`)."""
     if kind == "throttled":
         raise OriginThrottled(
             f"{url}: answered {status} (the object store is throttling)",
             retry_after_s(headers.get("Retry-After")),
+        )
+    if kind == "busy":  # its cap on the origin, or its own share: it shed, and is well
+        raise OriginShed(
+            f"{url}: answered {status} (busy: shed at its gate)",
+            retry_after_s(headers.get("Retry-After")) or 1.0,
         )
     if kind == "not_found":
         raise OriginNotFound(f"{url}: answered {status} (not at the origin)")

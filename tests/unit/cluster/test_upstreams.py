@@ -25,6 +25,7 @@ from shardcache.errors import (
     IntegrityError,
     OriginChanged,
     OriginNotFound,
+    OriginShed,
     OriginThrottled,
     OriginTimeout,
     OriginUnavailable,
@@ -280,6 +281,36 @@ async def test_definite_answers_and_a_throttling_tier_do_not_fail_over() -> None
     assert (await mirrored.head("k")).size_bytes == 1  # a mirror's limit is its own
 
 
+async def test_an_upstream_that_sheds_is_not_marked_down_and_a_member_not_gone_around() -> None:
+    """A tier member's or mirror's 503 "busy" (its gate shed the request: a cap on the store)
+    says nothing of its health. Found: the node marked the member down and asked the store
+    itself, around the member's cap."""
+    clock = Clock()
+    home = FakeOrigin("home")
+    home.put("k", b"x")
+
+    class Shedding(FakeOrigin):
+        async def head(self, key: str, **kwargs: object) -> object:  # type: ignore[override]
+            raise OriginShed("member: busy", 2.0)
+
+    tier = TierMembers(lambda url: Shedding(url), ["http://member:8470"])
+    failover = FailoverOrigin(
+        "o", [upstream(home, clock)], tier, clock=clock, timeouts=make_timeouts()
+    )
+    with pytest.raises(OriginShed):
+        await failover.head("k")
+    assert home.heads["k"] == 0  # the member's cap guards the store the members share
+    continued = await failover.head("k", context=CONTINUED_REQUEST)
+    assert continued.size_bytes == 1  # an answer under way is never shed: the home is asked
+    assert all(h.state is BreakerState.CLOSED for _, h in failover.health())
+    mirror = upstream(Shedding("mirror"), clock)
+    mirrored = FailoverOrigin(
+        "o", [mirror, upstream(home, clock)], clock=clock, timeouts=make_timeouts()
+    )
+    assert (await mirrored.head("k")).size_bytes == 1  # a mirror's cap is its own
+    assert not mirror.breaker.is_open
+
+
 async def test_a_fill_failing_mid_object_resumes_from_the_next_upstream(tmp_path: Path) -> None:
     clock = Clock()
     data = bytes(range(256)) * 4096  # 1 MiB
@@ -522,6 +553,7 @@ def test_a_shardcache_503_is_throttling_only_when_it_says_so() -> None:
     for headers, expected in (
         ({"X-Shardcache-Error": "throttled", "Retry-After": "2"}, OriginThrottled),
         ({"X-Shardcache-Error": "shutdown", "Retry-After": "5"}, OriginUnavailable),
+        ({"X-Shardcache-Error": "busy", "Retry-After": "3"}, OriginShed),
         (refusal_headers, OriginUnavailable),  # a member at its connection limit
         ({"Retry-After": "2"}, OriginThrottled),  # any other server: S3's SlowDown, a CDN
     ):

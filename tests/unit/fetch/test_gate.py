@@ -369,3 +369,41 @@ async def test_a_request_with_no_wait_left_behind_others_is_shed_even_when_unlim
         await gate.turn(0.0)
     assert shed.value.kind == "busy" and shed.value.status == 503
     await asyncio.wait_for(ahead, 1.0)
+
+
+async def test_a_request_continuing_an_answer_takes_the_next_place_before_new_ones() -> None:
+    """Found: the places were a plain FIFO semaphore, so a segment of an answer a client was
+    reading waited behind every new reader that came first (their whole bodies)."""
+    gate = OriginGate("o", GateCaps(max_requests=1))
+    assert await gate.take_place(5)
+    got: list[str] = []
+
+    async def take(name: str, is_urgent: bool) -> None:
+        await gate.take_place(5, is_urgent=is_urgent)
+        got.append(name)
+
+    waiters = [asyncio.create_task(take(f"new{n}", False)) for n in range(2)]
+    await asyncio.sleep(0.01)
+    waiters += [asyncio.create_task(take(f"rest{n}", True)) for n in range(2)]
+    await asyncio.sleep(0.01)
+    for _ in range(4):
+        gate.give_place_back()
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(asyncio.gather(*waiters), 1)
+    assert got == ["rest0", "rest1", "new0", "new1"]
+
+
+async def test_a_place_handed_to_a_request_as_it_stops_waiting_goes_on_to_the_next() -> None:
+    gate = OriginGate("o", GateCaps(max_requests=1))
+    assert await gate.take_place(5)
+    leaver = asyncio.create_task(gate.take_place(5))
+    stayer = asyncio.create_task(gate.take_place(5))
+    await asyncio.sleep(0.01)
+    gate.give_place_back()  # handed to the leaver…
+    leaver.cancel()  # …which stops waiting before it runs again
+    await asyncio.gather(leaver, return_exceptions=True)
+    assert await asyncio.wait_for(stayer, 1)
+    gate.give_place_back()
+    assert await asyncio.wait_for(gate.take_place(0.1), 1)  # one place, not two or none
+    with pytest.raises(OriginShed):
+        await gate.take_place(0.05)

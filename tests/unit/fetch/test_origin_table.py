@@ -93,3 +93,48 @@ async def test_what_is_shown_of_the_origins_is_the_tables_whole_after_a_reload()
     assert table.get("b").gate is gate  # type: ignore[union-attr]  # same backend
     await asyncio.wait_for(a.closed.wait(), 1.0)  # dropped from the table: closed
     await table.aclose()
+
+
+async def test_a_listing_holds_a_place_under_max_requests_and_a_head_takes_none() -> None:
+    """A listing is a GET with a body: under `max_requests = 1` a second one waits for the
+    first's place (and is shed when it does not come in time); a HEAD goes meanwhile."""
+    from shardcache.config import OriginSpec
+    from shardcache.errors import OriginShed
+    from shardcache.fetch.origin_table import ConfiguredOrigin
+
+    origin = FakeOrigin("a")
+    spec = OriginSpec("a", "https://home/x", max_requests=1)
+    table = OriginTable({"a": ConfiguredOrigin(origin, spec)}, NullObserver())
+    async with table.one_request(origin, 1.0, is_get=True):
+        async with table.one_request(origin, 0.05):
+            pass  # a HEAD: no place
+        try:
+            async with table.one_request(origin, 0.05, is_get=True):
+                raise AssertionError("a second listing went while the first held the place")
+        except OriginShed as shed:
+            assert shed.kind == "busy"
+    async with table.one_request(origin, 0.05, is_get=True):
+        pass  # the place came back
+
+
+async def test_a_reload_that_keeps_the_store_and_its_caps_keeps_the_gate() -> None:
+    """A new backend for the same URL under the same caps (its headers changed, say) keeps
+    the gate, so the replaced backend's open GETs still count against `max_requests`; new
+    caps or another URL get a new gate."""
+    from shardcache.config import OriginSpec
+    from shardcache.fetch.origin_table import ConfiguredOrigin
+
+    capped = OriginSpec("a", "https://home/x", max_requests=2)
+    table = OriginTable({"a": ConfiguredOrigin(FakeOrigin("a"), capped)}, NullObserver())
+    first = table.get("a")
+    assert first is not None
+    table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), capped)})
+    kept = table.get("a")
+    assert kept is not None and kept is not first and kept.gate is first.gate
+    table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), OriginSpec("a", "https://home/x"))})
+    uncapped = table.get("a")
+    assert uncapped is not None and uncapped.gate is not first.gate
+    table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), OriginSpec("a", "https://other/x"))})
+    moved = table.get("a")
+    assert moved is not None and moved.gate is not uncapped.gate
+    await table.aclose()
