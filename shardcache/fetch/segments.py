@@ -164,12 +164,14 @@ class OriginRequests:
             return self.origin.open(self.key, start, end, if_match, context=context)
 
         try:
+            began = time.monotonic()
             if self._gate is None or not await self._gate.take_place(
                 self._max_wait_s(attempt), self._continues_an_answer(attempt)
             ):
                 return await self._asking(get, attempt)
-            try:  # the place is held until the body ends
-                return self._gate.holding(await self._asking(get, attempt))
+            try:  # the place is held until the body ends; the turn, in what is left of the wait
+                waited_s = time.monotonic() - began
+                return self._gate.holding(await self._asking(get, attempt, waited_s))
             except BaseException:
                 self._gate.give_place_back()
                 raise
@@ -212,10 +214,14 @@ class OriginRequests:
         return head
 
     async def _asking(
-        self, request: Callable[[RequestContext], Awaitable[T]], attempt: Attempt
+        self,
+        request: Callable[[RequestContext], Awaitable[T]],
+        attempt: Attempt,
+        waited_s: float = 0.0,
     ) -> T:
         """Send one request, `attempt` of a retry loop, at the origin's pace (see `gate`),
-        and tell the gate whether the origin refused it as one too many."""
+        and tell the gate whether the origin refused it as one too many. `waited_s`: what it
+        waited at the gate already (for a place), which its turn may not wait again."""
         # A request that continues an answer a client may be reading (segments, the HEAD for
         # checksums of a fill that started) goes first and is never shed (its
         # `RequestContext`); any other waits for its turn no longer than what is left of the
@@ -226,7 +232,8 @@ class OriginRequests:
         if self._gate is None:
             answer = await self._noting_throttled(lambda: request(context))
         else:
-            sent_at = await self._gate.turn(self._max_wait_s(attempt), is_urgent=urgent)
+            max_wait_s = max(0.0, self._max_wait_s(attempt) - waited_s)
+            sent_at = await self._gate.turn(max_wait_s, is_urgent=urgent)
             answer = await self._noting_throttled(lambda: request(context), sent_at)
             self._gate.answered()
         self._has_answered = True

@@ -220,3 +220,22 @@ async def test_the_caps_bound_requests_at_once_and_a_second() -> None:
     assert bodies == [data] * 12
     assert origin.pace.most_open_streams == 3  # never more at once, and the cap was reached
     assert loop.time() - started >= 11 / 100 * 0.9  # twelve requests spaced 10 ms apart
+
+
+async def test_a_get_waits_for_its_place_and_its_turn_within_one_bound(origin: FakeOrigin) -> None:
+    """`max_requests = 1` and 1 a second, read timeout 0.7 s: the second GET waits 0.4 s for
+    the first's place, then its turn is 0.6 s off. Waited one after the other it would be
+    sent 1 s after it asked, past the read timeout (found by the attack pass: a GET could wait
+    twice the read timeout); the turn may wait only what is left, so it is shed."""
+    gate = OriginGate("fake", GateCaps(max_requests=1, max_requests_per_second=1))
+    policy = make_policy(read_timeout_s=0.7)
+    first = await OriginRequests(origin, "a.tar", policy, NullObserver(), gate).open(0, None, None)
+    second = asyncio.create_task(
+        OriginRequests(origin, "a.tar", policy, NullObserver(), gate).open(0, None, None)
+    )
+    await until("the second waits for the place", lambda: gate.waiting_for_place == 1)
+    await asyncio.sleep(0.4)  # the first's body streams for 0.4 s: the wait being measured
+    await first.aclose()
+    with pytest.raises(OriginShed, match="next turn is 1 s off"):
+        await asyncio.wait_for(second, 2.0)
+    assert len(origin.opens) == 1
