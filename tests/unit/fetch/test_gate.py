@@ -383,12 +383,12 @@ async def test_a_request_continuing_an_answer_takes_the_next_place_before_new_on
         got.append(name)
 
     waiters = [asyncio.create_task(take(f"new{n}", False)) for n in range(2)]
-    await asyncio.sleep(0.01)
+    await until("the new ones wait", lambda: gate.waiting_for_place == 2)
     waiters += [asyncio.create_task(take(f"rest{n}", True)) for n in range(2)]
-    await asyncio.sleep(0.01)
-    for _ in range(4):
+    await until("all four wait", lambda: gate.waiting_for_place == 4)
+    for n in range(4):
         gate.give_place_back()
-        await asyncio.sleep(0.01)
+        await until(f"place {n + 1} taken", lambda n=n: len(got) == n + 1)
     await asyncio.wait_for(asyncio.gather(*waiters), 1)
     assert got == ["rest0", "rest1", "new0", "new1"]
 
@@ -398,7 +398,7 @@ async def test_a_place_handed_to_a_request_as_it_stops_waiting_goes_on_to_the_ne
     assert await gate.take_place(5)
     leaver = asyncio.create_task(gate.take_place(5))
     stayer = asyncio.create_task(gate.take_place(5))
-    await asyncio.sleep(0.01)
+    await until("both wait", lambda: gate.waiting_for_place == 2)
     gate.give_place_back()  # handed to the leaver…
     leaver.cancel()  # …which stops waiting before it runs again
     await asyncio.gather(leaver, return_exceptions=True)
