@@ -214,7 +214,9 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
         thread.start()
     for thread in leavers:
         thread.join(10)
-    wait_for(  # each leaver's request left the gate's queue, or never reached it
+    for n in range(6):  # each leaver's request ended (a 499, or a 200 for the first) …
+        daemon.wait_for_log(f"GET /a/k{n}.tar ")
+    wait_for(  # … and left the gate's queue, or never reached it
         "no request waiting at the gate", lambda: _gate(daemon)["waiting"] == 0, 15
     )
     abandoned = daemon.metric("shardcache_origin_waits_abandoned_total", origin="a")
