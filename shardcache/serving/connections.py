@@ -99,8 +99,14 @@ class ConnectionGuard:
 
     def lost(self, transport: asyncio.BaseTransport | None) -> asyncio.Event | None:
         """Set once the connection closes: a handler waiting for something (an origin's
-        first byte) notices a client that left without writing to it. None if unknown."""
-        connection = self._connections.get(transport) if transport is not None else None
+        first byte) notices a client that left without writing to it. Already set when the
+        connection closed before its handler asked (aiohttp then gives no transport); None
+        for an open transport this guard does not know."""
+        if transport is None or transport.is_closing():
+            gone = asyncio.Event()
+            gone.set()
+            return gone
+        connection = self._connections.get(transport)
         return connection.lost if connection is not None else None
 
     def request_finished(self, transport: asyncio.BaseTransport | None) -> None:

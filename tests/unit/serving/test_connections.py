@@ -100,6 +100,25 @@ def test_a_request_in_progress_is_never_swept_and_its_end_restarts_the_idle_cloc
     assert inner.events[:2] == ["made", "data:GET / HTTP/1.1\r\n\r\n"]
 
 
+async def test_a_handler_asking_after_its_connection_closed_hears_the_client_left() -> None:
+    """Found in the full suite (test_fetch_bounds, 2 runs of 2): under load a request's
+    handler ran after its client had gone, aiohttp gave it no transport, `lost` answered
+    None ('unknown'), and the fill it started waited for a turn at a rate cap, then sent a
+    GET for nobody."""
+    guard, _, _ = _guard()
+    protocol, transport, _ = _open(guard)
+    open_left = guard.lost(transport)
+    assert open_left is not None and not open_left.is_set()  # open: watched
+    protocol.connection_lost(None)
+    assert open_left.is_set()
+    gone = guard.lost(None)  # aiohttp's request.transport once the connection is lost
+    assert gone is not None and gone.is_set()
+    transport.close()
+    closing = guard.lost(transport)
+    assert closing is not None and closing.is_set()
+    assert guard.lost(RecordingTransport()) is None  # open, but not this guard's: unknown
+
+
 def test_a_slow_header_closes_on_the_header_timeout() -> None:
     guard, clock, closed = _guard()
     protocol, transport, _ = _open(guard)
