@@ -102,6 +102,26 @@ class OriginGate:
         self.throttling.sent(sent_at)
         return sent_at
 
+    async def enter(
+        self, max_wait_s: float = math.inf, is_urgent: bool = False, takes_place: bool = False
+    ) -> tuple[float, bool]:
+        """A place (`takes_place`: a GET, under `max_requests`), then a turn, both within one
+        wait of `max_wait_s`; return when the request was sent (for `throttled()`) and whether
+        a place was taken, which the caller gives back or lets `holding` give back. Raises
+        OriginShed, and keeps no place, when either is too far off."""
+        if not takes_place:
+            return await self.turn(max_wait_s, is_urgent), False
+        began = self._clock()
+        has_place = await self.take_place(max_wait_s, is_urgent)
+        try:
+            waited_s = self._clock() - began if has_place else 0.0  # no cap: no wait
+            left_s = max(0.0, max_wait_s - waited_s)
+            return await self.turn(left_s, is_urgent), has_place
+        except BaseException:
+            if has_place:
+                self.give_place_back()
+            raise
+
     async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
         """Take one of the requests at once a GET holds until its body ends (`holding`);
         return whether one was taken (False: no such cap). Raises OriginShed when none came

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -170,10 +169,8 @@ class OriginTable:
             yield
             return
         with slot.using():
-            began = time.monotonic()
-            has_place = is_get and await slot.gate.take_place(max_wait_s)
-            try:  # the turn, in what is left of the wait
-                sent_at = await slot.gate.turn(max(0.0, max_wait_s - (time.monotonic() - began)))
+            sent_at, has_place = await slot.gate.enter(max_wait_s, takes_place=is_get)
+            try:
                 try:
                     yield
                 except OriginThrottled:

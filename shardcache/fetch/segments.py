@@ -164,20 +164,14 @@ class OriginRequests:
             return self.origin.open(self.key, start, end, if_match, context=context)
 
         try:
-            began = time.monotonic()
-            if self._gate is None or not await self._gate.take_place(
-                self._max_wait_s(attempt), self._continues_an_answer(attempt)
-            ):
-                return await self._asking(get, attempt)
-            try:  # the place is held until the body ends; the turn, in what is left of the wait
-                waited_s = time.monotonic() - began
-                return self._gate.holding(await self._asking(get, attempt, waited_s))
-            except BaseException:
-                self._gate.give_place_back()
-                raise
+            stream, has_place = await self._asking(get, attempt, takes_place=True)
         except OriginError as exc:
             self.count(exc.kind)
             raise
+        if has_place:  # held until the body ends
+            assert self._gate is not None
+            return self._gate.holding(stream)
+        return stream
 
     async def open(
         self, start: int, end: int | None, if_match: str | None, for_new_reader: bool = False
@@ -197,7 +191,11 @@ class OriginRequests:
         def head(context: RequestContext) -> Awaitable[ObjectInfo]:
             return self.origin.head(self.key, context=context)
 
-        return await self.retrying(lambda attempt: self._asking(head, attempt))
+        async def head_once(attempt: Attempt) -> ObjectInfo:
+            info, _ = await self._asking(head, attempt)  # a HEAD takes no place
+            return info
+
+        return await self.retrying(head_once)
 
     async def head_of(self, info: ObjectInfo) -> ObjectInfo | None:
         """A HEAD (with retries) of the version `info` describes, for its checksums; None when
@@ -217,11 +215,12 @@ class OriginRequests:
         self,
         request: Callable[[RequestContext], Awaitable[T]],
         attempt: Attempt,
-        waited_s: float = 0.0,
-    ) -> T:
+        takes_place: bool = False,
+    ) -> tuple[T, bool]:
         """Send one request, `attempt` of a retry loop, at the origin's pace (see `gate`),
-        and tell the gate whether the origin refused it as one too many. `waited_s`: what it
-        waited at the gate already (for a place), which its turn may not wait again."""
+        and tell the gate whether the origin refused it as one too many. `takes_place`: a GET,
+        which holds one of the origin's places (`max_requests`); return the answer and
+        whether it holds one (the caller gives it back when the body ends)."""
         # A request that continues an answer a client may be reading (segments, the HEAD for
         # checksums of a fill that started) goes first and is never shed (its
         # `RequestContext`); any other waits for its turn no longer than what is left of the
@@ -230,14 +229,19 @@ class OriginRequests:
         urgent = self._continues_an_answer(attempt)
         context = CONTINUED_REQUEST if urgent else NEW_REQUEST
         if self._gate is None:
-            answer = await self._noting_throttled(lambda: request(context))
+            answer, has_place = await self._noting_throttled(lambda: request(context)), False
         else:
-            max_wait_s = max(0.0, self._max_wait_s(attempt) - waited_s)
-            sent_at = await self._gate.turn(max_wait_s, is_urgent=urgent)
-            answer = await self._noting_throttled(lambda: request(context), sent_at)
+            max_wait_s = self._max_wait_s(attempt)
+            sent_at, has_place = await self._gate.enter(max_wait_s, urgent, takes_place)
+            try:
+                answer = await self._noting_throttled(lambda: request(context), sent_at)
+            except BaseException:
+                if has_place:
+                    self._gate.give_place_back()
+                raise
             self._gate.answered()
         self._has_answered = True
-        return answer
+        return answer, has_place
 
     def _max_wait_s(self, attempt: Attempt) -> float:
         """How long `attempt`'s request may wait at the gate: the read timeout, less the
