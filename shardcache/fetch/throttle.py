@@ -57,8 +57,9 @@ class ThrottleCurve:
         return max(MIN_RATE, CUBIC_C * (t - self._k) ** 3 + self._w_max)
 
     def sent(self, at: float) -> None:
-        """A request went at `at`."""
+        """A request went at `at` (only the last second's are kept)."""
         self._sent.append(at)
+        _last_second(self._sent, at)
 
     def sent_last_second(self) -> int:
         return _last_second(self._sent, self._clock())

@@ -407,3 +407,18 @@ async def test_a_place_handed_to_a_request_as_it_stops_waiting_goes_on_to_the_ne
     assert await asyncio.wait_for(gate.take_place(0.1), 1)  # one place, not two or none
     with pytest.raises(OriginShed):
         await gate.take_place(0.05)
+
+
+def test_the_curve_keeps_only_the_last_seconds_sends_while_unlimited() -> None:
+    """Found in review: every request's send time was kept for ever while the origin never
+    throttled (nothing trimmed them then): one float a request, without bound."""
+    from shardcache.fetch.throttle import ThrottleCurve
+
+    clock = Clock()
+    curve = ThrottleCurve("o", clock=clock)
+    for _ in range(10_000):
+        clock.now += 0.01  # 100 requests a second for 100 s
+        curve.sent(clock.now)
+        curve.answered()
+    assert not curve.is_throttled
+    assert len(curve._sent) <= 101  # the last second's, not 10,000
