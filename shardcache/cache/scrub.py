@@ -148,7 +148,8 @@ class Scrubber:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._in_flight is not None and not self._in_flight.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(self._in_flight), SHUTDOWN_WAIT_S)
+                async with asyncio.timeout(SHUTDOWN_WAIT_S):
+                    await asyncio.shield(self._in_flight)
         self._thread.close()  # a read stuck in the kernel stays there; the exit does not wait
 
     def status(self) -> dict[str, object]:

@@ -213,8 +213,12 @@ class OriginGate:
                 wait_s = self._next_at(rate) - now if self._queue[0] is me and rate else left_s
                 timeout_s = min(wait_s, left_s)
                 me.clear()
+                # Not `asyncio.wait_for`: on Python 3.11 it swallows a cancellation that
+                # comes as `me` is set (the one ahead left), and a request whose reader left
+                # would take its turn for nobody.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(me.wait(), None if math.isinf(timeout_s) else timeout_s)
+                    async with asyncio.timeout(None if math.isinf(timeout_s) else timeout_s):
+                        await me.wait()
         except asyncio.CancelledError:
             self._abandoned()
             raise

@@ -61,7 +61,8 @@ class PinSweep:
         look-ahead budget starts a wait."""
         while True:
             with contextlib.suppress(TimeoutError):  # the period passed: sweep anyway
-                await asyncio.wait_for(self._wanted.wait(), SWEEP_EVERY_S)
+                async with asyncio.timeout(SWEEP_EVERY_S):
+                    await self._wanted.wait()
             self._wanted.clear()
             try:
                 await self.sweep()

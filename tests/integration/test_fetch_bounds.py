@@ -230,7 +230,9 @@ def test_readers_that_left_take_no_turns_under_a_rate_cap(
     )
     time.sleep(2.5)  # a turn booked for a reader that left would be taken by now
     sent_for_leavers = sorted(k for k in origin.gets if k != "k6.tar")
-    assert len(sent_for_leavers) <= 1, f"GETs sent for readers that had left: {sent_for_leavers}"
+    assert len(sent_for_leavers) <= 1, (
+        f"GETs sent for readers that had left: {sent_for_leavers}; log {daemon.log()[-4000:]}"
+    )
     gate = _gate(daemon)  # what an operator sees of it: the cap, and the requests that left
     assert (gate["max_requests_per_second"], gate["max_requests"]) == (0.5, None), gate
     assert gate["abandoned"] == abandoned >= 1 and gate["waiting"] == 0, gate

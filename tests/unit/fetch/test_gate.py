@@ -250,6 +250,29 @@ async def test_a_turn_past_the_wait_bound_is_shed_at_once_with_its_distance() ->
     assert gate.waiting == 0 and gate.abandoned_waits == observer.abandoned == 2
 
 
+@pytest.mark.parametrize("steps_between", range(7))
+async def test_a_request_that_stops_waiting_as_the_one_ahead_leaves_takes_no_turn(
+    steps_between: int,
+) -> None:
+    """Readers that leave at once stop their fills within a step or two of the loop: the
+    first waiting request leaves and wakes the next (its turn to pace now), which is
+    cancelled while it wakes. Found (CI, a loaded 2-core machine): that cancellation was
+    swallowed by `asyncio.wait_for`, which on Python 3.11 returns its awaitable's result when
+    that is done as it is cancelled; the request took its turn and was sent for nobody."""
+    observer = Limits()
+    gate = OriginGate("o", GateCaps(max_requests_per_second=1), observer)
+    await gate.turn(10)  # goes at once; the next two would wait 1 and 2 s
+    first, second = (asyncio.create_task(gate.turn(10)) for _ in range(2))
+    await until("both queue up", lambda: gate.waiting == 2)
+    first.cancel()
+    for _ in range(steps_between):
+        await asyncio.sleep(0)
+    second.cancel()
+    outcomes = await asyncio.gather(first, second, return_exceptions=True)
+    assert all(isinstance(o, asyncio.CancelledError) for o in outcomes), outcomes
+    assert gate.waiting == 0 and gate.abandoned_waits == observer.abandoned == 2
+
+
 async def test_a_request_continuing_an_answer_waits_its_turn_unshed_ahead_of_new_ones() -> None:
     """Shedding it would cut off a 200 a client is reading (found: curl exit 18)."""
     gate = OriginGate("o", GateCaps(max_requests_per_second=2))
