@@ -285,7 +285,7 @@ def test_counters_status_dashboard_and_alerts_against_prometheus(
     for _, expr, _ in _alert_signals():
         prometheus.query(expr)  # the full expression must evaluate (it need not fire)
     rules = prometheus.api("rules")["groups"][0]["rules"]  # type: ignore[index]
-    assert len(rules) == 5 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 6 and all(r["health"] == "ok" for r in rules), rules
 
 
 def _dashboard_panels() -> list[tuple[str, str | None, list[str]]]:
