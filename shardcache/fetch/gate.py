@@ -53,7 +53,7 @@ class OriginGate:
         self._last_went = -math.inf  # when the last paced request went
         self._queue: collections.deque[asyncio.Event] = collections.deque()
         self._urgent = 0  # the urgent ones, all at the front of the queue
-        self._free_places = caps.max_requests or 0
+        self._in_use = 0  # places held (by GETs whose bodies have not ended), under any caps
         # Those waiting for a place, each handed one directly; the urgent ones at the front.
         self._place_queue: collections.deque[tuple[asyncio.Future[None], bool]] = (
             collections.deque()
@@ -82,11 +82,20 @@ class OriginGate:
         return {
             "max_requests": self.caps.max_requests,
             "max_requests_per_second": self.caps.max_requests_per_second,
+            "in_use": self._in_use,
             "waiting": self.waiting,
             "waiting_for_place": self.waiting_for_place,
             "shed": self.shed_requests,
             "abandoned": self.abandoned_waits,
         }
+
+    def recap(self, caps: GateCaps) -> None:
+        """A reload changed the caps on the same store: the places held stay counted against
+        the new `max_requests` (a lower one admits nobody until enough came back), and the
+        requests waiting go by the new caps (a lifted one lets them go at once)."""
+        self.caps = caps
+        self._hand_places()
+        self._wake()
 
     async def turn(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> float:
         """Wait for the request's turn (at once while unlimited and nobody waits); return the
@@ -130,8 +139,8 @@ class OriginGate:
         if not self.caps.max_requests:
             return False
         ahead = self._urgent_for_places if is_urgent else len(self._place_queue)
-        if self._free_places > 0 and ahead == 0:
-            self._free_places -= 1
+        if self._in_use < self.caps.max_requests and ahead == 0:
+            self._in_use += 1
             return True
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._place_queue.insert(ahead, (handed, is_urgent))
@@ -152,15 +161,21 @@ class OriginGate:
         return True
 
     def give_place_back(self) -> None:
-        """The next waiting for a place is handed this one; with none waiting, it is free."""
-        assert self.caps.max_requests
-        while self._place_queue:
+        """A place comes back: the next waiting for one is handed it (while the cap, perhaps
+        lowered by a reload since, has one free)."""
+        self._in_use -= 1
+        self._hand_places()
+
+    def _hand_places(self) -> None:
+        """Hand the free places to those waiting, first in the queue first (all of them once
+        a reload lifted the cap: each gives its place back all the same)."""
+        cap = self.caps.max_requests
+        while self._place_queue and (cap is None or self._in_use < cap):
             handed, was_urgent = self._place_queue.popleft()
             self._urgent_for_places -= was_urgent
             if not handed.done():
                 handed.set_result(None)
-                return
-        self._free_places += 1
+                self._in_use += 1
 
     def _leave_place_queue(self, handed: asyncio.Future[None], is_urgent: bool) -> None:
         """A waiter stopped waiting: out of the queue, or, when a place was handed to it as it

@@ -189,14 +189,16 @@ class OriginTable:
             configured = _configured(given)
             slot = self._slots.get(name)
             if slot is None or slot.origin is not configured.origin:
-                # The same store under the same caps keeps its gate: the requests the replaced
+                # The same store keeps its gate, under the new caps: the requests the replaced
                 # backend still has open hold their places in it, and its pace goes on.
-                kept = slot.gate if slot is not None and _same_gate(slot, configured) else None
+                kept = slot.gate if slot is not None and _same_store(slot, configured) else None
                 slot = self._new_slot(configured, kept)
                 if kept is None:
                     self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
             else:
                 slot.configured = configured  # the same backend; how it is shown may change
+            if slot.gate.caps != configured.caps:
+                slot.gate.recap(configured.caps)
             slots[name] = slot
         replaced = [slot for slot in self._slots.values() if slot not in slots.values()]
         self._slots = slots
@@ -229,11 +231,10 @@ class OriginTable:
         self._retiring.clear()
 
 
-def _same_gate(slot: OriginSlot, configured: ConfiguredOrigin) -> bool:
-    """Whether `configured` asks the store `slot` asked, under the same caps."""
+def _same_store(slot: OriginSlot, configured: ConfiguredOrigin) -> bool:
+    """Whether `configured` asks the store `slot` asked (its caps may differ)."""
     old, new = slot.configured.spec, configured.spec
-    is_same_store = old is not None and new is not None and old.url == new.url
-    return is_same_store and slot.configured.caps == configured.caps
+    return old is not None and new is not None and old.url == new.url
 
 
 def _configured(origin: Origin | ConfiguredOrigin) -> ConfiguredOrigin:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import botocore.exceptions
+import pytest
 from aiohttp import web
 
 from tests.app_thread import AppThread
@@ -367,12 +368,15 @@ def test_hostile_retry_after_values_under_a_rate_cap_give_a_prompt_bounded_503(
         hostile.stop()
 
 
-def test_a_reload_that_keeps_the_cap_does_not_double_it_while_bodies_stream(
-    start_daemon: Callable[..., Daemon], tmp_path: Path
+@pytest.mark.parametrize("new_cap", [2, 1])
+def test_a_reload_that_keeps_or_lowers_the_cap_does_not_exceed_it_while_bodies_stream(
+    start_daemon: Callable[..., Daemon], tmp_path: Path, new_cap: int
 ) -> None:
     """`max_requests = 2`, two slow bodies streaming; a reload changes the origin's headers
-    (a new backend) and keeps the cap. Two more readers come: the store must still never
-    send more than two bodies at once (the old bodies hold their places past the reload)."""
+    (a new backend) and keeps the cap, or lowers it to 1. Two more readers come: the store
+    must still never send more than two bodies at once (the old bodies hold their places past
+    the reload). Found with the lowered cap: three at once, when new caps made a new gate
+    that knew nothing of the old one's places in use."""
     origin = PeakOrigin()
     origin.PACE_S = 0.25  # 8 pieces: 2 s a body
     origin.start()
@@ -395,7 +399,8 @@ def test_a_reload_that_keeps_the_cap_does_not_double_it_while_bodies_stream(
         wait_for("two bodies streaming", lambda: sum(origin.gets.values()) >= 2, 15)
         before = daemon.log().count("reloaded: origins")
         config.write_text(
-            f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 2\nheaders = {{ X-Job = "2" }}\n'
+            f'[origins.a]\nurl = "{origin.url}"\nmax_requests = {new_cap}\n'
+            'headers = { X-Job = "2" }\n'
         )
         os.kill(daemon.process.pid, signal.SIGHUP)
         wait_for("the reload", lambda: daemon.log().count("reloaded: origins") > before, 10)

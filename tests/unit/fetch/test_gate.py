@@ -313,6 +313,7 @@ async def test_a_get_holds_its_place_until_its_body_ends() -> None:
     assert gate.status() == {
         "max_requests": 1,
         "max_requests_per_second": None,
+        "in_use": 1,  # the urgent one's
         "waiting": 0,
         "waiting_for_place": 0,
         "shed": 1,
@@ -445,3 +446,51 @@ def test_the_curve_keeps_only_the_last_seconds_sends_while_unlimited() -> None:
         curve.answered()
     assert not curve.is_throttled
     assert len(curve._sent) <= 101  # the last second's, not 10,000
+
+
+async def test_a_lowered_max_requests_counts_the_places_held_under_the_old_one() -> None:
+    """A reload lowers `max_requests` from 2 to 1 while two GETs hold places: a new GET waits
+    until both gave theirs back (found: new caps made a new gate, and three bodies streamed
+    at once)."""
+    gate = OriginGate("o", GateCaps(max_requests=2))
+    assert await gate.take_place(5) and await gate.take_place(5)
+    gate.recap(GateCaps(max_requests=1))
+    newcomer = asyncio.create_task(gate.take_place(5))
+    await until("the newcomer waits", lambda: gate.waiting_for_place == 1)
+    gate.give_place_back()  # one of the two: still one in use, the new cap's whole
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not newcomer.done() and gate.status()["in_use"] == 1
+    gate.give_place_back()
+    assert await asyncio.wait_for(newcomer, 1)
+    assert gate.status()["in_use"] == 1
+
+
+async def test_a_raised_or_lifted_max_requests_hands_places_to_those_waiting() -> None:
+    gate = OriginGate("o", GateCaps(max_requests=1))
+    assert await gate.take_place(5)
+    waiting = [asyncio.create_task(gate.take_place(5)) for _ in range(3)]
+    await until("three wait", lambda: gate.waiting_for_place == 3)
+    gate.recap(GateCaps(max_requests=2))
+    await until("one more goes", lambda: sum(t.done() for t in waiting) == 1)
+    assert gate.waiting_for_place == 2 and gate.status()["in_use"] == 2
+    gate.recap(GateCaps())  # lifted: the rest go, and each gives its place back as before
+    assert all(await asyncio.wait_for(asyncio.gather(*waiting), 1))
+    assert gate.waiting_for_place == 0
+    for _ in range(4):
+        gate.give_place_back()
+    assert gate.status()["in_use"] == 0
+    assert not await gate.take_place(5)  # no cap: no place to take
+
+
+async def test_a_lifted_rate_cap_lets_the_requests_waiting_under_it_go() -> None:
+    """Found: a reload that lifted `max_requests_per_second` left the requests already
+    waiting at the old pace (a new gate for the new caps; the old one kept them)."""
+    clock = Clock()
+    gate = OriginGate("o", GateCaps(max_requests_per_second=0.1), clock=clock)
+    await gate.turn(60)  # the next turns are 10 and 20 s off on the fake clock
+    waiting = [asyncio.create_task(gate.turn(60)) for _ in range(2)]
+    await until("both wait", lambda: gate.waiting == 2)
+    gate.recap(GateCaps())
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert gate.rate is None and gate.waiting == 0

@@ -117,10 +117,10 @@ async def test_a_listing_holds_a_place_under_max_requests_and_a_head_takes_none(
         pass  # the place came back
 
 
-async def test_a_reload_that_keeps_the_store_and_its_caps_keeps_the_gate() -> None:
-    """A new backend for the same URL under the same caps (its headers changed, say) keeps
-    the gate, so the replaced backend's open GETs still count against `max_requests`; new
-    caps or another URL get a new gate."""
+async def test_a_reload_that_keeps_the_store_keeps_the_gate_under_its_new_caps() -> None:
+    """A new backend for the same URL (its headers or caps changed, say) keeps the gate, so
+    the replaced backend's open GETs still count against `max_requests`, under the new caps;
+    another URL gets a new gate."""
     from shardcache.config import OriginSpec
     from shardcache.fetch.origin_table import ConfiguredOrigin
 
@@ -133,7 +133,8 @@ async def test_a_reload_that_keeps_the_store_and_its_caps_keeps_the_gate() -> No
     assert kept is not None and kept is not first and kept.gate is first.gate
     table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), OriginSpec("a", "https://home/x"))})
     uncapped = table.get("a")
-    assert uncapped is not None and uncapped.gate is not first.gate
+    assert uncapped is not None and uncapped.gate is first.gate
+    assert uncapped.gate.caps.max_requests is None
     table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), OriginSpec("a", "https://other/x"))})
     moved = table.get("a")
     assert moved is not None and moved.gate is not uncapped.gate
