@@ -103,16 +103,16 @@ def test_a_body_failing_its_checksum_is_counted_shown_alerted_and_logged_once(
 def test_requests_shed_under_a_cap_are_alerted_as_shedding_not_as_a_failing_origin(
     origin: OriginServer, start_daemon, prometheus: list[Prometheus], tmp_path: Path
 ) -> None:
-    """Under `max_requests_per_second = 0.2` and a 2 s read timeout, a read whose turn is 5 s
-    off is shed at once: the loader gets 503 with Retry-After, and no request went to the
-    origin. That is this daemon's cap binding, not the origin failing. Found: each shed was
+    """Under `max_requests_per_second = 0.05` and a 2 s read timeout, a read whose turn is
+    up to 20 s off is shed at once: the loader gets 503 with Retry-After, and no request went
+    to the origin. That is this daemon's cap binding, not the origin failing. Found: each shed was
     counted as an origin error of kind `busy` against a denominator of requests sent, so
     one request sent and four shed made `ShardcacheOriginErrors` ("origin fails 400% of
     requests") fire for a healthy origin, and nothing named the cap."""
     for n in range(5):
         origin.put(f"s{n}.tar", b"s" * 1000)
     config = tmp_path / "capped.toml"
-    config.write_text(f'[origins.capped]\nurl = "{origin.url}"\nmax_requests_per_second = 0.2\n')
+    config.write_text(f'[origins.capped]\nurl = "{origin.url}"\nmax_requests_per_second = 0.05\n')
     daemon = start_daemon(
         {}, "--config", str(config), "--origin-read-timeout", "2", "--readahead", "0"
     )
