@@ -23,6 +23,10 @@ class Observer(Protocol):
     def origin_wait_abandoned(self, origin: str) -> None:
         """A request stopped waiting at the origin's gate (its fill was stopped): never sent."""
 
+    def origin_request_shed(self, origin: str) -> None:
+        """The origin's gate turned a request away (its turn or place further off than it may
+        wait): never sent, answered 503 with Retry-After (a prefetch's too)."""
+
     def origin_failed(self, origin: str, kind: str) -> None:
         """An object failed for a reason no one request was counted under (its checksum did
         not match, its HEAD failed): one more origin error of `kind`."""
@@ -57,6 +61,9 @@ class NullObserver:
         return None
 
     def origin_wait_abandoned(self, origin: str) -> None:
+        return None
+
+    def origin_request_shed(self, origin: str) -> None:
         return None
 
     def origin_failed(self, origin: str, kind: str) -> None:
@@ -112,6 +119,9 @@ class FailureTally:
 
     def origin_wait_abandoned(self, origin: str) -> None:
         self._observer.origin_wait_abandoned(origin)
+
+    def origin_request_shed(self, origin: str) -> None:
+        self._observer.origin_request_shed(origin)
 
     def origin_failed(self, origin: str, kind: str) -> None:
         self.settle(origin, kind)

@@ -288,6 +288,7 @@ class OriginGate:
 
     def _shed(self, message: str, wait_s: float, kind: str) -> None:
         self.shed_requests += 1
+        self._observer.origin_request_shed(self.origin)
         raise OriginShed(message, max(1.0, wait_s), kind)
 
     def _abandoned(self) -> None:

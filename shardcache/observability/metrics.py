@@ -150,6 +150,13 @@ class Metrics:
             ["origin"],
             registry=registry,
         )
+        self.origin_requests_shed = Counter(
+            "shardcache_origin_requests_shed",
+            "Requests the origin's gate turned away, their turn or place further off than they "
+            "may wait (503 with Retry-After), never sent: a cap binding, not the origin failing",
+            ["origin"],
+            registry=registry,
+        )
         self.origin_bytes_total = Counter(
             "shardcache_origin_bytes", "Body bytes read from origins", ["origin"], registry=registry
         )
@@ -249,6 +256,7 @@ class Metrics:
             self.origin_throttled_total.labels(origin)
             self.origin_request_limit_gauge.labels(origin)
             self.origin_waits_abandoned.labels(origin)
+            self.origin_requests_shed.labels(origin)
             self.origin_bytes_total.labels(origin)
             self.origin_fetch.labels(origin)
             self.prefetch_late_total.labels(origin)
@@ -405,6 +413,9 @@ class Metrics:
 
     def origin_wait_abandoned(self, origin: str) -> None:
         self.origin_waits_abandoned.labels(origin).inc()
+
+    def origin_request_shed(self, origin: str) -> None:
+        self.origin_requests_shed.labels(origin).inc()
 
     def origin_bytes(self, origin: str, size_bytes: int) -> None:
         self.origin_bytes_total.labels(origin).inc(size_bytes)

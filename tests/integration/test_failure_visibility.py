@@ -100,26 +100,33 @@ def test_a_body_failing_its_checksum_is_counted_shown_alerted_and_logged_once(
     assert len(summary) == 1, _records(daemon)
 
 
-def test_requests_shed_under_a_cap_are_alerted_as_shedding_not_as_a_failing_origin(
+def test_sheds_under_a_cap_and_404s_are_not_alerted_as_a_failing_origin(
     origin: OriginServer, start_daemon, prometheus: list[Prometheus], tmp_path: Path
 ) -> None:
-    """Under `max_requests_per_second = 0.05` and a 2 s read timeout, a read whose turn is
-    up to 20 s off is shed at once: the loader gets 503 with Retry-After, and no request went
-    to the origin. That is this daemon's cap binding, not the origin failing. Found: each shed was
-    counted as an origin error of kind `busy` against a denominator of requests sent, so
-    one request sent and four shed made `ShardcacheOriginErrors` ("origin fails 400% of
-    requests") fire for a healthy origin, and nothing named the cap."""
+    """Origin `capped`: under `max_requests_per_second = 0.05` and a 2 s read timeout, a read
+    whose turn is up to 20 s off is shed at once: the loader gets 503 with Retry-After, and
+    no request went to the origin. That is this daemon's cap binding, not the origin failing.
+    Origin `plain`: one shard read, two asked that it does not have (404s).
+
+    Found: each shed was counted as an origin error of kind `busy` against a denominator of
+    requests sent, so one request sent and four shed made `ShardcacheOriginErrors` ("origin
+    fails 400% of requests") fire for a healthy origin, and nothing named the cap; two 404s
+    in three requests made it fire for `plain` (found by the new-user pass). Sheds now have
+    their own counter, equal to the gate's `shed`, and their own alert."""
     for n in range(5):
         origin.put(f"s{n}.tar", b"s" * 1000)
     config = tmp_path / "capped.toml"
-    config.write_text(f'[origins.capped]\nurl = "{origin.url}"\nmax_requests_per_second = 0.05\n')
+    config.write_text(
+        f'[origins.capped]\nurl = "{origin.url}"\nmax_requests_per_second = 0.05\n'
+        f'[origins.plain]\nurl = "{origin.url}"\n'
+    )
     daemon = start_daemon(
         {}, "--config", str(config), "--origin-read-timeout", "2", "--readahead", "0"
     )
     server = Prometheus(tmp_path / "prometheus", f"127.0.0.1:{daemon.port}")
     prometheus.append(server)
-    busy = 'shardcache_origin_errors_total{origin="capped",kind="busy"}'
-    _wait_until("a first scrape", lambda: server.query(busy))
+    shed_total = 'shardcache_origin_requests_shed_total{origin="capped"}'
+    _wait_until("a first scrape", lambda: server.query(shed_total))
 
     answers = [curl(f"{daemon.url}/capped/s{n}.tar", "--no-fail") for n in range(5)]
     assert answers[0].status == 200, answers[0]
@@ -128,16 +135,22 @@ def test_requests_shed_under_a_cap_are_alerted_as_shedding_not_as_a_failing_orig
     assert sorted(origin.gets) == ["s0.tar"] + [
         f"s{n}.tar" for n in range(1, 5) if answers[n].status == 200
     ]
-    assert daemon.metric("shardcache_origin_errors_total", origin="capped", kind="busy") == len(
-        shed
-    )
+    assert curl(f"{daemon.url}/plain/s0.tar").exit_code == 0
+    for missing in ("gone0.tar", "gone1.tar"):
+        assert curl(f"{daemon.url}/plain/{missing}", "--no-fail").status == 404
+    status, document = daemon.get_json("/_/status")
+    assert status == 200 and document["origins"]["capped"]["gate"]["shed"] == len(shed), document
+    assert daemon.metric("shardcache_origin_requests_shed_total", origin="capped") == len(shed)
 
     _wait_until(
-        "Prometheus to see the sheds",
-        lambda: [float(s["value"][1]) for s in server.query(busy)] == [len(shed)],  # type: ignore[index]
+        "Prometheus to see the sheds and the 404s",
+        lambda: (
+            [float(s["value"][1]) for s in server.query(shed_total)] == [len(shed)]  # type: ignore[index]
+            and server.query('shardcache_origin_errors_total{origin="plain",kind="not_found"} == 2')
+        ),
     )
     failing = server.query(_alert_expression("ShardcacheOriginErrors"))
-    assert failing == [], f"a healthy origin behind a cap alerted as failing: {failing}"
+    assert failing == [], f"healthy origins alerted as failing: {failing}"
     shedding = server.query(_alert_expression("ShardcacheOriginShedding"))
     assert [s["metric"]["origin"] for s in shedding] == ["capped"], shedding  # type: ignore[index]
 
