@@ -106,9 +106,33 @@ def format_status(document: dict[str, Any]) -> str:
             lines.append(f"  {upstream['role']:<8}{upstream['url']}  {state}")
         for unusable in origin.get("unusable_checksums", []):
             lines.append(f"  checksum set aside: {_fields(unusable)}")
+        gate = _gate_line(origin.get("gate"))
+        if gate:
+            lines.append(f"  gate    {gate}")
     # Names, URLs and errors are the daemon's (an upstream's last error quotes an origin):
     # each line escaped on its own, so a newline or an ESC inside one shows as \x0a, \x1b.
     return "\n".join(printable(line) for line in lines)
+
+
+def _gate_line(gate: dict[str, Any] | None) -> str:
+    """The origin's gate: its caps, and what holds, waits or was turned away there; empty for
+    an origin with no cap that has shed nothing (most of them)."""
+    if not gate:
+        return ""
+    caps = []
+    if gate.get("max_requests_per_second"):
+        caps.append(f"cap {gate['max_requests_per_second']:g}/s")
+    if gate.get("max_requests"):
+        caps.append(f"{gate['max_requests']} at once")
+    counts = {
+        "in use": gate.get("in_use") or 0,
+        "waiting": (gate.get("waiting") or 0) + (gate.get("waiting_for_place") or 0),
+        "shed": gate.get("shed") or 0,
+        "abandoned": gate.get("abandoned") or 0,
+    }
+    if not caps and not any(counts.values()):
+        return ""
+    return f"{', '.join(caps) or 'no cap'}; " + ", ".join(f"{v} {k}" for k, v in counts.items())
 
 
 def _origin_read_line(document: dict[str, Any]) -> str:

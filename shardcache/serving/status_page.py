@@ -154,6 +154,11 @@ def _origin_row(name: str, origin: dict[str, Any]) -> str:
         throttled += f", cap {gate['max_requests_per_second']:g}/s"
     if gate.get("max_requests"):
         throttled += f", {gate['max_requests']} at once"
+    waiting = (gate.get("waiting") or 0) + (gate.get("waiting_for_place") or 0)
+    if waiting:
+        throttled += f", {waiting} waiting"
+    if gate.get("shed"):
+        throttled += f", {gate['shed']} shed"
     cells = [
         (f"{q['hit']} / {q['miss']} / {q['coalesced']} / {q['error']}", "num"),
         (_pct(q["hit"] / count) if count else "–", "num"),

@@ -270,9 +270,12 @@ SCRIPT = r"""
         "none");
       cell(row, o.origin_retries, "num");
       const gate = o.gate || {};
+      const waiting = (gate.waiting || 0) + (gate.waiting_for_place || 0);
       cell(row, (o.throttled || 0) + (o.request_limit ? ", limit " + o.request_limit : "") +
         (gate.max_requests_per_second ? ", cap " + gate.max_requests_per_second + "/s" : "") +
-        (gate.max_requests ? ", " + gate.max_requests + " at once" : ""), "num");
+        (gate.max_requests ? ", " + gate.max_requests + " at once" : "") +
+        (waiting ? ", " + waiting + " waiting" : "") +
+        (gate.shed ? ", " + gate.shed + " shed" : ""), "num");
       body.append(row);
       for (const u of o.upstreams || []) {
         const sub = document.createElement("tr");
@@ -400,7 +403,7 @@ HTML = """<!doctype html>
 <section class="wide"><h2>Origins and upstreams</h2>
 <table><thead><tr><th>origin</th><th>hit / miss / coalesced / error</th><th>hit ratio</th>
 <th>served</th><th>from origin</th><th>loader stall</th><th>origin errors</th><th>retries</th>
-<th>throttled</th></tr></thead><tbody id="origins"></tbody></table></section>
+<th>throttled, gate</th></tr></thead><tbody id="origins"></tbody></table></section>
 <section class="wide"><h2>Recent failures</h2>
 <table><thead><tr><th>when</th><th>where</th><th>origin</th><th>kind</th><th>what</th></tr>
 </thead><tbody id="failures"></tbody></table><p id="no-failures" class="muted">none</p>

@@ -141,6 +141,14 @@ def test_sheds_under_a_cap_and_404s_are_not_alerted_as_a_failing_origin(
     status, document = daemon.get_json("/_/status")
     assert status == 200 and document["origins"]["capped"]["gate"]["shed"] == len(shed), document
     assert daemon.metric("shardcache_origin_requests_shed_total", origin="capped") == len(shed)
+    stats = subprocess.run(
+        [sys.executable, "-m", "shardcache", "stats", "--daemon", daemon.url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    gate_line = f"  gate    cap 0.05/s; 0 in use, 0 waiting, {len(shed)} shed, 0 abandoned"
+    assert gate_line in stats.stdout.splitlines(), stats.stdout
 
     _wait_until(
         "Prometheus to see the sheds and the 404s",

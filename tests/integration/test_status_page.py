@@ -159,6 +159,42 @@ async def test_the_page_shows_a_daemon_under_traffic_and_updates_without_a_reloa
         assert tab.problems() == []  # no exception, nothing refused by the CSP
 
 
+async def test_an_origins_gate_is_drawn_by_the_script_as_on_the_server(
+    chromium: int, origin: OriginServer, start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """Under `max_requests_per_second = 0.2` and a 2 s read timeout, one read goes (its GET,
+    then its HEAD for checksums 5 s later) and the next two are shed, their turns 5 s off:
+    the origin's row shows the cap and the sheds, drawn by the page's script from
+    `/_/status` the same as the server drew it for a reader without scripts."""
+    for n in range(3):
+        origin.put(f"s{n}.tar", b"s" * 1000)
+    config = tmp_path / "capped.toml"
+    config.write_text(f'[origins.capped]\nurl = "{origin.url}"\nmax_requests_per_second = 0.2\n')
+    daemon = start_daemon(
+        {}, "--config", str(config), "--origin-read-timeout", "2", "--readahead", "0"
+    )
+    statuses = []
+    for n in range(3):
+        try:
+            _get(daemon, f"/capped/s{n}.tar")
+            statuses.append(200)
+        except urllib.error.HTTPError as answer:
+            statuses.append(answer.code)
+    assert statuses == [200, 503, 503], statuses
+    gate_cell = "#origins tr[data-origin='capped'] > td:last-child"
+    served = _get(daemon, "/_/").decode()
+    drawn_by_server = re.search(
+        r'<tr data-origin="capped">.*?<td class="num">([^<]*)</td></tr>', served
+    )
+    assert drawn_by_server and drawn_by_server[1] == "0, cap 0.2/s, 2 shed", drawn_by_server
+    async with Tab(chromium) as tab:
+        await tab.navigate(f"{daemon.url}/_/?every=0.3")
+        await _shows(tab, daemon)
+        drawn = await tab.evaluate(f'document.querySelector("{gate_cell}").textContent')
+        assert drawn == drawn_by_server[1], drawn
+        assert tab.problems() == []
+
+
 async def test_hostile_keys_and_error_texts_show_as_text_and_run_nothing(
     chromium: int, origin: OriginServer, start_daemon: Callable[..., Daemon]
 ) -> None:

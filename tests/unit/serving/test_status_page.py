@@ -65,3 +65,28 @@ def test_without_failures_the_page_says_none() -> None:
     page = with_figures(BODY.decode(), _document([], []))
     assert '<tbody id="failures"></tbody>' in page
     assert 'id="no-failures" class="muted">none<' in page
+
+
+def test_an_origins_gate_shows_its_caps_what_waits_and_what_was_shed() -> None:
+    """Found by the new-user pass: the page showed the caps only (`0, cap 1/s, 2 at once`),
+    not the requests waiting at the gate or turned away by it."""
+    document = _document([], [])
+    document["origins"]["web"]["gate"] = {
+        "max_requests": 2,
+        "max_requests_per_second": 0.5,
+        "in_use": 2,
+        "waiting": 3,
+        "waiting_for_place": 1,
+        "shed": 7,
+        "abandoned": 0,
+    }
+    page = with_figures(BODY.decode(), document)
+    row = re.search(r'<tr data-origin="web">(.*?)</tr>', page, re.S)
+    assert row, page
+    assert row[1].endswith('<td class="num">0, cap 0.5/s, 2 at once, 4 waiting, 7 shed</td>'), row[
+        1
+    ]
+    del document["origins"]["web"]["gate"]  # an origin with no gate figures: the count alone
+    page = with_figures(BODY.decode(), document)
+    row = re.search(r'<tr data-origin="web">(.*?)</tr>', page, re.S)
+    assert row and row[1].endswith('<td class="num">0</td>'), row
