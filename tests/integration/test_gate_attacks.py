@@ -462,3 +462,46 @@ def test_the_rest_of_an_answer_under_way_goes_before_new_readers_for_a_place(
         assert order[: order.count("big.tar")] == ["big.tar"] * order.count("big.tar"), order
     finally:
         origin.stop()
+
+
+def test_a_reload_that_sets_a_cap_counts_the_bodies_begun_without_one(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """No `max_requests`, two slow bodies streaming; a reload sets `max_requests = 1`. A new
+    reader waits until both bodies ended: the store never sends three at once, and
+    `/_/status` counted the two in use. Found: GETs sent with no cap held no place, so the
+    new cap saw none in use and let a third body start beside them."""
+    origin = PeakOrigin()
+    origin.PACE_S = 0.25  # 8 pieces: 2 s a body
+    origin.start()
+    try:
+        for n in range(3):
+            origin.put(f"k{n}.tar", os.urandom(256 * KiB))
+        config = tmp_path / "shardcache.toml"
+        config.write_text(f'[origins.a]\nurl = "{origin.url}"\n')
+        daemon = start_daemon(
+            {}, "--config", str(config), "--origin-read-timeout", "15", "--readahead", "0"
+        )
+        answers: dict[int, CurlResult] = {}
+
+        def ask(n: int) -> None:
+            answers[n] = curl(f"{daemon.url}/a/k{n}.tar", "--max-time", "30")
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in range(3)]
+        for thread in threads[:2]:
+            thread.start()
+        wait_for("two bodies streaming", lambda: origin.sending >= 2, 15)
+        before = daemon.log().count("reloaded: origins")
+        config.write_text(f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 1\n')
+        os.kill(daemon.process.pid, signal.SIGHUP)
+        wait_for("the reload", lambda: daemon.log().count("reloaded: origins") > before, 10)
+        threads[2].start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(a.status for a in answers.values()) == [200] * 3, answers
+        assert origin.peak_sending <= 2, f"the origin sent {origin.peak_sending} bodies at once"
+        _, status = daemon.get_json("/_/status")
+        gate = status["origins"]["a"]["gate"]  # type: ignore[index]
+        assert gate["in_use"] == 0 and gate["waiting_for_place"] == 0, gate
+    finally:
+        origin.stop()
