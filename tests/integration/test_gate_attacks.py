@@ -505,3 +505,50 @@ def test_a_reload_that_sets_a_cap_counts_the_bodies_begun_without_one(
         assert gate["in_use"] == 0 and gate["waiting_for_place"] == 0, gate
     finally:
         origin.stop()
+
+
+def test_an_origin_removed_and_added_back_counts_the_bodies_still_streaming(
+    start_daemon: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    """`max_requests = 1`, one slow body streaming; a reload removes the origin (its fill goes
+    on through the retired backend), another adds it back as it was. A new reader waits for
+    the body to end: the store never sends two at once. Found: the origin added back got a
+    new gate, which knew nothing of the retired backend's place in use."""
+    origin = PeakOrigin()
+    origin.PACE_S = 0.25  # 8 pieces: 2 s a body
+    origin.start()
+    try:
+        for n in range(2):
+            origin.put(f"k{n}.tar", os.urandom(256 * KiB))
+        spare = tmp_path / "spare"
+        spare.mkdir()
+        capped = f'[origins.a]\nurl = "{origin.url}"\nmax_requests = 1\n'
+        other = f'[origins.spare]\nurl = "file://{spare}"\n'
+        config = tmp_path / "shardcache.toml"
+        config.write_text(capped + other)
+        daemon = start_daemon(
+            {}, "--config", str(config), "--origin-read-timeout", "15", "--readahead", "0"
+        )
+        answers: dict[int, CurlResult] = {}
+
+        def ask(n: int) -> None:
+            answers[n] = curl(f"{daemon.url}/a/k{n}.tar", "--max-time", "30")
+
+        def reload(text: str) -> None:
+            before = daemon.log().count("reloaded: origins")
+            config.write_text(text)
+            os.kill(daemon.process.pid, signal.SIGHUP)
+            wait_for("the reload", lambda: daemon.log().count("reloaded: origins") > before, 10)
+
+        threads = [threading.Thread(target=ask, args=(n,)) for n in range(2)]
+        threads[0].start()
+        wait_for("a body streaming", lambda: origin.sending >= 1, 15)
+        reload(other)
+        reload(capped + other)
+        threads[1].start()
+        for thread in threads:
+            thread.join(60)
+        assert sorted(a.status for a in answers.values()) == [200] * 2, answers
+        assert origin.peak_sending <= 1, f"the origin sent {origin.peak_sending} bodies at once"
+    finally:
+        origin.stop()
