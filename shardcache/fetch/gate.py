@@ -120,16 +120,24 @@ class OriginGate:
         OriginShed, and keeps no place, when either is too far off."""
         if not takes_place:
             return await self.turn(max_wait_s, is_urgent), False
-        began, is_capped = self._clock(), self.caps.max_requests is not None
-        has_place = await self.take_place(max_wait_s, is_urgent)
-        try:
-            waited_s = self._clock() - began if is_capped else 0.0  # no cap: no wait
-            left_s = max(0.0, max_wait_s - waited_s)
-            return await self.turn(left_s, is_urgent), has_place
-        except BaseException:
-            if has_place:
-                self.give_place_back()
-            raise
+        began, place_wait_s = self._clock(), max_wait_s
+        while True:
+            is_capped = self.caps.max_requests is not None
+            has_place = await self.take_place(place_wait_s, is_urgent)
+            try:
+                waited_s = self._clock() - began if is_capped else 0.0  # no cap: no wait
+                sent_at = await self.turn(max(0.0, max_wait_s - waited_s), is_urgent)
+            except BaseException:
+                if has_place:
+                    self.give_place_back()
+                raise
+            cap = self.caps.max_requests
+            if cap is None or self._in_use <= cap:
+                return sent_at, has_place
+            # A reload lowered the cap while this one waited for its turn, unsent: it gives
+            # its place back and waits for one under the new cap.
+            self.give_place_back()
+            place_wait_s = max(0.0, max_wait_s - (self._clock() - began))
 
     async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
         """Take one of the requests at once a GET holds until its body ends (`holding`), and

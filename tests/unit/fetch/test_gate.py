@@ -515,3 +515,25 @@ async def test_a_cap_set_by_a_reload_counts_the_gets_sent_without_one() -> None:
     gate.give_place_back()
     assert await asyncio.wait_for(newcomer, 1)
     assert gate.status()["in_use"] == 1
+
+
+async def test_a_get_holding_a_place_unsent_when_the_cap_is_lowered_waits_for_one_again() -> None:
+    """`max_requests = 3` under `max_requests_per_second = 0.1`: one GET sent, two more hold
+    places while they wait for their turns. A reload lowers the cap to 1 and lifts the rate:
+    the two, not sent yet, must not go beside the one streaming; each waits for a place under
+    the new cap (found in a reload storm: three bodies began at once a second after the cap
+    was lowered to 1, GETs handed places under the old cap, then sent when the rate lifted)."""
+    clock = Clock()
+    gate = OriginGate("o", GateCaps(max_requests=3, max_requests_per_second=0.1), clock=clock)
+    await gate.enter(60, takes_place=True)  # sent: its body streams
+    waiting = [asyncio.create_task(gate.enter(60, takes_place=True)) for _ in range(2)]
+    await until("both wait for their turns", lambda: gate.waiting == 2)
+    gate.recap(GateCaps(max_requests=1))
+    await until("both wait for a place again", lambda: gate.waiting_for_place == 2)
+    assert not any(task.done() for task in waiting) and gate.status()["in_use"] == 1
+    gate.give_place_back()  # the body streaming ends
+    await until("one goes", lambda: sum(task.done() for task in waiting) == 1)
+    assert gate.waiting_for_place == 1 and gate.status()["in_use"] == 1
+    gate.give_place_back()
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert gate.status()["in_use"] == 1
