@@ -145,8 +145,10 @@ class OriginTable:
         return None
 
     def gate_of(self, origin: Origin) -> OriginGate | None:
-        """The gate every request to `origin` waits at (None: not in the table)."""
-        slot = self.slot_of(origin)
+        """The gate every request to `origin` waits at: its slot's, current or retiring, else
+        (a backend a reload replaced and closed while a reader given it looked its key up)
+        the gate of the origin of that name now; None: no such origin."""
+        slot = self.slot_of(origin) or self._slots.get(origin.name)
         return None if slot is None else slot.gate
 
     def using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
