@@ -120,26 +120,34 @@ class OriginGate:
         OriginShed, and keeps no place, when either is too far off."""
         if not takes_place:
             return await self.turn(max_wait_s, is_urgent), False
-        began = self._clock()
-        has_place = await self.take_place(max_wait_s, is_urgent)
-        try:
-            waited_s = self._clock() - began if has_place else 0.0  # no cap: no wait
-            left_s = max(0.0, max_wait_s - waited_s)
-            return await self.turn(left_s, is_urgent), has_place
-        except BaseException:
-            if has_place:
-                self.give_place_back()
-            raise
+        began, place_wait_s = self._clock(), max_wait_s
+        while True:
+            is_capped = self.caps.max_requests is not None
+            has_place = await self.take_place(place_wait_s, is_urgent)
+            try:
+                waited_s = self._clock() - began if is_capped else 0.0  # no cap: no wait
+                sent_at = await self.turn(max(0.0, max_wait_s - waited_s), is_urgent)
+            except BaseException:
+                if has_place:
+                    self.give_place_back()
+                raise
+            cap = self.caps.max_requests
+            if cap is None or self._in_use <= cap:
+                return sent_at, has_place
+            # A reload lowered the cap while this one waited for its turn, unsent: it gives
+            # its place back and waits for one under the new cap.
+            self.give_place_back()
+            place_wait_s = max(0.0, max_wait_s - (self._clock() - began))
 
     async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
-        """Take one of the requests at once a GET holds until its body ends (`holding`);
-        return whether one was taken (False: no such cap). Raises OriginShed when none came
-        free within `max_wait_s`; an urgent request waits for one unshed, ahead of the
-        others (in order among the urgent ones)."""
-        if not self.caps.max_requests:
-            return False
+        """Take one of the requests at once a GET holds until its body ends (`holding`), and
+        return True: the caller gives it back. Taken at once while there is no cap, but counted
+        all the same, so that a reload that sets one counts the bodies begun without it.
+        Raises OriginShed when none came free within `max_wait_s`; an urgent request waits for
+        one unshed, ahead of the others (in order among the urgent ones)."""
+        cap = self.caps.max_requests
         ahead = self._urgent_for_places if is_urgent else len(self._place_queue)
-        if self._in_use < self.caps.max_requests and ahead == 0:
+        if (cap is None or self._in_use < cap) and ahead == 0:
             self._in_use += 1
             return True
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()

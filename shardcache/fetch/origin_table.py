@@ -145,8 +145,10 @@ class OriginTable:
         return None
 
     def gate_of(self, origin: Origin) -> OriginGate | None:
-        """The gate every request to `origin` waits at (None: not in the table)."""
-        slot = self.slot_of(origin)
+        """The gate every request to `origin` waits at: its slot's, current or retiring, else
+        (a backend a reload replaced and closed while a reader given it looked its key up)
+        the gate of the origin of that name now; None: no such origin."""
+        slot = self.slot_of(origin) or self._slots.get(origin.name)
         return None if slot is None else slot.gate
 
     def using(self, origin: Origin) -> contextlib.AbstractContextManager[object]:
@@ -191,7 +193,7 @@ class OriginTable:
             if slot is None or slot.origin is not configured.origin:
                 # The same store keeps its gate, under the new caps: the requests the replaced
                 # backend still has open hold their places in it, and its pace goes on.
-                kept = slot.gate if slot is not None and _same_store(slot, configured) else None
+                kept = self._gate_for(name, configured)
                 slot = self._new_slot(configured, kept)
                 if kept is None:
                     self._observer.origin_request_limit(name, 0)  # a new gate: unlimited
@@ -205,6 +207,18 @@ class OriginTable:
         for slot in replaced:
             task = asyncio.create_task(self._close_when_idle(slot), name="retire origin")
             self._retiring[slot] = task
+
+    def _gate_for(self, name: str, configured: ConfiguredOrigin) -> OriginGate | None:
+        """The gate of the current slot of `name` when it asks the same store, else of a
+        retiring one that does (an origin removed, or moved, then put back while its requests
+        still run: they hold their places there); None: a new gate."""
+        current = self._slots.get(name)
+        if current is not None and _same_store(current, configured):
+            return current.gate
+        for slot in reversed(self._retiring):
+            if slot.origin.name == configured.origin.name and _same_store(slot, configured):
+                return slot.gate
+        return None
 
     async def _close_when_idle(self, slot: OriginSlot) -> None:
         try:

@@ -309,7 +309,9 @@ async def test_a_get_holds_its_place_until_its_body_ends() -> None:
     assert not urgent.done()
     gate.give_place_back()
     assert await asyncio.wait_for(urgent, 1)
-    assert not await OriginGate("o").take_place(0.0)  # no such cap: no place to take
+    uncapped = OriginGate("o")
+    assert await uncapped.take_place(0.0)  # no such cap: taken at once, counted all the same
+    assert uncapped.status()["in_use"] == 1
     assert gate.status() == {
         "max_requests": 1,
         "max_requests_per_second": None,
@@ -480,7 +482,8 @@ async def test_a_raised_or_lifted_max_requests_hands_places_to_those_waiting() -
     for _ in range(4):
         gate.give_place_back()
     assert gate.status()["in_use"] == 0
-    assert not await gate.take_place(5)  # no cap: no place to take
+    assert await gate.take_place(5)  # no cap: taken at once, counted all the same
+    assert gate.status()["in_use"] == 1
 
 
 async def test_a_lifted_rate_cap_lets_the_requests_waiting_under_it_go() -> None:
@@ -494,3 +497,43 @@ async def test_a_lifted_rate_cap_lets_the_requests_waiting_under_it_go() -> None
     gate.recap(GateCaps())
     await asyncio.wait_for(asyncio.gather(*waiting), 1)
     assert gate.rate is None and gate.waiting == 0
+
+
+async def test_a_cap_set_by_a_reload_counts_the_gets_sent_without_one() -> None:
+    """No `max_requests`, two GETs holding bodies; a reload sets `max_requests = 1`: a new GET
+    waits until both gave theirs back (found: GETs sent with no cap were not counted, and the
+    new cap let a third body start beside the two)."""
+    gate = OriginGate("o")
+    assert await gate.take_place(5) and await gate.take_place(5)
+    gate.recap(GateCaps(max_requests=1))
+    newcomer = asyncio.create_task(gate.take_place(5))
+    await until("the newcomer waits", lambda: gate.waiting_for_place == 1)
+    gate.give_place_back()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not newcomer.done() and gate.status()["in_use"] == 1
+    gate.give_place_back()
+    assert await asyncio.wait_for(newcomer, 1)
+    assert gate.status()["in_use"] == 1
+
+
+async def test_a_get_holding_a_place_unsent_when_the_cap_is_lowered_waits_for_one_again() -> None:
+    """`max_requests = 3` under `max_requests_per_second = 0.1`: one GET sent, two more hold
+    places while they wait for their turns. A reload lowers the cap to 1 and lifts the rate:
+    the two, not sent yet, must not go beside the one streaming; each waits for a place under
+    the new cap (found in a reload storm: three bodies began at once a second after the cap
+    was lowered to 1, GETs handed places under the old cap, then sent when the rate lifted)."""
+    clock = Clock()
+    gate = OriginGate("o", GateCaps(max_requests=3, max_requests_per_second=0.1), clock=clock)
+    await gate.enter(60, takes_place=True)  # sent: its body streams
+    waiting = [asyncio.create_task(gate.enter(60, takes_place=True)) for _ in range(2)]
+    await until("both wait for their turns", lambda: gate.waiting == 2)
+    gate.recap(GateCaps(max_requests=1))
+    await until("both wait for a place again", lambda: gate.waiting_for_place == 2)
+    assert not any(task.done() for task in waiting) and gate.status()["in_use"] == 1
+    gate.give_place_back()  # the body streaming ends
+    await until("one goes", lambda: sum(task.done() for task in waiting) == 1)
+    assert gate.waiting_for_place == 1 and gate.status()["in_use"] == 1
+    gate.give_place_back()
+    await asyncio.wait_for(asyncio.gather(*waiting), 1)
+    assert gate.status()["in_use"] == 1

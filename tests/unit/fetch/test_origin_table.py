@@ -139,3 +139,55 @@ async def test_a_reload_that_keeps_the_store_keeps_the_gate_under_its_new_caps()
     moved = table.get("a")
     assert moved is not None and moved.gate is not uncapped.gate
     await table.aclose()
+
+
+async def test_an_origin_put_back_while_its_retired_backend_streams_gets_its_gate_back() -> None:
+    """An origin removed (or moved to another URL) by a reload, then put back as it was, while
+    the retired backend still holds a place: the gate comes back with it, and the place still
+    counts against `max_requests` (found: a new gate, and two bodies under a cap of one)."""
+    from shardcache.config import OriginSpec
+    from shardcache.fetch.origin_table import ConfiguredOrigin
+
+    capped = OriginSpec("a", "https://home/x", max_requests=1)
+    table = OriginTable({"a": ConfiguredOrigin(FakeOrigin("a"), capped)}, NullObserver())
+    first = table.get("a")
+    assert first is not None
+    with first.using():  # a GET of the retired backend, its body streaming
+        assert await first.gate.take_place(5)
+        table.replace({})
+        table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), capped)})
+        back = table.get("a")
+        assert back is not None and back.gate is first.gate
+        moved = OriginSpec("a", "https://other/x", max_requests=1)
+        table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), moved)})
+        table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), capped)})
+        again = table.get("a")
+        assert again is not None and again.gate is first.gate
+        assert again.gate.status()["in_use"] == 1
+    await table.aclose()
+
+
+async def test_a_fill_of_a_backend_retired_and_closed_before_it_began_waits_at_its_gate() -> None:
+    """A reader looks its key up (an await) with the backend it was given; meanwhile a reload
+    lowers the caps (a new backend, the same gate), and the old backend, used by nobody, is
+    closed and leaves the table. The fill then built for the old backend must still wait at
+    the origin's gate (found in a reload storm: it got none, and its GET went beside a
+    max_requests = 1)."""
+    from shardcache.config import OriginSpec
+    from shardcache.fetch.origin_table import ConfiguredOrigin
+
+    old = ClosingOrigin("a")
+    table = OriginTable(
+        {"a": ConfiguredOrigin(old, OriginSpec("a", "https://home/x", max_requests=3))},
+        NullObserver(),
+    )
+    first = table.get("a")
+    assert first is not None
+    lowered = OriginSpec("a", "https://home/x", max_requests=1)
+    table.replace({"a": ConfiguredOrigin(FakeOrigin("a"), lowered)})
+    await asyncio.wait_for(old.closed.wait(), 1.0)  # nobody used it: closed, out of the table
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert table.gate_of(old) is first.gate
+    assert first.gate.caps.max_requests == 1
+    await table.aclose()
