@@ -45,6 +45,9 @@ __all__ = ["HttpOrigin", "HttpStream", "HttpTransport", "retry_after_s", "tls_co
 
 _SAFE_IN_PATH = "/~!$&'()*+,;=:@"
 MAX_REDIRECTS = 10
+# Read timeouts a request continuing an answer waits locally (for a turn in the origin's thread
+# share, or a receiving process to start it) before it is shed; a new request waits one.
+CONTINUING_LOCAL_WAITS = 4
 # Requests of one transport (one origin, mirror or tier member) at once, from their sending
 # to their body's end: the origin threads it may hold, asking or receiving (`Share`).
 MAX_IN_USE = MAX_THREADS // 8
@@ -143,16 +146,25 @@ class HttpTransport:
         return dict(self._headers)
 
     async def _send(
-        self, method: str, url: str, label: str, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        url: str,
+        label: str,
+        headers: dict[str, str] | None = None,
+        is_continuing: bool = False,
     ) -> RemoteExchange:
         """Send one request and wait for its answer's headers; the caller must close the
         returned exchange (which gives its turn in the share back).
 
         Raises OriginShed (`is_local`) when no turn in this transport's share, or no receiving
         thread, came within the read timeout: a local wait, which is never the upstream's
-        time. The read timeout for the answer starts when the request is on its thread, about
-        to be sent, so a wait for a thread never marks a healthy upstream down."""
+        time. A request continuing an answer (`is_continuing`) waits CONTINUING_LOCAL_WAITS
+        read timeouts: shedding it cuts a 200 a client is reading (new receivers slow to start
+        after a reload did), yet a pool that never starts it must still fail it. The read
+        timeout for the answer starts when the request is on its thread, about to be sent, so
+        a wait for a thread never marks a healthy upstream down."""
         loop = asyncio.get_running_loop()
+        local_wait_s = self._read_s * (CONTINUING_LOCAL_WAITS if is_continuing else 1)
         sent = False
         request = {
             "transport": self._id,
@@ -166,7 +178,7 @@ class HttpTransport:
         }
         is_taken = False
         try:
-            async with asyncio.timeout(self._read_s) as deadline:  # first, for local waits
+            async with asyncio.timeout(local_wait_s) as deadline:  # first, for local waits
 
                 def sending() -> None:  # on the loop, once the receiver's thread has started
                     nonlocal sent
@@ -188,17 +200,22 @@ class HttpTransport:
                     "for this origin)"
                 )
                 raise OriginShed(
-                    f"{label}: waited {self._read_s:g}s for {waited_for}", 1.0, is_local=True
+                    f"{label}: waited {local_wait_s:g}s for {waited_for}", 1.0, is_local=True
                 ) from None
             raise OriginTimeout(f"{label}: timed out, no answer in {self._read_s:g}s") from None
 
     async def _answer(
-        self, method: str, url: str, label: str, headers: dict[str, str]
+        self,
+        method: str,
+        url: str,
+        label: str,
+        headers: dict[str, str],
+        is_continuing: bool = False,
     ) -> RemoteExchange:
         """Send, following only the redirects `redirect_target` allows, and return an answer
         that is not a 3xx. Raises OriginRedirected."""
         for _ in range(MAX_REDIRECTS + 1):
-            exchange = await self._send(method, url, label, headers)
+            exchange = await self._send(method, url, label, headers, is_continuing)
             status = exchange.status
             if not 300 <= status < 400:
                 return exchange
@@ -207,9 +224,9 @@ class HttpTransport:
             url = redirect_target(url, status, location, label, self._follow_within)
         raise OriginRedirected(f"{label}: more than {MAX_REDIRECTS} redirects")
 
-    async def head(self, url: str, label: str) -> ObjectInfo:
+    async def head(self, url: str, label: str, is_continuing: bool = False) -> ObjectInfo:
         """HEAD `url`; `label` names the object in errors (never a signed URL)."""
-        exchange = await self._answer("HEAD", url, label, {})
+        exchange = await self._answer("HEAD", url, label, {}, is_continuing)
         try:
             status = exchange.status
             if status in (405, 501):
@@ -223,7 +240,13 @@ class HttpTransport:
         return info
 
     async def get(
-        self, url: str, label: str, start: int, end: int | None, if_match: str | None
+        self,
+        url: str,
+        label: str,
+        start: int,
+        end: int | None,
+        if_match: str | None,
+        is_continuing: bool = False,
     ) -> HttpStream:
         """GET bytes [start, end) of `url`; the caller must `aclose()` the stream."""
         headers = {}
@@ -233,12 +256,12 @@ class HttpTransport:
         # validators of each response are compared by the caller instead.
         if if_match is not None and not if_match.startswith("W/"):
             headers["If-Match"] = if_match
-        exchange = await self._answer("GET", url, label, headers)
+        exchange = await self._answer("GET", url, label, headers, is_continuing)
         if exchange.status == 416 and start == 0 and "Range" in headers:
             # An empty object has no byte 0 to range over: ask for all of it.
             exchange.close()
             del headers["Range"]
-            exchange = await self._answer("GET", url, label, headers)
+            exchange = await self._answer("GET", url, label, headers, is_continuing)
         status = exchange.status
         try:
             raise_for_status(status, label, exchange.headers)
@@ -284,7 +307,7 @@ class HttpOrigin:
 
     async def head(self, key: str, *, context: RequestContext = NEW_REQUEST) -> ObjectInfo:
         url = self.url_for(key)
-        return await self._transport.head(url, url)
+        return await self._transport.head(url, url, context.is_continuing)
 
     async def open(
         self,
@@ -296,7 +319,7 @@ class HttpOrigin:
         context: RequestContext = NEW_REQUEST,
     ) -> HttpStream:
         url = self.url_for(key)
-        return await self._transport.get(url, url, start, end, if_match)
+        return await self._transport.get(url, url, start, end, if_match, context.is_continuing)
 
     async def aclose(self) -> None:
         await self._transport.aclose()

@@ -290,7 +290,9 @@ class S3Origin:
                 ExpiresIn=PRESIGNED_URL_TTL_S,
             )
         try:
-            return await self._transport.get(url, label, start, end, if_match)
+            return await self._transport.get(
+                url, label, start, end, if_match, context.is_continuing
+            )
         except OriginNotFound as exc:
             with map_botocore_errors(label):
                 await self._name_missing_bucket(label, exc)
