@@ -113,43 +113,42 @@ class OriginGate:
 
     async def enter(
         self, max_wait_s: float = math.inf, is_urgent: bool = False, takes_place: bool = False
-    ) -> tuple[float, bool]:
-        """A place (`takes_place`: a GET, under `max_requests`), then a turn, both within one
-        wait of `max_wait_s`; return when the request was sent (for `throttled()`) and whether
-        a place was taken, which the caller gives back or lets `holding` give back. Raises
-        OriginShed, and keeps no place, when either is too far off."""
+    ) -> float:
+        """A place (`takes_place`: a GET), then a turn, both within one wait of `max_wait_s`;
+        return when the request was sent (for `throttled()`). A GET's place is the caller's
+        to give back, or to let `holding` give back. Raises OriginShed, and keeps no place,
+        when either is too far off."""
         if not takes_place:
-            return await self.turn(max_wait_s, is_urgent), False
+            return await self.turn(max_wait_s, is_urgent)
         began, place_wait_s = self._clock(), max_wait_s
         while True:
             is_capped = self.caps.max_requests is not None
-            has_place = await self.take_place(place_wait_s, is_urgent)
+            await self.take_place(place_wait_s, is_urgent)
             try:
                 waited_s = self._clock() - began if is_capped else 0.0  # no cap: no wait
                 sent_at = await self.turn(max(0.0, max_wait_s - waited_s), is_urgent)
             except BaseException:
-                if has_place:
-                    self.give_place_back()
+                self.give_place_back()
                 raise
             cap = self.caps.max_requests
             if cap is None or self._in_use <= cap:
-                return sent_at, has_place
+                return sent_at
             # A reload lowered the cap while this one waited for its turn, unsent: it gives
             # its place back and waits for one under the new cap.
             self.give_place_back()
             place_wait_s = max(0.0, max_wait_s - (self._clock() - began))
 
-    async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> bool:
-        """Take one of the requests at once a GET holds until its body ends (`holding`), and
-        return True: the caller gives it back. Taken at once while there is no cap, but counted
-        all the same, so that a reload that sets one counts the bodies begun without it.
+    async def take_place(self, max_wait_s: float = math.inf, is_urgent: bool = False) -> None:
+        """Take one of the requests at once a GET holds until its body ends (`holding`); the
+        caller gives it back. Taken at once while there is no cap, but counted all the same,
+        so that a reload that sets one counts the bodies begun without it.
         Raises OriginShed when none came free within `max_wait_s`; an urgent request waits for
         one unshed, ahead of the others (in order among the urgent ones)."""
         cap = self.caps.max_requests
         ahead = self._urgent_for_places if is_urgent else len(self._place_queue)
         if (cap is None or self._in_use < cap) and ahead == 0:
             self._in_use += 1
-            return True
+            return
         handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._place_queue.insert(ahead, (handed, is_urgent))
         self._urgent_for_places += is_urgent
@@ -166,7 +165,6 @@ class OriginGate:
             self._leave_place_queue(handed, is_urgent)
             self._abandoned()
             raise
-        return True
 
     def give_place_back(self) -> None:
         """A place comes back: the next waiting for one is handed it (while the cap, perhaps

@@ -171,7 +171,7 @@ class OriginTable:
             yield
             return
         with slot.using():
-            sent_at, has_place = await slot.gate.enter(max_wait_s, takes_place=is_get)
+            sent_at = await slot.gate.enter(max_wait_s, takes_place=is_get)
             try:
                 try:
                     yield
@@ -180,7 +180,7 @@ class OriginTable:
                     raise
                 slot.gate.answered()
             finally:
-                if has_place:
+                if is_get:
                     slot.gate.give_place_back()
 
     def replace(self, origins: Mapping[str, Origin | ConfiguredOrigin]) -> None:

@@ -232,7 +232,8 @@ class OriginRequests:
             answer, has_place = await self._noting_throttled(lambda: request(context)), False
         else:
             max_wait_s = self._max_wait_s(attempt)
-            sent_at, has_place = await self._gate.enter(max_wait_s, urgent, takes_place)
+            sent_at = await self._gate.enter(max_wait_s, urgent, takes_place)
+            has_place = takes_place
             try:
                 answer = await self._noting_throttled(lambda: request(context), sent_at)
             except BaseException:
